@@ -1,0 +1,30 @@
+# Two entry points: `make run` (the main job) and `make test` (the whole suite).
+# Both create .venv on first use; torch==2.13.0 is installed first so pip never
+# resolves torch>=2.5 to a multi-GB CUDA build.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+
+.PHONY: run test bench clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
+	$(PIP) install -e ".[plots]"
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PIP) install -e ".[plots,test]"
+	touch $@
+
+run: $(VENV)/.installed
+	$(VENV)/bin/posenc extrapolate $(ARGS)
+
+test: $(VENV)/.installed-test
+	$(PY) -m pytest $(ARGS)
+
+bench: $(VENV)/.installed
+	$(VENV)/bin/posenc bench $(ARGS)
+
+clean:
+	rm -rf $(VENV) runs
