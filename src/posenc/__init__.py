@@ -1,0 +1,28 @@
+"""posenc: positional encodings for transformers, every scheme once, correct and measurable.
+
+Shape alphabet used throughout: B batch, T sequence, Tq/Tk query/key lengths, H heads,
+D model width, Dh head width, F = rotated Dh / 2 frequency pairs, V vocabulary.
+Positions are explicit int64 tensors, (T,) or (B, T); ``offset = q_position - k_position``.
+"""
+
+from .attention import BACKENDS, attention, choose_backend
+from .encodings import (
+    ENCODINGS,
+    SCALINGS,
+    PositionalEncoding,
+    alibi_slopes,
+    apply_rope,
+    build,
+    rope_frequencies,
+    sinusoidal_table,
+    t5_bucket,
+)
+from .positions import cross_attention_positions, document_mask, document_positions
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BACKENDS", "ENCODINGS", "SCALINGS", "PositionalEncoding", "alibi_slopes", "apply_rope", "attention",
+    "build", "choose_backend", "cross_attention_positions", "document_mask", "document_positions",
+    "rope_frequencies", "sinusoidal_table", "t5_bucket",
+]

@@ -1,0 +1,227 @@
+"""``attention()``: compose an encoding's doors with a backend.
+
+Shapes: B batch, H heads, Tq/Tk query/key lengths, Dh head width, Dv value width.
+Logits are ``scale · (q·kᵀ + content-position terms) + bias``: content-position
+terms (Shaw, Transformer-XL) are scaled with q·kᵀ as in their papers, score
+biases (ALiBi, T5) are added unscaled as in the ALiBi paper.
+
+Backends (every one agrees with ``eager``; the tests say so for every encoding):
+  - ``eager``: the reference; materializes logits, computes in float32 (float64 for
+    float64 inputs), serves every encoding.
+  - ``sdpa``: ``scaled_dot_product_attention`` with biases folded into a float mask;
+    cannot serve a value-side term (Shaw).
+  - ``flex``: FlexAttention; the bias is a ``score_mod`` and the masks a block mask,
+    so no H×Tq×Tk tensor is built; serves the input, rotation and bias doors. It is
+    compiled unless ``POSENC_FLEX_COMPILE=0`` (the uncompiled form is slow but needs
+    no compiler); it has no backward pass on CPU.
+  - ``auto``: flex on CUDA for bias encodings when no gradient is needed, else sdpa
+    when it serves the encoding, else eager.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import checks
+from .encodings.base import NoPE, PositionalEncoding
+from .positions import default_positions
+
+BACKENDS = ("auto", "eager", "sdpa", "flex")
+_NOPE = NoPE()
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    encoding: PositionalEncoding | None = None,
+    *,
+    q_positions: Tensor | None = None,
+    k_positions: Tensor | None = None,
+    causal: bool = True,
+    mask: Tensor | None = None,
+    backend: str = "auto",
+    scale: float | None = None,
+) -> Tensor:
+    """Attention with any positional encoding.
+
+    Args:
+        q: (B, H, Tq, Dh) queries; k: (B, H, Tk, Dh) keys; v: (B, H, Tk, Dv) values.
+        encoding: any module from ``posenc.build``; None means no positional encoding.
+            Input-door encodings act before attention (``embed``) and are ignored here.
+        q_positions: (Tq,) or (B, Tq) int64; default: the last Tq key positions.
+        k_positions: (Tk,) or (B, Tk) int64; default: 0..Tk-1.
+        causal: mask keys whose position is after the query's (k_pos <= q_pos is
+            kept), so it is right for KV-cache decoding where Tq < Tk.
+        mask: bool, broadcastable to (B, H, Tq, Tk); True = may attend (padding,
+            documents; see ``posenc.document_mask``). Combined with ``causal``.
+        backend: one of "auto", "eager", "sdpa", "flex".
+        scale: logit scale; default 1/√Dh.
+    Returns:
+        (B, H, Tq, Dv) in q's dtype. A query row with no allowed key returns zeros
+        under eager; other backends follow PyTorch's convention.
+    """
+    encoding = _NOPE if encoding is None else encoding
+    _check_tensors(q, k, v, encoding)
+    batch, _, q_len, head_dim = q.shape
+    k_len = k.shape[2]
+    defaults = default_positions(q_len, k_len, q.device) if q_positions is None or k_positions is None else None
+    q_pos = defaults[0] if q_positions is None else checks.positions("q_positions", q_positions, q_len, batch)
+    k_pos = defaults[1] if k_positions is None else checks.positions("k_positions", k_positions, k_len, batch)
+    q_pos, k_pos = q_pos.to(q.device), k_pos.to(q.device)
+    if mask is not None:
+        _check_mask(mask, q.shape[:2] + (q_len, k_len))
+    scale = head_dim**-0.5 if scale is None else scale
+    name = choose_backend(backend, encoding, q, k, v)
+    q, k = encoding.rotate(q, k, q_pos, k_pos)
+    plain_causal = causal and q_positions is None and k_positions is None and q_len == k_len
+    return _BACKENDS[name](q, k, v, encoding, q_pos, k_pos, causal, mask, scale, plain_causal)
+
+
+def choose_backend(backend: str, encoding: PositionalEncoding, q: Tensor, k: Tensor, v: Tensor) -> str:
+    """The backend ``attention`` will run, or a ValueError naming one that can."""
+    checks.choice("backend", backend, BACKENDS)
+    needs_grad = torch.is_grad_enabled() and (
+        any(t.requires_grad for t in (q, k, v)) or any(p.requires_grad for p in encoding.parameters())
+    )
+    if backend == "auto":
+        if encoding.has_bias and q.is_cuda and not needs_grad and _refusal("flex", encoding, q, needs_grad) is None:
+            return "flex"
+        return "sdpa" if _refusal("sdpa", encoding, q, needs_grad) is None else "eager"
+    reason = _refusal(backend, encoding, q, needs_grad)
+    if reason is not None:
+        raise ValueError(f"backend={backend!r} cannot serve {type(encoding).__name__}: {reason}")
+    return backend
+
+
+def _refusal(backend: str, encoding: PositionalEncoding, q: Tensor, needs_grad: bool) -> str | None:
+    if backend == "sdpa" and encoding.has_relative_values:
+        return "its value-side term is outside SDPA's softmax(QKᵀ+mask)·V; use backend='eager'"
+    if backend == "flex":
+        if encoding.has_relative_logits or encoding.has_relative_values:
+            alternative = "'eager'" if encoding.has_relative_values else "'sdpa' or 'eager'"
+            return f"its content-position terms are not a score_mod; use backend={alternative}"
+        if needs_grad and not q.is_cuda:
+            return "FlexAttention has no backward pass on CPU; use backend='sdpa' or 'eager'"
+    return None
+
+
+def _allowed(q_pos: Tensor, k_pos: Tensor, causal: bool, mask: Tensor | None) -> Tensor | None:
+    """Bool (B or 1, 1 or H, Tq, Tk) of the pairs that may attend, or None for all."""
+    allowed = (k_pos[:, None, :] <= q_pos[:, :, None]).unsqueeze(1) if causal else None
+    if mask is not None:
+        allowed = mask if allowed is None else allowed & mask
+    return allowed
+
+
+def _eager(q, k, v, encoding, q_pos, k_pos, causal, mask, scale, plain_causal) -> Tensor:
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    q, k, v = q.to(compute), k.to(compute), v.to(compute)
+    logits = q @ k.transpose(-1, -2)  # (B, H, Tq, Tk)
+    if encoding.has_relative_logits:
+        logits = logits + encoding.relative_logits(q, k, q_pos, k_pos)
+    logits = logits * scale
+    if encoding.has_bias:
+        logits = logits + encoding.score_bias(q_pos, k_pos, compute)
+    allowed = _allowed(q_pos, k_pos, causal, mask)
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if allowed is not None:
+        probs = probs.nan_to_num(0.0)  # a row with no allowed key attends to nothing
+    out = probs @ v  # (B, H, Tq, Dv)
+    if encoding.has_relative_values:
+        out = out + encoding.relative_values(probs, q_pos, k_pos)
+    return out
+
+
+def _sdpa(q, k, v, encoding, q_pos, k_pos, causal, mask, scale, plain_causal) -> Tensor:
+    additive = None
+    if encoding.has_relative_logits:
+        additive = scale * encoding.relative_logits(q, k, q_pos, k_pos)
+    if encoding.has_bias:
+        bias = encoding.score_bias(q_pos, k_pos, torch.float64 if q.dtype == torch.float64 else torch.float32)
+        additive = bias if additive is None else additive + bias
+    if additive is None and plain_causal and mask is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    allowed = _allowed(q_pos, k_pos, causal, mask)
+    attn_mask = allowed
+    if additive is not None:
+        attn_mask = additive if allowed is None else additive.masked_fill(~allowed, float("-inf"))
+        attn_mask = attn_mask.to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
+
+
+def _flex(q, k, v, encoding, q_pos, k_pos, causal, mask, scale, plain_causal) -> Tensor:
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    batch, heads, q_len, _ = q.shape
+    k_len = k.shape[2]
+    q_pos, k_pos = q_pos.expand(batch, q_len), k_pos.expand(batch, k_len)
+    bias_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    score_mod = None
+    if encoding.has_bias:
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            offset = q_pos[b, q_idx] - k_pos[b, kv_idx]
+            return score + encoding.bias_at(offset, h, bias_dtype).to(score.dtype)
+
+    block_mask = None
+    if causal or mask is not None:
+        full_mask = None if mask is None else mask.expand(batch, heads, q_len, k_len)
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            keep = k_pos[b, kv_idx] <= q_pos[b, q_idx] if causal else q_idx >= 0
+            return keep if full_mask is None else keep & full_mask[b, h, q_idx, kv_idx]
+
+        mask_heads = None if mask is None or mask.shape[1] == 1 else heads
+        block_mask = create_block_mask(mask_mod, batch, mask_heads, q_len, k_len, device=q.device)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+        kernel = _compiled_flex() if os.environ.get("POSENC_FLEX_COMPILE", "1") != "0" else flex_attention
+        return kernel(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+
+
+@functools.cache
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+_BACKENDS = {"eager": _eager, "sdpa": _sdpa, "flex": _flex}
+
+
+def _check_tensors(q: Tensor, k: Tensor, v: Tensor, encoding: PositionalEncoding) -> None:
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(tensor, Tensor) or tensor.dim() != 4:
+            shape = tuple(tensor.shape) if isinstance(tensor, Tensor) else type(tensor).__name__
+            raise ValueError(f"{name} must be a 4-D tensor (B, H, T, D), got {shape}")
+    if k.shape[:2] != q.shape[:2] or v.shape[:2] != q.shape[:2]:
+        raise ValueError(
+            f"q, k, v must share batch and heads (B, H): got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if k.shape[3] != q.shape[3]:
+        raise ValueError(f"q and k must have the same head width Dh: got {q.shape[3]} and {k.shape[3]}")
+    if v.shape[2] != k.shape[2]:
+        raise ValueError(f"k and v must have the same length Tk: got {k.shape[2]} and {v.shape[2]}")
+    if encoding.num_heads is not None and encoding.num_heads != q.shape[1]:
+        raise ValueError(
+            f"the encoding was built for num_heads={encoding.num_heads} but the tensors have H={q.shape[1]} heads"
+        )
+    head_dim = getattr(encoding, "head_dim", None)
+    if head_dim is not None and head_dim != q.shape[3]:
+        raise ValueError(f"the encoding was built for head_dim={head_dim} but the tensors have Dh={q.shape[3]}")
+
+
+def _check_mask(mask: Tensor, shape: tuple[int, int, int, int]) -> None:
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        raise ValueError(f"mask must be a bool tensor (True = may attend), got {getattr(mask, 'dtype', type(mask))}")
+    if mask.dim() != 4 or any(m not in (1, s) for m, s in zip(mask.shape, shape)):
+        raise ValueError(f"mask must be broadcastable to (B, H, Tq, Tk) = {shape}, got {tuple(mask.shape)}")

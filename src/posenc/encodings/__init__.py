@@ -1,0 +1,64 @@
+"""Every positional encoding, built by name.
+
+``build(name, **kwargs)`` is the one factory; ``ENCODINGS`` is its registry.
+``build_for_model`` fills in the sizes a model knows (dim, head_dim, num_heads,
+max_positions) for whichever of them the encoding's constructor takes, so callers
+never branch on the encoding's name.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from .absolute import Learned, Sinusoidal, sinusoidal_table
+from .alibi import ALiBi, alibi_slopes
+from .base import NoPE, PositionalEncoding
+from .relative import Shaw, T5RelativeBias, TransformerXL, t5_bucket
+from .rotary import RoPE, apply_rope, rope_angles
+from .scaling import SCALINGS, rope_frequencies
+
+ENCODINGS: dict[str, type[PositionalEncoding]] = {
+    "none": NoPE,
+    "sinusoidal": Sinusoidal,
+    "learned": Learned,
+    "shaw": Shaw,
+    "transformer_xl": TransformerXL,
+    "t5": T5RelativeBias,
+    "alibi": ALiBi,
+    "rope": RoPE,
+}
+
+
+def _encoding_class(name: str) -> type[PositionalEncoding]:
+    if name not in ENCODINGS:
+        raise ValueError(f"unknown encoding {name!r}; valid names: {', '.join(ENCODINGS)}")
+    return ENCODINGS[name]
+
+
+def build(name: str, **kwargs) -> PositionalEncoding:
+    """Build the encoding registered as ``name`` (see ENCODINGS) with its own kwargs."""
+    cls = _encoding_class(name)
+    accepted = inspect.signature(cls.__init__).parameters
+    unknown = sorted(set(kwargs) - set(accepted))
+    if unknown:
+        valid = [p for p in accepted if p != "self"]
+        raise ValueError(f"encoding {name!r} got unknown kwargs {unknown}; it takes {valid}")
+    try:
+        return cls(**kwargs)
+    except TypeError as error:  # a missing required argument
+        raise ValueError(f"encoding {name!r}: {error}") from None
+
+
+def build_for_model(name: str, *, sizes: dict, **kwargs) -> PositionalEncoding:
+    """Like build(), with ``sizes`` (e.g. dim, head_dim, num_heads, max_positions)
+    passed to the constructor where it takes them; explicit kwargs win."""
+    accepted = inspect.signature(_encoding_class(name).__init__).parameters
+    filled = {key: value for key, value in sizes.items() if key in accepted}
+    return build(name, **{**filled, **kwargs})
+
+
+__all__ = [
+    "ENCODINGS", "SCALINGS", "ALiBi", "Learned", "NoPE", "PositionalEncoding", "RoPE", "Shaw",
+    "Sinusoidal", "T5RelativeBias", "TransformerXL", "alibi_slopes", "apply_rope", "build",
+    "build_for_model", "rope_angles", "rope_frequencies", "sinusoidal_table", "t5_bucket",
+]

@@ -1,0 +1,209 @@
+"""Relative-position encodings with learned tables.
+
+- ``T5RelativeBias`` (Raffel et al. 2020, arXiv:1910.10683): a learned scalar per head
+  and log-spaced offset bucket, added to the logits (score-bias door).
+- ``Shaw`` (Shaw et al. 2018, arXiv:1803.02155): learned key *and* value vectors per
+  clipped offset (content-position door).
+- ``TransformerXL`` (Dai et al. 2019, arXiv:1901.02860): ``q·k + q·W_R r + u·k + v·W_R r``
+  with sinusoidal ``r`` (content-position door).
+
+Offsets follow the project convention ``offset = q_position - k_position``; T5 and
+Shaw index their tables by ``k_position - q_position`` as their papers do.
+
+Tables can be read at fractional offsets: ``interpolate_factor = s`` reads offset Δ
+at Δ/s, linearly between the two neighbouring entries (position interpolation for
+relative tables).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from .. import checks
+from .absolute import sinusoid
+from .base import PositionalEncoding
+
+
+def t5_bucket(
+    relative_position: Tensor, *, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128
+) -> Tensor:
+    """T5's bucket of ``relative_position = k_position - q_position``.
+
+    Half the buckets (all, when causal) hold exact small distances; the rest are
+    spaced logarithmically up to ``max_distance``, beyond which everything shares
+    the last bucket. Bidirectional buckets give keys after the query the upper half.
+    Causal buckets map every key after the query to bucket 0.
+
+    Args:
+        relative_position: integer tensor of any shape.
+    Returns:
+        int64 tensor of the same shape, values in [0, num_buckets).
+    """
+    checks.positive_int("num_buckets", num_buckets, minimum=2)
+    checks.positive_int("max_distance", max_distance, minimum=1)
+    relative_position = torch.as_tensor(relative_position).long()
+    bucket = torch.zeros_like(relative_position)
+    if bidirectional:
+        num_buckets //= 2
+        bucket = bucket + (relative_position > 0).long() * num_buckets
+        distance = relative_position.abs()
+    else:
+        distance = (-relative_position).clamp(min=0)
+    exact = num_buckets // 2
+    # float32 as in T5's reference, so bucket edges land on the same integers.
+    log_ratio = torch.log(distance.clamp(min=1).float() / exact) / math.log(max_distance / exact)
+    far = exact + (log_ratio * (num_buckets - exact)).long()
+    far = far.clamp(max=num_buckets - 1)
+    return bucket + torch.where(distance < exact, distance, far)
+
+
+def interpolated(offset: Tensor, factor: float) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Read integer offsets at offset/factor: (lower, upper, weight of upper).
+
+    With factor 1 the weight is None and lower == upper == offset.
+    """
+    if factor == 1.0:
+        return offset, offset, None
+    scaled = offset.double() / factor
+    lower = scaled.floor()
+    return lower.long(), lower.long() + 1, (scaled - lower)
+
+
+class T5RelativeBias(PositionalEncoding):
+    """A learned bias per head and offset bucket; one table of shape (num_buckets, num_heads)."""
+
+    has_bias = True
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_buckets: int = 32,
+        max_distance: int = 128,
+        bidirectional: bool = False,
+        interpolate_factor: float = 1.0,
+    ):
+        super().__init__()
+        self.num_heads = checks.positive_int("num_heads", num_heads)
+        self.num_buckets = checks.positive_int("num_buckets", num_buckets, minimum=2)
+        self.max_distance = checks.positive_int("max_distance", max_distance, minimum=1)
+        self.bidirectional = bool(bidirectional)
+        self.interpolate_factor = checks.positive_float("interpolate_factor", interpolate_factor, minimum=1.0, inclusive=True)
+        self.table = nn.Parameter(torch.randn(num_buckets, num_heads) * 0.02)  # (buckets, H)
+
+    def bucket(self, relative_position: Tensor) -> Tensor:
+        return t5_bucket(
+            relative_position,
+            bidirectional=self.bidirectional,
+            num_buckets=self.num_buckets,
+            max_distance=self.max_distance,
+        )
+
+    def bias_at(self, offset: Tensor, head: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+        lower, upper, weight = interpolated(-offset, self.interpolate_factor)
+        table = self.table.to(dtype)
+        bias = table[self.bucket(lower), head]
+        if weight is not None:
+            bias = torch.lerp(bias, table[self.bucket(upper), head], weight.to(dtype))
+        return bias
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_heads={self.num_heads}, num_buckets={self.num_buckets}, max_distance={self.max_distance}, "
+            f"bidirectional={self.bidirectional}, interpolate_factor={self.interpolate_factor}"
+        )
+
+
+class Shaw(PositionalEncoding):
+    """Learned key and value vectors per clipped offset k - q in [-max_distance, max_distance].
+
+    logits_ij += q_i · a^K_{clip(j-i)};  out_i += Σ_j p_ij a^V_{clip(j-i)}.
+    As in the paper the vectors are shared across heads: tables are (2K+1, Dh).
+    Neither term builds a (Tq, Tk, Dh) tensor: queries meet the 2K+1 table rows
+    once, and the result is gathered (keys) or scattered (values) by offset.
+    """
+
+    has_relative_logits = True
+    has_relative_values = True
+
+    def __init__(self, head_dim: int, num_heads: int, max_distance: int = 16, interpolate_factor: float = 1.0):
+        super().__init__()
+        self.head_dim = checks.positive_int("head_dim", head_dim)
+        self.num_heads = checks.positive_int("num_heads", num_heads)
+        self.max_distance = checks.positive_int("max_distance", max_distance)
+        self.interpolate_factor = checks.positive_float("interpolate_factor", interpolate_factor, minimum=1.0, inclusive=True)
+        rows = 2 * max_distance + 1
+        self.key_table = nn.Parameter(torch.randn(rows, head_dim) * 0.02)  # (2K+1, Dh)
+        self.value_table = nn.Parameter(torch.randn(rows, head_dim) * 0.02)  # (2K+1, Dh)
+
+    def _rows(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Table rows for every pair: (lower, upper, weight), each (B or 1, 1, Tq, Tk)."""
+        key_minus_query = (k_pos[:, None, :] - q_pos[:, :, None]).unsqueeze(1)  # (B, 1, Tq, Tk)
+        lower, upper, weight = interpolated(key_minus_query, self.interpolate_factor)
+        k = self.max_distance
+        return lower.clamp(-k, k) + k, upper.clamp(-k, k) + k, weight
+
+    def relative_logits(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        per_row = q @ self.key_table.to(q.dtype).t()  # (B, H, Tq, 2K+1)
+        lower, upper, weight = self._rows(q_pos, k_pos)
+        shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        logits = per_row.gather(-1, lower.expand(shape))  # (B, H, Tq, Tk)
+        if weight is not None:
+            logits = torch.lerp(logits, per_row.gather(-1, upper.expand(shape)), weight.to(q.dtype))
+        return logits
+
+    def relative_values(self, probs: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        lower, upper, weight = self._rows(q_pos, k_pos)
+        rows = torch.zeros(*probs.shape[:-1], self.key_table.shape[0], dtype=probs.dtype, device=probs.device)
+        if weight is None:
+            rows = rows.scatter_add(-1, lower.expand(probs.shape), probs)  # (B, H, Tq, 2K+1)
+        else:
+            weight = weight.to(probs.dtype)
+            rows = rows.scatter_add(-1, lower.expand(probs.shape), probs * (1 - weight))
+            rows = rows.scatter_add(-1, upper.expand(probs.shape), probs * weight)
+        return rows @ self.value_table.to(probs.dtype)  # (B, H, Tq, Dh)
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, num_heads={self.num_heads}, max_distance={self.max_distance}"
+
+
+class TransformerXL(PositionalEncoding):
+    """Transformer-XL relative attention terms (b), (c), (d) of the paper's eq. (3).
+
+    logits_ij += (q_i + v) · W_R r_{i-j} + u · k_j, with r the sinusoid of the offset
+    i - j (width H·Dh), and u, v learned per head. The paper's "relative shift" is a
+    gather here: queries meet the W_R r of each distinct offset once (Tq × N, N the
+    number of distinct offsets), then each pair picks its offset's column. The gather
+    is exact for any explicit positions (KV cache, packed documents), where the
+    pad-and-reshape trick assumes contiguous ones.
+    """
+
+    has_relative_logits = True
+
+    def __init__(self, head_dim: int, num_heads: int, base: float = 10000.0):
+        super().__init__()
+        self.head_dim = checks.positive_int("head_dim", head_dim)
+        self.num_heads = checks.positive_int("num_heads", num_heads)
+        self.base = checks.positive_float("base", base, minimum=1.0)
+        self.r_width = 2 * math.ceil(num_heads * head_dim / 2)
+        self.position_proj = nn.Linear(self.r_width, num_heads * head_dim, bias=False)  # W_R
+        self.content_bias = nn.Parameter(torch.randn(num_heads, head_dim) * 0.02)  # u: (H, Dh)
+        self.position_bias = nn.Parameter(torch.randn(num_heads, head_dim) * 0.02)  # v: (H, Dh)
+
+    def relative_logits(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        offset = q_pos[:, :, None] - k_pos[:, None, :]  # (B, Tq, Tk)
+        lowest = int(offset.min())
+        distinct = torch.arange(lowest, int(offset.max()) + 1, device=q.device)  # (N,)
+        r = sinusoid(distinct.to(torch.float64), self.r_width, self.base).to(self.position_proj.weight.dtype)
+        projected = self.position_proj(r).view(-1, self.num_heads, self.head_dim).to(q.dtype)  # (N, H, Dh)
+        query_side = q + self.position_bias.to(q.dtype)[None, :, None, :]  # (B, H, Tq, Dh)
+        per_offset = torch.einsum("bhqd,nhd->bhqn", query_side, projected)  # (B, H, Tq, N)
+        index = (offset - lowest).unsqueeze(1).expand(q.shape[0], q.shape[1], -1, -1)  # (B, H, Tq, Tk)
+        position_terms = per_offset.gather(-1, index)  # (B, H, Tq, Tk)
+        content_terms = torch.einsum("hd,bhkd->bhk", self.content_bias.to(q.dtype), k)  # (B, H, Tk)
+        return position_terms + content_terms[:, :, None, :]
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, num_heads={self.num_heads}"

@@ -1,0 +1,217 @@
+"""RoPE frequency scalings as data: a config dict in, (inv_freq, attention_factor) out.
+
+The dict is the one a Hugging Face ``config.json`` holds under ``rope_parameters`` /
+``rope_scaling``, e.g. ``{"rope_type": "yarn", "factor": 4.0,
+"original_max_position_embeddings": 2048}``, and every formula follows
+transformers 5.23 (``modeling_rope_utils.py``) operation for operation in float32,
+so the frequencies agree bit for bit where transformers defines them. ``ntk``
+(static NTK-aware, base·s^(d/(d-2))) is the one type transformers does not have.
+
+Each scaling is a pure function ``(params, dim, seq_len) -> (inv_freq, attention_factor)``
+where dim = int(head_dim · partial_rotary_factor) is the rotated width; the registry
+``SCALINGS`` maps ``rope_type`` to the function and the keys it reads.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from .. import checks
+
+COMMON_KEYS = ("rope_type", "rope_theta", "partial_rotary_factor")
+
+
+def _exponents(dim: int) -> Tensor:
+    """2i/dim for i < dim/2, float32, computed as transformers does. (dim/2,)"""
+    return torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+
+
+def _default(p: dict, dim: int, seq_len: int | None) -> tuple[Tensor, float]:
+    return 1.0 / (p["rope_theta"] ** _exponents(dim)), 1.0
+
+
+def _linear(p: dict, dim: int, seq_len: int | None) -> tuple[Tensor, float]:
+    inv_freq, _ = _default(p, dim, seq_len)
+    return inv_freq / p["factor"], 1.0
+
+
+def _ntk(p: dict, dim: int, seq_len: int | None) -> tuple[Tensor, float]:
+    base = p["rope_theta"] * p["factor"] ** (dim / (dim - 2))
+    return 1.0 / (base ** _exponents(dim)), 1.0
+
+
+def _dynamic(p: dict, dim: int, seq_len: int | None) -> tuple[Tensor, float]:
+    original = p["original_max_position_embeddings"]
+    seq_len = original if seq_len is None else max(seq_len, original)
+    factor = p["factor"]
+    base = p["rope_theta"] * ((factor * seq_len / original) - (factor - 1)) ** (dim / (dim - 2))
+    return 1.0 / (base ** _exponents(dim)), 1.0
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature term 0.1·mscale·ln(s) + 1 (1 when s <= 1)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def yarn_ramp_bounds(p: dict, dim: int) -> tuple[float, float]:
+    """Frequency indices where YaRN's ramp starts and ends (from beta_fast / beta_slow)."""
+    base, original = p["rope_theta"], p["original_max_position_embeddings"]
+
+    def index_for(rotations: float) -> float:
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = index_for(p.get("beta_fast") or 32), index_for(p.get("beta_slow") or 1)
+    if p.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    return max(low, 0), min(high, dim - 1)
+
+
+def _yarn(p: dict, dim: int, seq_len: int | None) -> tuple[Tensor, float]:
+    factor = p["factor"]
+    attention_factor = p.get("attention_factor")
+    if attention_factor is None:
+        mscale, mscale_all_dim = p.get("mscale"), p.get("mscale_all_dim")
+        if mscale and mscale_all_dim:
+            attention_factor = float(yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim))
+        else:
+            attention_factor = yarn_mscale(factor)
+    low, high = yarn_ramp_bounds(p, dim)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1: keep the original frequency (extrapolate); 0: divide by factor
+    wavelength_scale = p["rope_theta"] ** (torch.arange(0, dim, 2).float() / dim)
+    extrapolated, interpolated = 1.0 / wavelength_scale, 1.0 / (factor * wavelength_scale)
+    return interpolated * (1 - keep) + extrapolated * keep, attention_factor
+
+
+def _longrope(p: dict, dim: int, seq_len: int | None) -> tuple[Tensor, float]:
+    original = p["original_max_position_embeddings"]
+    factor = p.get("factor")
+    if factor is None:
+        factor = p["max_position_embeddings"] / original
+    attention_factor = p.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
+    long = seq_len is not None and seq_len > original
+    ext = torch.tensor(p["long_factor"] if long else p["short_factor"], dtype=torch.float32)
+    if ext.shape != (dim // 2,):
+        which = "long_factor" if long else "short_factor"
+        raise ValueError(f"{which} must have dim/2 = {dim // 2} entries, got {ext.numel()}")
+    return 1.0 / (ext * p["rope_theta"] ** _exponents(dim)), attention_factor
+
+
+def _llama3(p: dict, dim: int, seq_len: int | None) -> tuple[Tensor, float]:
+    inv_freq, _ = _default(p, dim, seq_len)
+    factor, low, high = p["factor"], p["low_freq_factor"], p["high_freq_factor"]
+    original = p["original_max_position_embeddings"]
+    low_freq_wavelen, high_freq_wavelen = original / low, original / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(medium, smoothed, scaled), 1.0
+
+
+@dataclass(frozen=True)
+class Scaling:
+    compute: Callable[[dict, int, int | None], tuple[Tensor, float]]
+    required: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
+    #: True when the frequencies change with the sequence length (recomputed per call).
+    length_dependent: bool = False
+
+
+SCALINGS: dict[str, Scaling] = {
+    "default": Scaling(_default),
+    "linear": Scaling(_linear, ("factor",)),
+    "ntk": Scaling(_ntk, ("factor",)),
+    "dynamic": Scaling(_dynamic, ("factor", "original_max_position_embeddings"), length_dependent=True),
+    "yarn": Scaling(
+        _yarn,
+        ("factor", "original_max_position_embeddings"),
+        ("beta_fast", "beta_slow", "truncate", "attention_factor", "mscale", "mscale_all_dim"),
+    ),
+    "longrope": Scaling(
+        _longrope,
+        ("short_factor", "long_factor", "original_max_position_embeddings"),
+        ("factor", "max_position_embeddings", "attention_factor"),
+        length_dependent=True,
+    ),
+    "llama3": Scaling(_llama3, ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")),
+}
+
+
+def normalize_scaling(scaling: dict | None, base: float = 10000.0) -> dict:
+    """Validate a scaling dict and fill in defaults; returns a new dict.
+
+    Accepts the legacy key ``type`` for ``rope_type``. Raises ValueError for an
+    unknown ``rope_type``, unknown keys, missing required keys and ``factor < 1``.
+    """
+    params = dict(scaling or {})
+    if "type" in params:
+        params.setdefault("rope_type", params.pop("type"))
+    params.setdefault("rope_type", "default")
+    params.setdefault("rope_theta", base)
+    params.setdefault("partial_rotary_factor", 1.0)
+    rope_type = checks.choice("rope_type", params["rope_type"], tuple(SCALINGS))
+    spec = SCALINGS[rope_type]
+    known = set(COMMON_KEYS) | set(spec.required) | set(spec.optional)
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise ValueError(f"unknown keys {unknown} for rope_type={rope_type!r}; valid keys: {sorted(known)}")
+    missing = [key for key in spec.required if params.get(key) is None]
+    if missing:
+        raise ValueError(f"rope_type={rope_type!r} needs {missing} in the scaling dict")
+    checks.positive_float("rope_theta", params["rope_theta"], minimum=1.0)
+    prf = params["partial_rotary_factor"]
+    if not isinstance(prf, (int, float)) or not 0 < prf <= 1:
+        raise ValueError(f"partial_rotary_factor must be in (0, 1], got {prf!r}")
+    if params.get("factor") is not None:
+        checks.positive_float("factor", params["factor"], minimum=1.0, inclusive=True)
+    if "original_max_position_embeddings" in params:
+        checks.positive_int("original_max_position_embeddings", params["original_max_position_embeddings"])
+    if rope_type == "longrope" and params.get("factor") is None and "max_position_embeddings" not in params:
+        raise ValueError("rope_type='longrope' needs 'factor' or 'max_position_embeddings' in the scaling dict")
+    if rope_type == "llama3" and not params["high_freq_factor"] > params["low_freq_factor"]:
+        raise ValueError("llama3 scaling needs high_freq_factor > low_freq_factor")
+    return params
+
+
+def rotary_dim(head_dim: int, partial_rotary_factor: float = 1.0) -> int:
+    """Rotated channels: int(head_dim · partial_rotary_factor), as transformers computes it."""
+    return int(head_dim * partial_rotary_factor)
+
+
+def rope_frequencies(
+    head_dim: int, scaling: dict | None = None, *, seq_len: int | None = None
+) -> tuple[Tensor, float]:
+    """Inverse frequencies and attention factor of RoPE under a scaling dict.
+
+    Args:
+        head_dim: Dh, the per-head width.
+        scaling: a Hugging Face ``rope_parameters`` dict (None: plain RoPE, base 10000).
+        seq_len: current sequence length, read by ``dynamic`` and ``longrope``.
+    Returns:
+        inv_freq (F,) float32 with F = int(Dh · partial_rotary_factor) // 2, and the
+        factor that scales both cos and sin (so logits scale by its square).
+    """
+    checks.positive_int("head_dim", head_dim)
+    params = normalize_scaling(scaling)
+    dim = rotary_dim(head_dim, params["partial_rotary_factor"])
+    if dim < 2 or dim % 2:
+        raise ValueError(
+            f"the rotary dim int(head_dim * partial_rotary_factor) must be an even integer >= 2, "
+            f"got {dim} (head_dim={head_dim}, partial_rotary_factor={params['partial_rotary_factor']})"
+        )
+    if params["rope_type"] in ("ntk", "dynamic") and dim <= 2:
+        raise ValueError(f"rope_type={params['rope_type']!r} needs a rotary dim > 2 (its exponent is d/(d-2)), got {dim}")
+    if seq_len is not None:
+        checks.positive_int("seq_len", seq_len)
+    return SCALINGS[params["rope_type"]].compute(params, dim, seq_len)

@@ -1,0 +1,88 @@
+"""Explicit positions and the masks that come from them.
+
+Positions are int64 tensors (T,) or (B, T), never "the index in this batch": KV-cache
+decoding, packed documents, left padding and cross-attention are then choices of
+positions and masks rather than special cases.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import checks
+
+CROSS_ATTENTION_MODES = ("none", "query_only", "separate", "unified")
+
+
+def default_positions(q_len: int, k_len: int, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
+    """Keys at 0..Tk-1 and queries at the last Tq of them (prefill and KV-cache decoding).
+
+    Returns:
+        q_pos (1, Tq), k_pos (1, Tk), int64.
+    """
+    if q_len > k_len:
+        raise ValueError(
+            f"with default positions the queries are the last Tq of the Tk keys, so Tq ({q_len}) must be "
+            f"<= Tk ({k_len}); pass q_positions and k_positions explicitly (e.g. for cross-attention)"
+        )
+    k_pos = torch.arange(k_len, device=device).unsqueeze(0)
+    return k_pos[:, k_len - q_len :], k_pos
+
+
+def document_positions(document_ids: Tensor) -> Tensor:
+    """Positions that restart at 0 at every document boundary of a packed row.
+
+    Args:
+        document_ids: (..., T) integer id of each token's document, equal ids contiguous.
+    Returns:
+        (..., T) int64 positions.
+    """
+    document_ids = torch.as_tensor(document_ids)
+    index = torch.arange(document_ids.shape[-1], device=document_ids.device).expand_as(document_ids)
+    starts = torch.ones_like(document_ids, dtype=torch.bool)
+    starts[..., 1:] = document_ids[..., 1:] != document_ids[..., :-1]
+    start_index = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=-1).values
+    return index - start_index
+
+
+def document_mask(q_document_ids: Tensor, k_document_ids: Tensor | None = None) -> Tensor:
+    """True where query and key belong to the same document.
+
+    Args:
+        q_document_ids: (T,) or (B, Tq); k_document_ids: same form, (B, Tk); defaults to the queries'.
+    Returns:
+        (B or 1, 1, Tq, Tk) bool, ready for attention(mask=...).
+    """
+    k_document_ids = q_document_ids if k_document_ids is None else k_document_ids
+    q_ids, k_ids = torch.atleast_2d(torch.as_tensor(q_document_ids)), torch.atleast_2d(torch.as_tensor(k_document_ids))
+    return (q_ids[:, :, None] == k_ids[:, None, :]).unsqueeze(1)
+
+
+def cross_attention_positions(mode: str, q_len: int, k_len: int) -> tuple[Tensor | None, Tensor | None]:
+    """Query and key positions for cross-attention with a relative encoding (seed 004, Part VII).
+
+    Decoder queries attend to encoder keys from another sequence. Call
+    ``attention(q, k, v, encoding, q_positions=..., k_positions=..., causal=False)`` with:
+
+    - ``"none"``: position-free cross-attention; returns (None, None): pass ``encoding=None``.
+    - ``"query_only"``: queries rotated by their own positions 0..Tq-1, keys left unrotated
+      (position 0 is the identity rotation): position information from the query side only.
+    - ``"separate"``: decoder 0..Tq-1 and encoder 0..Tk-1 indexed independently;
+      relative offsets across the two sequences carry no meaning.
+    - ``"unified"``: one timeline, encoder first: keys 0..Tk-1, queries Tk..Tk+Tq-1.
+
+    Returns:
+        (q_pos (Tq,), k_pos (Tk,)) int64, or (None, None) for ``"none"``.
+    """
+    checks.choice("mode", mode, CROSS_ATTENTION_MODES)
+    checks.positive_int("q_len", q_len)
+    checks.positive_int("k_len", k_len)
+    decoder, encoder = torch.arange(q_len), torch.arange(k_len)
+    if mode == "none":
+        return None, None
+    if mode == "query_only":
+        return decoder, torch.zeros(k_len, dtype=torch.long)
+    if mode == "separate":
+        return decoder, encoder
+    return decoder + k_len, encoder
