@@ -152,7 +152,8 @@ def normalize_scaling(scaling: dict | None, base: float = 10000.0) -> dict:
     """Validate a scaling dict and fill in defaults; returns a new dict.
 
     Accepts the legacy key ``type`` for ``rope_type``. Raises ValueError for an
-    unknown ``rope_type``, unknown keys, missing required keys and ``factor < 1``.
+    unknown ``rope_type``, keys no scaling type reads (typos), missing required keys
+    and ``factor < 1``.
     """
     params = dict(scaling or {})
     if "type" in params:
@@ -162,10 +163,11 @@ def normalize_scaling(scaling: dict | None, base: float = 10000.0) -> dict:
     params.setdefault("partial_rotary_factor", 1.0)
     rope_type = checks.choice("rope_type", params["rope_type"], tuple(SCALINGS))
     spec = SCALINGS[rope_type]
-    known = set(COMMON_KEYS) | set(spec.required) | set(spec.optional)
+    # Keys of other types are accepted and ignored, as in a pasted config.json; typos are not.
+    known = set(COMMON_KEYS).union(*(set(s.required) | set(s.optional) for s in SCALINGS.values()))
     unknown = sorted(set(params) - known)
     if unknown:
-        raise ValueError(f"unknown keys {unknown} for rope_type={rope_type!r}; valid keys: {sorted(known)}")
+        raise ValueError(f"unknown keys {unknown} in the scaling dict; valid keys: {sorted(known)}")
     missing = [key for key in spec.required if params.get(key) is None]
     if missing:
         raise ValueError(f"rope_type={rope_type!r} needs {missing} in the scaling dict")

@@ -1,0 +1,134 @@
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb as gptj_rotate
+from transformers.models.gptj.modeling_gptj import create_sinusoidal_positions
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as llama_rotate
+
+import posenc
+from posenc.encodings import apply_rope
+from tests.oracles import naive_attention, rotate_pairs
+
+
+def rope(head_dim=8, **kwargs):
+    return posenc.build("rope", head_dim=head_dim, **kwargs)
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("partial", [1.0, 0.5])
+def test_rotation_matches_explicit_2x2_matrices(layout, partial):
+    head_dim = 8
+    inv_freq, _ = posenc.rope_frequencies(head_dim, {"partial_rotary_factor": partial})
+    x = torch.randn(1, 1, 6, head_dim, dtype=torch.float64)
+    positions = torch.tensor([[0, 1, 5, 77, 1000, 2**20 - 1]])
+    got = apply_rope(x, positions, inv_freq, layout=layout)[0, 0]
+    expected = rotate_pairs(x[0, 0], positions[0].tolist(), inv_freq.double().tolist(), layout)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+
+
+def test_half_layout_matches_transformers_apply_rotary_pos_emb():
+    head_dim = 16
+    enc = rope(head_dim)
+    q, k = torch.randn(2, 3, 10, head_dim), torch.randn(2, 3, 10, head_dim)
+    positions = torch.arange(5, 15).expand(2, -1)
+    inv_freq, _ = posenc.rope_frequencies(head_dim)
+    freqs = positions[..., None].float() * inv_freq  # (B, T, F), as LlamaRotaryEmbedding does
+    emb = torch.cat((freqs, freqs), dim=-1)
+    q_ref, k_ref = llama_rotate(q, k, emb.cos(), emb.sin())
+    q_ours, k_ours = enc.rotate(q, k, positions, positions)
+    torch.testing.assert_close(q_ours, q_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(k_ours, k_ref, rtol=1e-5, atol=1e-5)
+
+
+def test_interleaved_layout_matches_gptj():
+    head_dim = 16
+    enc = rope(head_dim, layout="interleaved")
+    x = torch.randn(2, 10, 3, head_dim)  # GPT-J's (B, T, H, Dh)
+    positions = torch.arange(10).expand(2, -1)
+    table = create_sinusoidal_positions(32, head_dim)[positions]  # (B, T, Dh): [sin | cos]
+    sin, cos = torch.split(table, head_dim // 2, dim=-1)
+    expected = gptj_rotate(x, sin, cos).transpose(1, 2)
+    ours, _ = enc.rotate(x.transpose(1, 2), x.transpose(1, 2), positions, positions)
+    torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    shift=st.integers(0, 2**20),
+    layout=st.sampled_from(["half", "interleaved"]),
+    rope_type=st.sampled_from(["default", "linear", "ntk", "yarn", "llama3"]),
+)
+def test_scores_depend_only_on_offsets(shift, layout, rope_type):
+    scaling = {"rope_type": rope_type}
+    if rope_type != "default":
+        scaling.update(factor=4.0, original_max_position_embeddings=64)
+    if rope_type == "llama3":
+        scaling.update(low_freq_factor=1.0, high_freq_factor=4.0)
+    enc = rope(8, layout=layout, scaling=scaling)
+    q, k = torch.randn(1, 2, 5, 8, dtype=torch.float64), torch.randn(1, 2, 5, 8, dtype=torch.float64)
+    pos = torch.tensor([[0, 3, 4, 9, 20]])
+    q0, k0 = enc.rotate(q, k, pos, pos)
+    q1, k1 = enc.rotate(q, k, pos + shift, pos + shift)
+    torch.testing.assert_close(q1 @ k1.transpose(-1, -2), q0 @ k0.transpose(-1, -2), rtol=0, atol=1e-9)
+
+
+def test_norms_preserved_and_position_zero_is_identity():
+    x = torch.randn(2, 2, 7, 8, dtype=torch.float64)
+    enc = rope(8)
+    rotated, _ = enc.rotate(x, x, torch.arange(100, 107).unsqueeze(0), torch.arange(7).unsqueeze(0))
+    torch.testing.assert_close(rotated.norm(dim=-1), x.norm(dim=-1), rtol=1e-12, atol=0)
+    same, _ = enc.rotate(x, x, torch.zeros(1, 7, dtype=torch.long), torch.zeros(1, 7, dtype=torch.long))
+    assert torch.equal(same, x)
+
+
+def test_interleaved_is_a_fixed_permutation_of_half():
+    head_dim = 8
+    pairs = head_dim // 2
+    # channel 2i (interleaved) <-> channel i (half); 2i+1 <-> i + F
+    perm = torch.tensor([c for i in range(pairs) for c in (i, i + pairs)])
+    x = torch.randn(1, 1, 9, head_dim, dtype=torch.float64)
+    pos = torch.arange(3, 12).unsqueeze(0)
+    half, _ = rope(head_dim).rotate(x, x, pos, pos)
+    inter, _ = rope(head_dim, layout="interleaved").rotate(x[..., perm], x, pos, pos)
+    torch.testing.assert_close(inter, half[..., perm], rtol=0, atol=1e-12)
+
+
+def test_attention_factor_scales_cos_and_sin():
+    scaling = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
+    enc = rope(8, scaling=scaling)
+    _, factor = enc.frequencies()
+    x = torch.randn(1, 1, 3, 8, dtype=torch.float64)
+    rotated, _ = enc.rotate(x, x, torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long))
+    torch.testing.assert_close(rotated, x * factor)
+
+
+def test_inv_freq_is_never_cast_by_module_to_bfloat16():
+    enc = rope(64).to(torch.bfloat16)
+    inv_freq, _ = enc.frequencies()
+    assert inv_freq.dtype == torch.float32
+    torch.testing.assert_close(inv_freq, posenc.rope_frequencies(64)[0], rtol=0, atol=0)
+
+
+def test_bfloat16_attention_at_position_2_pow_20_matches_float64_oracle():
+    head_dim, t = 32, 8
+    enc = rope(head_dim).to(torch.bfloat16)
+    q, k, v = (torch.randn(1, 1, t, head_dim, dtype=torch.float64) for _ in range(3))
+    positions = torch.arange(2**20 - t, 2**20).unsqueeze(0)
+    out = posenc.attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), enc, q_positions=positions, k_positions=positions)
+    inv_freq = posenc.rope_frequencies(head_dim)[0].double().tolist()
+    qr = rotate_pairs(q[0, 0], positions[0].tolist(), inv_freq, "half")
+    kr = rotate_pairs(k[0, 0], positions[0].tolist(), inv_freq, "half")
+    allowed = [[j <= i for j in range(t)] for i in range(t)]
+    expected = naive_attention(qr, kr, v[0, 0], allowed=allowed)
+    assert (out[0, 0].double() - expected).abs().max() < 5e-2
+
+
+def test_dynamic_rope_uses_one_length_for_queries_and_keys():
+    scaling = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 16}
+    enc = rope(8, scaling=scaling)
+    q, k = torch.randn(1, 1, 1, 8, dtype=torch.float64), torch.randn(1, 1, 40, 8, dtype=torch.float64)
+    q_rot, k_rot = enc.rotate(q, k, torch.tensor([[39]]), torch.arange(40).unsqueeze(0))
+    inv_freq, _ = posenc.rope_frequencies(8, scaling, seq_len=40)
+    torch.testing.assert_close(q_rot, apply_rope(q, torch.tensor([[39]]), inv_freq))
+    torch.testing.assert_close(k_rot, apply_rope(k, torch.arange(40).unsqueeze(0), inv_freq))

@@ -1,0 +1,116 @@
+import math
+
+import pytest
+import torch
+from transformers import LlamaConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.models.phi.modeling_phi import PhiRotaryEmbedding
+
+import posenc
+
+HEAD_DIM = 64
+CASES = [
+    {"rope_type": "default", "rope_theta": 10000.0},
+    {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5},
+    {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0, "partial_rotary_factor": 0.75},
+    {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 2048},
+    {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0, "original_max_position_embeddings": 512,
+     "partial_rotary_factor": 0.5},
+    {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 2048},
+    {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "original_max_position_embeddings": 4096,
+     "mscale": 1.0, "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1},
+    {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 2048,
+     "truncate": False, "partial_rotary_factor": 0.5, "attention_factor": 1.3},
+    {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0 + i / 64 for i in range(32)],
+     "long_factor": [float(i + 1) for i in range(32)], "original_max_position_embeddings": 2048, "factor": 4.0},
+    {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 16, "long_factor": [2.0] * 16,
+     "original_max_position_embeddings": 2048, "max_position_embeddings": 8192, "partial_rotary_factor": 0.5},
+]
+
+
+def transformers_frequencies(params: dict, seq_len):
+    """The same dict through transformers 5.23's own functions."""
+    params = dict(params)
+    max_positions = params.pop("max_position_embeddings", None) or params.get("original_max_position_embeddings", 2048)
+    if params["rope_type"] == "dynamic":  # transformers reads the training length from the config
+        max_positions = params.pop("original_max_position_embeddings")
+    if params["rope_type"] == "llama3":
+        max_positions *= 2
+    config = LlamaConfig(
+        hidden_size=HEAD_DIM * 4, num_attention_heads=4, head_dim=HEAD_DIM,
+        max_position_embeddings=max_positions, rope_parameters=params,
+    )
+    if params["rope_type"] == "default":
+        return PhiRotaryEmbedding.compute_default_rope_parameters(config)  # honours partial_rotary_factor
+    return ROPE_INIT_FUNCTIONS[params["rope_type"]](config, None, seq_len=seq_len)
+
+
+@pytest.mark.parametrize("params", CASES, ids=lambda p: p["rope_type"])
+@pytest.mark.parametrize("seq_len", [None, 1000, 3000, 20000])
+def test_frequencies_equal_transformers_bit_for_bit(params, seq_len):
+    theirs, their_factor = transformers_frequencies(params, seq_len)
+    ours, our_factor = posenc.rope_frequencies(HEAD_DIM, params, seq_len=seq_len)
+    assert ours.shape == (int(HEAD_DIM * params.get("partial_rotary_factor", 1.0)) // 2,)
+    assert ours.dtype == torch.float32
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=0)
+    assert torch.equal(ours, theirs)
+    assert our_factor == pytest.approx(their_factor, rel=1e-12)
+
+
+def default(dim=HEAD_DIM, base=10000.0):
+    return posenc.rope_frequencies(dim, {"rope_theta": base})[0]
+
+
+def test_relations_between_scalings():
+    inv = default()
+    linear, _ = posenc.rope_frequencies(HEAD_DIM, {"rope_type": "linear", "factor": 4.0})
+    torch.testing.assert_close(linear, inv / 4)
+    ntk, _ = posenc.rope_frequencies(HEAD_DIM, {"rope_type": "ntk", "factor": 4.0})
+    torch.testing.assert_close(ntk, default(base=10000.0 * 4.0 ** (HEAD_DIM / (HEAD_DIM - 2))))
+    assert ntk[0] == inv[0]  # NTK keeps the fastest frequency
+    torch.testing.assert_close(ntk[-1], inv[-1] / 4, rtol=1e-5, atol=0)  # ... and interpolates the slowest
+    dynamic = {"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 512}
+    torch.testing.assert_close(posenc.rope_frequencies(HEAD_DIM, dynamic, seq_len=300)[0], inv)
+    torch.testing.assert_close(posenc.rope_frequencies(HEAD_DIM, dynamic, seq_len=896)[0], ntk)  # base·(4·896/512 − 3) = base·4
+    yarn, attn = posenc.rope_frequencies(HEAD_DIM, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512})
+    assert torch.all(yarn <= inv) and torch.all(yarn >= inv / 4 * (1 - 1e-6))
+    assert attn == pytest.approx(0.1 * math.log(4.0) + 1.0)
+    for params in CASES:  # factor 1 leaves every type equal to the default
+        if params["rope_type"] in ("linear", "yarn", "llama3"):
+            unit = {**params, "factor": 1.0, "partial_rotary_factor": 1.0, "rope_theta": 10000.0}
+            unit.pop("attention_factor", None)
+            got, factor = posenc.rope_frequencies(HEAD_DIM, unit)
+            torch.testing.assert_close(got, default(), msg=params["rope_type"])
+            assert factor == 1.0
+
+
+@pytest.mark.parametrize(
+    "scaling, message",
+    [
+        ({"rope_type": "magic"}, "rope_type must be one of"),
+        ({"rope_type": "yarn", "factor": 4.0}, r"needs \['original_max_position_embeddings'\]"),
+        ({"rope_type": "linear", "factor": 0.5}, "factor must be a number >= 1.0"),
+        ({"rope_type": "linear", "factor": 2.0, "fator": 1}, r"unknown keys \['fator'\]"),
+        ({"rope_type": "dynamic", "factor": 2.0}, r"needs \['original_max_position_embeddings'\]"),
+        ({"rope_type": "default", "partial_rotary_factor": 1.5}, r"partial_rotary_factor must be in \(0, 1\]"),
+        ({"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0], "original_max_position_embeddings": 8,
+          "factor": 2.0}, "short_factor must have dim/2 = 32 entries"),
+    ],
+)
+def test_bad_scaling_dicts_raise_clear_errors(scaling, message):
+    with pytest.raises(ValueError, match=message):
+        posenc.rope_frequencies(HEAD_DIM, scaling)
+
+
+def test_odd_rotary_dim_is_rejected():
+    with pytest.raises(ValueError, match="rotary dim"):
+        posenc.rope_frequencies(10, {"partial_rotary_factor": 0.5})
+    with pytest.raises(ValueError, match="head_dim must be an even integer"):
+        posenc.build("rope", head_dim=7)
+
+
+def test_legacy_type_key_is_accepted():
+    legacy, _ = posenc.rope_frequencies(HEAD_DIM, {"type": "linear", "factor": 2.0})
+    torch.testing.assert_close(legacy, default() / 2)
