@@ -164,13 +164,18 @@ def _flex(q, k, v, encoding, q_pos, k_pos, causal, mask, scale, plain_causal) ->
     batch, heads, q_len, _ = q.shape
     k_len = k.shape[2]
     q_pos, k_pos = q_pos.expand(batch, q_len), k_pos.expand(batch, k_len)
-    bias_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     score_mod = None
     if encoding.has_bias:
+        # The bias depends only on (head, offset): tabulate it once per distinct offset,
+        # (H, N) with N <= Tq + Tk - 1 for contiguous positions, and look it up per pair.
+        lowest = int(q_pos.min() - k_pos.max())
+        offsets = torch.arange(lowest, int(q_pos.max() - k_pos.min()) + 1, device=q.device)  # (N,)
+        heads_index = torch.arange(heads, device=q.device)[:, None]  # (H, 1)
+        bias_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        table = encoding.bias_at(offsets[None, :], heads_index, bias_dtype).to(q.dtype)  # (H, N)
 
         def score_mod(score, b, h, q_idx, kv_idx):
-            offset = q_pos[b, q_idx] - k_pos[b, kv_idx]
-            return score + encoding.bias_at(offset, h, bias_dtype).to(score.dtype)
+            return score + table[h, q_pos[b, q_idx] - k_pos[b, kv_idx] - lowest]
 
     block_mask = None
     if causal or mask is not None:

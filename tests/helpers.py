@@ -1,0 +1,42 @@
+"""Shared builders for tests: every encoding at small sizes, with non-trivial tables."""
+
+from __future__ import annotations
+
+import torch
+
+import posenc
+
+HEADS, HEAD_DIM = 2, 8
+
+# name -> kwargs, for a (B, HEADS, T, HEAD_DIM) attention; input-door ones take dim.
+ATTENTION_ENCODINGS = {
+    "none": {},
+    "rope": {"head_dim": HEAD_DIM},
+    "rope_interleaved_yarn": {"head_dim": HEAD_DIM, "layout": "interleaved",
+                              "scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}},
+    "rope_dynamic": {"head_dim": HEAD_DIM,
+                     "scaling": {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 8}},
+    "alibi": {"num_heads": HEADS},
+    "alibi_symmetric": {"num_heads": HEADS, "symmetric": True},
+    "t5": {"num_heads": HEADS, "num_buckets": 8, "max_distance": 16},
+    "t5_interpolated": {"num_heads": HEADS, "bidirectional": True, "interpolate_factor": 2.0},
+    "shaw": {"head_dim": HEAD_DIM, "num_heads": HEADS, "max_distance": 3},
+    "transformer_xl": {"head_dim": HEAD_DIM, "num_heads": HEADS},
+}
+
+
+def make_encoding(key: str, dtype=torch.float64):
+    name = key.split("_")[0] if key.startswith(("rope", "alibi", "t5")) else key
+    enc = posenc.build(name, **ATTENTION_ENCODINGS[key]).to(dtype)
+    with torch.no_grad():
+        for parameter in enc.parameters():
+            parameter.normal_(0, 0.5)  # big enough that positions change outputs visibly
+    return enc
+
+
+def qkv(batch=2, q_len=12, k_len=12, dtype=torch.float64):
+    return (
+        torch.randn(batch, HEADS, q_len, HEAD_DIM, dtype=dtype),
+        torch.randn(batch, HEADS, k_len, HEAD_DIM, dtype=dtype),
+        torch.randn(batch, HEADS, k_len, HEAD_DIM, dtype=dtype),
+    )

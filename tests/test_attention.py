@@ -1,0 +1,219 @@
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import posenc
+from posenc.attention import choose_backend
+from tests.helpers import ATTENTION_ENCODINGS, HEADS, make_encoding, qkv
+from tests.oracles import naive_attention
+
+BACKENDS = ["eager", "sdpa", "flex"]
+
+
+@torch.no_grad()
+def served(key, backend, q, k, v):
+    try:
+        choose_backend(backend, make_encoding(key), q, k, v)
+        return True
+    except ValueError:
+        return False
+
+
+def cases():
+    """Every (encoding, backend) pair the backend serves; refusals are tested apart."""
+    for key in ATTENTION_ENCODINGS:
+        for backend in BACKENDS:
+            if served(key, backend, *qkv()):
+                yield pytest.param(key, backend, id=f"{key}-{backend}")
+
+
+@pytest.mark.parametrize("key, backend", cases())
+@pytest.mark.parametrize("causal", [True, False])
+def test_every_backend_agrees_with_eager(key, backend, causal):
+    enc = make_encoding(key)
+    q, k, v = qkv(q_len=5, k_len=12)
+    q_pos = torch.tensor([[7, 8, 9, 10, 11], [2, 3, 4, 20, 21]])
+    k_pos = torch.arange(12).expand(2, -1)
+    mask = torch.rand(2, 1, 5, 12) > 0.2
+    mask[..., 0] = True  # every query keeps at least one key
+    with torch.no_grad():
+        kwargs = dict(q_positions=q_pos, k_positions=k_pos, causal=causal, mask=mask)
+        expected = posenc.attention(q, k, v, enc, backend="eager", **kwargs)
+        got = posenc.attention(q, k, v, enc, backend=backend, **kwargs)
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("key, backend", cases())
+def test_kv_cache_decoding_equals_full_forward(key, backend):
+    enc = make_encoding(key)
+    q, k, v = qkv(q_len=10, k_len=10)
+    with torch.no_grad():
+        full = posenc.attention(q, k, v, enc, backend=backend)
+        prefill = posenc.attention(q[:, :, :4], k[:, :, :4], v[:, :, :4], enc, backend=backend)
+        steps = [prefill]
+        for t in range(4, 10):  # one new query against the cache of keys 0..t
+            steps.append(posenc.attention(
+                q[:, :, t : t + 1], k[:, :, : t + 1], v[:, :, : t + 1], enc, backend=backend,
+                q_positions=torch.tensor([t]), k_positions=torch.arange(t + 1),
+            ))
+        if getattr(enc, "length_dependent", False):
+            # Dynamic scaling re-derives frequencies from the current length, so step t
+            # equals the full forward pass over the first t+1 tokens, not over all 10.
+            full = torch.cat([prefill] + [
+                posenc.attention(q[:, :, : t + 1], k[:, :, : t + 1], v[:, :, : t + 1], enc, backend=backend)[:, :, -1:]
+                for t in range(4, 10)
+            ], dim=2)
+    torch.testing.assert_close(torch.cat(steps, dim=2), full, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("key", list(ATTENTION_ENCODINGS))
+def test_default_positions_put_queries_at_the_end_of_the_keys(key):
+    enc = make_encoding(key)
+    q, k, v = qkv(q_len=3, k_len=9)
+    with torch.no_grad():
+        implicit = posenc.attention(q, k, v, enc)
+        explicit = posenc.attention(q, k, v, enc, q_positions=torch.arange(6, 9), k_positions=torch.arange(9))
+    torch.testing.assert_close(implicit, explicit)
+
+
+@pytest.mark.parametrize("key", list(ATTENTION_ENCODINGS))
+def test_packed_documents_equal_separate_runs(key):
+    enc = make_encoding(key)
+    q, k, v = qkv(batch=1, q_len=11, k_len=11)
+    doc_ids = torch.tensor([0] * 4 + [1] * 7)
+    positions = posenc.document_positions(doc_ids)
+    assert positions.tolist() == [0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6]
+    with torch.no_grad():
+        packed = posenc.attention(q, k, v, enc, q_positions=positions, k_positions=positions,
+                                  mask=posenc.document_mask(doc_ids))
+        first = posenc.attention(q[:, :, :4], k[:, :, :4], v[:, :, :4], enc)
+        second = posenc.attention(q[:, :, 4:], k[:, :, 4:], v[:, :, 4:], enc)
+    torch.testing.assert_close(packed, torch.cat((first, second), dim=2))
+
+
+@pytest.mark.parametrize("key", list(ATTENTION_ENCODINGS))
+def test_future_tokens_never_change_past_outputs(key):
+    enc = make_encoding(key)
+    q, k, v = qkv(q_len=10, k_len=10)
+    q2, k2, v2 = q.clone(), k.clone(), v.clone()
+    q2[:, :, 6:], k2[:, :, 6:], v2[:, :, 6:] = (torch.randn_like(t[:, :, 6:]) for t in (q, k, v))
+    with torch.no_grad():
+        a, b = posenc.attention(q, k, v, enc), posenc.attention(q2, k2, v2, enc)
+    torch.testing.assert_close(a[:, :, :6], b[:, :, :6])
+    assert not torch.allclose(a[:, :, 6:], b[:, :, 6:])
+
+
+@pytest.mark.parametrize("key", list(ATTENTION_ENCODINGS))
+def test_only_nope_is_permutation_equivariant(key):
+    enc = make_encoding(key)
+    q, k, v = qkv(batch=1, q_len=9, k_len=9)
+    perm = torch.tensor([3, 0, 7, 1, 8, 2, 6, 4, 5])
+    with torch.no_grad():
+        out = posenc.attention(q, k, v, enc, causal=False)
+        permuted = posenc.attention(q[:, :, perm], k[:, :, perm], v[:, :, perm], enc, causal=False)
+    equivariant = torch.allclose(permuted, out[:, :, perm], atol=1e-12)
+    assert equivariant == (key == "none")
+
+
+def test_eager_matches_naive_softmax_oracle_with_alibi_bias():
+    enc = posenc.build("alibi", num_heads=HEADS)
+    q, k, v = qkv(batch=1, q_len=6, k_len=6)
+    got = posenc.attention(q, k, v, enc, backend="eager")
+    for h in range(HEADS):
+        slope = float(posenc.alibi_slopes(HEADS)[h])
+        bias = [[-slope * (i - j) for j in range(6)] for i in range(6)]
+        allowed = [[j <= i for j in range(6)] for i in range(6)]
+        torch.testing.assert_close(got[0, h], naive_attention(q[0, h], k[0, h], v[0, h], bias=bias, allowed=allowed))
+
+
+@settings(max_examples=25, deadline=None)
+@given(q_len=st.integers(1, 8), extra=st.integers(0, 8), start=st.integers(0, 2**20), causal=st.booleans())
+def test_rope_sdpa_matches_naive_oracle_on_random_shapes(q_len, extra, start, causal):
+    enc = posenc.build("rope", head_dim=8)
+    k_len = q_len + extra
+    q, k, v = qkv(batch=1, q_len=q_len, k_len=k_len)
+    k_pos = torch.arange(start, start + k_len)
+    got = posenc.attention(q, k, v, enc, q_positions=k_pos[extra:], k_positions=k_pos, causal=causal, backend="sdpa")
+    qr, kr = enc.rotate(q, k, k_pos[extra:].unsqueeze(0), k_pos.unsqueeze(0))
+    allowed = [[(not causal) or j <= i + extra for j in range(k_len)] for i in range(q_len)]
+    torch.testing.assert_close(got[0, 1], naive_attention(qr[0, 1], kr[0, 1], v[0, 1], allowed=allowed))
+
+
+class TestCrossAttention:
+    def setup_method(self):
+        self.rope = posenc.build("rope", head_dim=8)
+        self.q, self.k, self.v = qkv(batch=1, q_len=4, k_len=6)
+
+    def run(self, mode):
+        q_pos, k_pos = posenc.cross_attention_positions(mode, 4, 6)
+        encoding = None if mode == "none" else self.rope
+        return posenc.attention(self.q, self.k, self.v, encoding, q_positions=q_pos, k_positions=k_pos, causal=False)
+
+    def test_none_is_plain_content_attention(self):
+        out = self.run("none")
+        torch.testing.assert_close(out[0, 0], naive_attention(self.q[0, 0], self.k[0, 0], self.v[0, 0]))
+
+    def test_query_only_rotates_queries_and_not_keys(self):
+        q_rot, _ = self.rope.rotate(self.q, self.q, torch.arange(4).unsqueeze(0), torch.arange(4).unsqueeze(0))
+        out = self.run("query_only")
+        torch.testing.assert_close(out[0, 1], naive_attention(q_rot[0, 1], self.k[0, 1], self.v[0, 1]))
+
+    def test_separate_and_unified_timelines(self):
+        separate, unified = self.run("separate"), self.run("unified")
+        q_pos, k_pos = posenc.cross_attention_positions("unified", 4, 6)
+        assert q_pos.tolist() == [6, 7, 8, 9] and k_pos.tolist() == list(range(6))
+        # Unified = separate with every query shifted by Tk: different offsets, different outputs.
+        assert not torch.allclose(separate, unified)
+        q_pos, k_pos = posenc.cross_attention_positions("separate", 4, 6)
+        shifted = posenc.attention(self.q, self.k, self.v, self.rope, q_positions=q_pos + 6, k_positions=k_pos, causal=False)
+        torch.testing.assert_close(shifted, unified)
+
+
+def test_refusals_name_a_backend_that_can():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="backend='sdpa' cannot serve Shaw.*use backend='eager'"):
+        posenc.attention(q, k, v, make_encoding("shaw"), backend="sdpa")
+    with pytest.raises(ValueError, match="backend='flex' cannot serve TransformerXL.*'sdpa' or 'eager'"):
+        posenc.attention(q, k, v, make_encoding("transformer_xl"), backend="flex")
+    q.requires_grad_(True)
+    with pytest.raises(ValueError, match="no backward pass on CPU"):
+        posenc.attention(q, k, v, make_encoding("alibi"), backend="flex")
+    assert choose_backend("auto", make_encoding("shaw"), q, k, v) == "eager"
+    assert choose_backend("auto", make_encoding("alibi"), q, k, v) == "sdpa"
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda q, k, v: posenc.attention(q[0], k, v), r"q must be a 4-D tensor"),
+        (lambda q, k, v: posenc.attention(q, k[:, :1], v), r"share batch and heads"),
+        (lambda q, k, v: posenc.attention(q, k[..., :4], v), r"same head width"),
+        (lambda q, k, v: posenc.attention(q, k, v[:, :, :3]), r"same length Tk"),
+        (lambda q, k, v: posenc.attention(q, k, v, posenc.build("alibi", num_heads=3)), r"num_heads=3 .* H=2"),
+        (lambda q, k, v: posenc.attention(q, k, v, posenc.build("rope", head_dim=4)), r"head_dim=4 .* Dh=8"),
+        (lambda q, k, v: posenc.attention(q, k, v, q_positions=torch.arange(5)), r"q_positions must have shape \(12,\)"),
+        (lambda q, k, v: posenc.attention(q, k, v, k_positions=torch.arange(12) - 1), r"k_positions must be >= 0"),
+        (lambda q, k, v: posenc.attention(q, k, v, k_positions=torch.arange(12.0)), r"integer tensor"),
+        (lambda q, k, v: posenc.attention(q, k, v, backend="fast"), r"backend must be one of"),
+        (lambda q, k, v: posenc.attention(q, k, v, mask=torch.ones(12, 12)), r"mask must be a bool tensor"),
+        (lambda q, k, v: posenc.attention(q, k, v, mask=torch.ones(1, 1, 3, 12, dtype=torch.bool)), r"broadcastable"),
+        (lambda q, k, v: posenc.attention(q, k[:, :, :4], v[:, :, :4]), r"Tq \(12\) must be <= Tk \(4\)"),
+        (lambda q, k, v: posenc.build("rotary"), r"unknown encoding 'rotary'; valid names: none, sinusoidal"),
+        (lambda q, k, v: posenc.build("alibi", heads=4), r"unknown kwargs \['heads'\]"),
+        (lambda q, k, v: posenc.build("alibi"), r"encoding 'alibi': .*num_heads"),
+    ],
+)
+def test_bad_input_raises_value_error_naming_the_parameter(call, message):
+    with pytest.raises(ValueError, match=message):
+        call(*qkv())
+
+
+def test_compiled_flex_agrees_with_eager(monkeypatch):
+    monkeypatch.setenv("POSENC_FLEX_COMPILE", "1")
+    enc = posenc.build("alibi", num_heads=HEADS)
+    q, k, v = qkv(q_len=8, k_len=16, dtype=torch.float32)
+    with torch.no_grad():
+        got = posenc.attention(q, k, v, enc, backend="flex")
+        expected = posenc.attention(q, k, v, enc, backend="eager")
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
