@@ -1,0 +1,80 @@
+"""Command line: ``posenc <command>`` (also ``python -m posenc``). Thin: parse, validate, call."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _add_extrapolate(commands) -> None:
+    from .experiments.extrapolate import PRESETS
+    from .experiments.rows import DEFAULT_ROWS, ROWS
+
+    p = commands.add_parser(
+        "extrapolate", help="train tiny LMs at one length, report bits-per-byte at 1x..8x",
+        description="Train a tiny byte-level LM per encoding at --train-length and evaluate bits-per-byte at "
+                    "multiples of it (the main job). Defaults: the embedded Python-stdlib corpus, preset 'default'.",
+    )
+    p.add_argument("--preset", default="default", choices=sorted(PRESETS), help="model/training size (default: default)")
+    p.add_argument("--encodings", default="default",
+                   help=f"'all', 'default' ({', '.join(DEFAULT_ROWS)}) or a comma list of: {', '.join(ROWS)}")
+    p.add_argument("--text", help="a text file or folder to use instead of the embedded stdlib corpus")
+    p.add_argument("--out", type=Path, help="run directory (default: runs/<timestamp>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished work")
+    p.add_argument("--train-length", type=int, help="training window length in bytes")
+    p.add_argument("--eval-factors", type=_ints, help="eval lengths as multiples of the train length (default 1,2,4,8)")
+    p.add_argument("--eval-stride", type=int, help="sliding-window evaluation with this stride (default: non-overlapping)")
+    p.add_argument("--eval-windows", type=int, help="number of longest-length windows in the eval span")
+    p.add_argument("--steps", type=int, help="training steps")
+    p.add_argument("--batch-size", type=int, help="global batch size (split across DDP processes)")
+    p.add_argument("--lr", type=float, help="peak learning rate")
+    p.add_argument("--dim", type=int, help="model width")
+    p.add_argument("--layers", dest="num_layers", type=int, help="transformer blocks")
+    p.add_argument("--heads", dest="num_heads", type=int, help="attention heads")
+    p.add_argument("--seeds", type=int, help="repeat with this many seeds and report mean ± std (default 1)")
+    p.add_argument("--seed", type=int, help="first seed (default 0)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="auto: CUDA (bf16 autocast) when present")
+    p.set_defaults(run=_run_extrapolate)
+
+
+def _run_extrapolate(args) -> int:
+    from .experiments.extrapolate import ExperimentConfig, run
+
+    overrides = {k: getattr(args, k) for k in (
+        "encodings", "train_length", "eval_factors", "eval_stride", "eval_windows", "steps", "batch_size", "lr",
+        "dim", "num_layers", "num_heads", "seeds", "seed", "device", "text")}
+    config = ExperimentConfig.from_preset(args.preset, **overrides)
+    if args.resume and args.out is None:
+        raise ValueError("--resume needs --out: the run directory to continue")
+    out = args.out or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    run(config, out, resume=args.resume)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="posenc", description="Positional encodings for transformers.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    _add_extrapolate(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except ValueError as error:
+        print(f"posenc {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\nposenc {args.command}: interrupted; finished work is saved, continue with --resume --out DIR",
+              file=sys.stderr)
+        return 130

@@ -1,0 +1,1 @@
+"""Experiments built from the library: ``extrapolate`` (train short, test long)."""

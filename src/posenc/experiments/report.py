@@ -1,0 +1,71 @@
+"""Results of ``extrapolate`` as a table (terminal and Markdown) and files on disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import storage
+
+
+def _cell(mean, std) -> str:
+    if mean is None:
+        return "N/A"
+    return f"{mean:.3f}" if not std else f"{mean:.3f} ± {std:.3f}"
+
+
+def table_rows(results: dict) -> tuple[list[str], list[list[str]]]:
+    train_length = results["train_length"]
+    header = ["encoding"] + [f"{length // train_length}× ({length})" for length in results["eval_lengths"]]
+    body = []
+    for row in results["rows"]:
+        cells = [_cell(row["bits_per_byte"][str(length)], row["bits_per_byte_std"][str(length)])
+                 for length in results["eval_lengths"]]
+        body.append([row["name"]] + cells)
+    return header, body
+
+
+def title(results: dict) -> str:
+    seeds = results["config"]["seeds"]
+    return (f"Bits per byte (lower is better), trained at {results['train_length']} bytes, "
+            f"{results['protocol']}, {seeds} seed{'s' if seeds > 1 else ''}"
+            f"{' (mean ± std)' if seeds > 1 else ''}")
+
+
+def terminal_table(results: dict) -> str:
+    header, body = table_rows(results)
+    widths = [max(len(line[i]) for line in [header] + body) for i in range(len(header))]
+    lines = [title(results), "  ".join(h.ljust(w) for h, w in zip(header, widths))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in body]
+    return "\n".join(lines)
+
+
+def markdown_table(results: dict) -> str:
+    header, body = table_rows(results)
+    corpus = results["corpus"]
+    lines = [
+        f"# {title(results)}",
+        "",
+        "| " + " | ".join(header) + " |",
+        "| " + " | ".join(["---"] + ["---:"] * (len(header) - 1)) + " |",
+    ]
+    lines += ["| " + " | ".join(line) + " |" for line in body]
+    lines += [
+        "",
+        f"Corpus: {corpus['source']} ({corpus['files']} files, sha256 `{corpus['sha256'][:16]}`, "
+        f"split {corpus['split']}). Device: {results['device']}, {results['processes']} process(es), "
+        f"total {results['wall_time_s']:.0f}s. posenc {results['versions']['posenc']}, "
+        f"torch {results['versions']['torch']}, Python {results['versions']['python']}.",
+        "",
+        "N/A: the encoding has no value at that length (a learned table has no rows past its training length).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_all(results: dict, out: Path) -> None:
+    from ..plots import extrapolation_figure, position_loss_figure, save_figure
+
+    storage.write_json(out / "results.json", results)
+    storage.write_text(out / "results.md", markdown_table(results))
+    save_figure(extrapolation_figure(results), out / "extrapolation.png")
+    save_figure(position_loss_figure(results), out / "position_loss.png")

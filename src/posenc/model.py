@@ -1,0 +1,157 @@
+"""A tiny byte-level decoder LM whose positional encoding is a config field.
+
+The model calls the encoding's doors through one interface (``embed`` at the
+input, ``attention(..., encoding)`` in every layer) and never asks which encoding
+it holds. One encoding module is shared by all layers (as T5 shares its bias).
+
+Token embeddings follow Vaswani et al.: initialised with std 1/√D and multiplied by
+√D, so their entries have unit scale, like a sinusoidal table's. (With GPT-2's
+std-0.02 embeddings an added sinusoid would drown the tokens.) The output head
+reuses the unscaled embedding matrix, so initial logits have unit scale too.
+
+Shapes: B batch, T tokens, D model width, H heads, Dh = D / H, V = 256 bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from . import checks
+from .attention import attention
+from .encodings import build_for_model
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    encoding: str = "rope"
+    encoding_kwargs: dict = field(default_factory=dict)  # passed to posenc.build on top of the sizes
+    dim: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    mlp_ratio: int = 4
+    vocab_size: int = 256  # bytes
+    max_positions: int = 256  # rows of a learned table: the training length
+    backend: str = "auto"
+
+    def __post_init__(self):
+        checks.positive_int("dim", self.dim)
+        checks.positive_int("num_layers", self.num_layers)
+        checks.positive_int("num_heads", self.num_heads)
+        if self.dim % self.num_heads:
+            raise ValueError(f"dim ({self.dim}) must be divisible by num_heads ({self.num_heads})")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class KVCache:
+    """Keys and values of past tokens, per layer, with their positions.
+
+    Keys are stored *before* any rotation: the encoding rotates them at every call
+    from their explicit positions, so cached and fresh keys can never disagree.
+    """
+
+    def __init__(self, num_layers: int):
+        self.keys: list[Tensor | None] = [None] * num_layers
+        self.values: list[Tensor | None] = [None] * num_layers
+        self.positions: Tensor | None = None  # (B or 1, T_cached)
+
+    @property
+    def length(self) -> int:
+        return 0 if self.positions is None else self.positions.shape[-1]
+
+    def extend(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append (B, H, T_new, Dh) keys/values of ``layer``; returns all of them."""
+        if self.keys[layer] is not None:
+            k = torch.cat((self.keys[layer], k), dim=2)
+            v = torch.cat((self.values[layer], v), dim=2)
+        self.keys[layer], self.values[layer] = k, v
+        return k, v
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.attn_norm = nn.LayerNorm(config.dim)
+        self.qkv = nn.Linear(config.dim, 3 * config.dim, bias=False)
+        self.attn_out = nn.Linear(config.dim, config.dim, bias=False)
+        self.mlp_norm = nn.LayerNorm(config.dim)
+        self.mlp = nn.Sequential(
+            nn.Linear(config.dim, config.mlp_ratio * config.dim),
+            nn.GELU(),
+            nn.Linear(config.mlp_ratio * config.dim, config.dim),
+        )
+
+    def forward(self, x, encoding, q_pos, k_pos, cache: KVCache | None, layer: int) -> Tensor:
+        """x: (B, T, D); q_pos (B or 1, T); k_pos (B or 1, T_cached + T). Returns (B, T, D)."""
+        batch, length, _ = x.shape
+        heads, head_dim = self.config.num_heads, self.config.head_dim
+        q, k, v = self.qkv(self.attn_norm(x)).view(batch, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
+        if cache is not None:
+            k, v = cache.extend(layer, k, v)  # (B, H, T_cached + T, Dh)
+        y = attention(q, k, v, encoding, q_positions=q_pos, k_positions=k_pos, backend=self.config.backend)
+        x = x + self.attn_out(y.transpose(1, 2).reshape(batch, length, -1))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class LanguageModel(nn.Module):
+    """Decoder-only byte LM. The positional encoding comes from ``config.encoding``."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.dim)
+        # init_std: a learned table starts at the scale of the (scaled) token embeddings.
+        sizes = {"dim": config.dim, "head_dim": config.head_dim, "num_heads": config.num_heads,
+                 "max_positions": config.max_positions, "init_std": 1.0}
+        self.encoding = build_for_model(config.encoding, sizes=sizes, **config.encoding_kwargs)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        self.final_norm = nn.LayerNorm(config.dim)
+        self.apply(self._init_weights)
+        nn.init.normal_(self.embed.weight, std=config.dim**-0.5)
+        for block in self.blocks:  # GPT-2: shrink residual branches with depth
+            nn.init.normal_(block.attn_out.weight, std=0.02 / (2 * config.num_layers) ** 0.5)
+            nn.init.normal_(block.mlp[2].weight, std=0.02 / (2 * config.num_layers) ** 0.5)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def parameter_counts(self) -> dict[str, int]:
+        """{'model': parameters outside the encoding, 'encoding': the encoding's own}."""
+        encoding = sum(p.numel() for p in self.encoding.parameters())
+        return {"model": sum(p.numel() for p in self.parameters()) - encoding, "encoding": encoding}
+
+    def forward(self, tokens: Tensor, positions: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
+        """tokens: (B, T) int64 bytes; positions: (T,) or (B, T), default continuing the cache.
+
+        Returns logits (B, T, V). With a cache the new keys/values are appended to it.
+        """
+        batch, length = tokens.shape
+        start = 0 if cache is None else cache.length
+        if positions is None:
+            positions = torch.arange(start, start + length, device=tokens.device)
+        positions = checks.positions("positions", positions, length, batch).to(tokens.device)
+        k_pos = positions
+        if cache is not None:
+            if cache.positions is not None:
+                k_pos = torch.cat((cache.positions.expand(positions.shape[0], -1), positions), dim=-1)
+            cache.positions = k_pos
+        x = self.encoding.embed(self.embed(tokens) * self.config.dim**0.5, positions)  # (B, T, D)
+        for layer, block in enumerate(self.blocks):
+            x = block(x, self.encoding, positions, k_pos, cache, layer)
+        return F.linear(self.final_norm(x), self.embed.weight)  # tied output head: (B, T, V)

@@ -1,0 +1,62 @@
+"""Files written atomically (temp file in the same folder + rename) and read safely.
+
+A run killed at any instant leaves either the old file or the new one, never half
+of one. Checkpoints are read with ``torch.load(weights_only=True)`` (no unpickling
+of arbitrary objects); final weights are safetensors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
+    """Call ``write(temp_path)``, then rename the temp file over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(handle)
+    try:
+        write(temp)
+        os.replace(temp, path)
+    finally:
+        if os.path.exists(temp):
+            os.unlink(temp)
+    return path
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    return atomic_write(path, lambda temp: Path(temp).write_text(text))
+
+
+def write_json(path: str | os.PathLike, data) -> Path:
+    return write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def read_json(path: str | os.PathLike):
+    return json.loads(Path(path).read_text())
+
+
+def save_checkpoint(path: str | os.PathLike, state: dict) -> Path:
+    """A resumable training state (tensors, numbers, strings, nested dicts/lists)."""
+    return atomic_write(path, lambda temp: torch.save(state, temp))
+
+
+def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict:
+    return torch.load(path, map_location=device, weights_only=True)
+
+
+def save_weights(path: str | os.PathLike, state_dict: dict) -> Path:
+    tensors = {name: tensor.detach().contiguous().cpu() for name, tensor in state_dict.items()}
+    return atomic_write(path, lambda temp: save_file(tensors, temp))
+
+
+def load_weights(path: str | os.PathLike) -> dict:
+    return load_file(str(path))

@@ -1,0 +1,236 @@
+"""``posenc verify``: the seeds' checkable claims, measured on this device and dtype.
+
+Each check returns rows (check, encoding, measured error, tolerance, passed). A
+"differs" check passes when the error is *above* its threshold (e.g. an encoding
+must break permutation equivariance). Tolerances scale with dtype and with the
+largest position used:
+
+    tolerance = base(dtype) · (1 + log2(1 + max_position) / 20)
+    base: float64 1e-10, float32 1e-4, bfloat16 5e-2
+
+Oracles here are written from the formulas, independently of the code they check.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+from . import attention, build, rope_frequencies, sinusoidal_table
+from .attention import BACKENDS, choose_backend
+from .encodings.rotary import apply_rope
+
+BASE_TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-4, torch.bfloat16: 5e-2}
+HEADS, HEAD_DIM, LENGTH = 4, 16, 12
+DIFFERS = 1e-3  # a positional encoding must move outputs by more than this
+
+ATTENTION_ENCODINGS = {
+    "none": {},
+    "rope": {"head_dim": HEAD_DIM},
+    "alibi": {"num_heads": HEADS},
+    "t5": {"num_heads": HEADS},
+    "shaw": {"head_dim": HEAD_DIM, "num_heads": HEADS},
+    "transformer_xl": {"head_dim": HEAD_DIM, "num_heads": HEADS},
+}
+
+
+@dataclass
+class Check:
+    check: str
+    encoding: str
+    error: float
+    tolerance: float
+    passed: bool
+    detail: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def tolerance(dtype: torch.dtype, max_position: int) -> float:
+    return BASE_TOLERANCE[dtype] * (1 + math.log2(1 + max_position) / 20)
+
+
+def _within(check, encoding, error, tol, detail="") -> Check:
+    return Check(check, encoding, float(error), tol, bool(error <= tol), detail)
+
+
+def _differs(check, encoding, error, detail="") -> Check:
+    return Check(check, encoding, float(error), DIFFERS, bool(error > DIFFERS), detail + " (must exceed)")
+
+
+def _encoding(name: str, device, dtype):
+    enc = build(name, **ATTENTION_ENCODINGS[name]).to(device=device, dtype=dtype)
+    with torch.no_grad():
+        for parameter in enc.parameters():
+            parameter.normal_(0, 0.5)  # trained tables are not near zero; neither are these
+    return enc
+
+
+def _qkv(device, dtype, batch=2, q_len=LENGTH, k_len=LENGTH):
+    return tuple(torch.randn(batch, HEADS, t, HEAD_DIM, device=device, dtype=dtype) for t in (q_len, k_len, k_len))
+
+
+@torch.no_grad()
+def check_permutation(device, dtype) -> list[Check]:
+    """Seed 004 Part I: attention without positions is permutation-equivariant; with them it is not."""
+    rows, tol = [], tolerance(dtype, LENGTH)
+    perm = torch.randperm(LENGTH, device=device)
+    for name in ATTENTION_ENCODINGS:
+        enc = _encoding(name, device, dtype)
+        q, k, v = _qkv(device, dtype)
+        out = attention(q, k, v, enc, causal=False)
+        shuffled = attention(q[:, :, perm], k[:, :, perm], v[:, :, perm], enc, causal=False)
+        error = (shuffled - out[:, :, perm]).abs().max().item()
+        rows.append(_within("permutation equivariant", name, error, tol) if name == "none"
+                    else _differs("permutation changes outputs", name, error))
+    return rows
+
+
+@torch.no_grad()
+def check_dog_bites_man(device, dtype) -> list[Check]:
+    """Same three words in two orders: same outputs up to permutation only without an encoding."""
+    rows, tol = [], tolerance(dtype, 3)
+    words = torch.randn(3, HEADS * HEAD_DIM, device=device, dtype=dtype)  # dog, bites, man
+    projections = [torch.randn(HEADS * HEAD_DIM, HEADS * HEAD_DIM, device=device, dtype=dtype) / 8 for _ in range(3)]
+    sizes = {"dim": HEADS * HEAD_DIM, "max_positions": 3}
+    encodings = {**{n: _encoding(n, device, dtype) for n in ATTENTION_ENCODINGS},
+                 **{n: build(n, **{k: v for k, v in sizes.items() if k in ("dim", "max_positions")} if n == "learned"
+                             else {"dim": sizes["dim"]}).to(device=device, dtype=dtype)
+                    for n in ("sinusoidal", "learned")}}
+
+    def run(sentence: torch.Tensor, enc) -> torch.Tensor:
+        x = enc.embed(sentence[None], torch.arange(3, device=device)[None])  # (1, 3, D)
+        q, k, v = (p_x.view(1, 3, HEADS, HEAD_DIM).transpose(1, 2) for p_x in (x @ p for p in projections))
+        return attention(q, k, v, enc, causal=False)  # (1, H, 3, Dh)
+
+    reverse = torch.tensor([2, 1, 0], device=device)
+    for name, enc in encodings.items():
+        dog_bites_man, man_bites_dog = run(words, enc), run(words[reverse], enc)
+        error = (man_bites_dog - dog_bites_man[:, :, reverse]).abs().max().item()
+        rows.append(_within("dog bites man = man bites dog (permuted)", name, error, tol) if name == "none"
+                    else _differs("dog bites man != man bites dog", name, error))
+    return rows
+
+
+@torch.no_grad()
+def check_rope(device, dtype) -> list[Check]:
+    """RoPE: scores depend only on offsets; norms preserved; the two layouts agree up to a permutation."""
+    shift = 2**20 - LENGTH
+    tol = tolerance(dtype, shift + LENGTH)
+    inv_freq, _ = rope_frequencies(HEAD_DIM)
+    q, k, _ = _qkv(device, dtype)
+    pos = torch.arange(LENGTH, device=device)[None]
+    scores = [apply_rope(q, p, inv_freq) @ apply_rope(k, p, inv_freq).transpose(-1, -2) for p in (pos, pos + shift)]
+    scale = scores[0].abs().max().item()
+    offsets = (scores[1].double() - scores[0].double()).abs().max().item() / scale
+    rotated = apply_rope(q, pos + shift, inv_freq)
+    norms = ((rotated.double().norm(dim=-1) - q.double().norm(dim=-1)).abs() / q.double().norm(dim=-1)).max().item()
+    pairs = HEAD_DIM // 2
+    perm = torch.tensor([c for i in range(pairs) for c in (i, i + pairs)], device=device)
+    half = apply_rope(q, pos + shift, inv_freq, layout="half")
+    inter = apply_rope(q[..., perm], pos + shift, inv_freq, layout="interleaved")
+    layouts = (inter.double() - half[..., perm].double()).abs().max().item()
+    return [
+        _within("scores depend only on offsets (shift 2^20, relative)", "rope", offsets, tol),
+        _within("norms preserved (relative)", "rope", norms, tol),
+        _within("interleaved = permuted half", "rope", layouts, tol),
+    ]
+
+
+def check_sinusoid_shift() -> list[Check]:
+    """Seed 003: PE(p+7) = M_7 PE(p) by least squares over 100 positions (float64: a property of the formula)."""
+    dim, shift = 16, 7
+    rows = []
+    for label, positions in (("positions 0..99", torch.arange(100)), ("positions 0..9999 step 101", torch.arange(100) * 101)):
+        p = sinusoidal_table(positions, dim)
+        shifted = sinusoidal_table(positions + shift, dim)
+        m_t = torch.linalg.lstsq(p, shifted, driver="gelsd").solution
+        residual = (p @ m_t - shifted).abs().max().item()
+        rotation = torch.zeros(dim, dim, dtype=torch.float64)
+        for i in range(dim // 2):
+            w = shift / 10000 ** (2 * i / dim)
+            rotation[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = torch.tensor([[math.cos(w), math.sin(w)], [-math.sin(w), math.cos(w)]])
+        distance = (m_t.t() - rotation).abs().max().item()
+        rows.append(_within(f"PE(p+7) = M_7 PE(p), least-squares residual, {label}", "sinusoidal", residual, 1e-10))
+        rows.append(Check(f"M_7 vs 2x2 rotation blocks, {label}", "sinusoidal", distance, 1e-6, distance <= 1e-6,
+                          "informational: slow pairs barely turn over 0..99, so M_7 is not pinned down"
+                          if positions[-1] < 1000 else ""))
+    return rows
+
+
+def _served(backend, enc, q, k, v) -> bool:
+    try:
+        choose_backend(backend, enc, q, k, v)
+        return True
+    except ValueError:
+        return False
+
+
+@torch.no_grad()
+def check_backends_and_cache(device, dtype) -> list[Check]:
+    """Every backend agrees with eager, and KV-cache decoding equals the full pass, per encoding."""
+    rows, tol = [], tolerance(dtype, LENGTH)
+    for name in ATTENTION_ENCODINGS:
+        enc = _encoding(name, device, dtype)
+        q, k, v = _qkv(device, dtype)
+        reference = attention(q, k, v, enc, backend="eager").double()
+        for backend in (b for b in BACKENDS if b != "auto"):
+            if not _served(backend, enc, q, k, v):
+                continue
+            full = attention(q, k, v, enc, backend=backend)
+            rows.append(_within(f"{backend} agrees with eager", name, (full.double() - reference).abs().max().item(), tol))
+            steps = [attention(q[:, :, t : t + 1], k[:, :, : t + 1], v[:, :, : t + 1], enc, backend=backend,
+                               q_positions=torch.tensor([t], device=device),
+                               k_positions=torch.arange(t + 1, device=device)) for t in range(LENGTH)]
+            error = (torch.cat(steps, dim=2).double() - full.double()).abs().max().item()
+            rows.append(_within(f"KV-cache decoding = full pass ({backend})", name, error, tol))
+    return rows
+
+
+def check_transformers() -> list[Check]:
+    """RoPE frequencies and attention factors equal transformers' for every scaling type."""
+    try:
+        from transformers import LlamaConfig
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    except ImportError:
+        return []
+    cases = {
+        "linear": {"factor": 4.0},
+        "dynamic": {"factor": 4.0},
+        "yarn": {"factor": 4.0, "original_max_position_embeddings": 2048},
+        "llama3": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 1024},
+        "longrope": {"factor": 4.0, "short_factor": [1.0] * 32, "long_factor": [2.0] * 32,
+                     "original_max_position_embeddings": 2048},
+    }
+    rows = []
+    for rope_type, params in cases.items():
+        hf = LlamaConfig(hidden_size=256, num_attention_heads=4, head_dim=64, max_position_embeddings=2048,
+                         rope_parameters={"rope_type": rope_type, "rope_theta": 10000.0, **params})
+        theirs, their_factor = ROPE_INIT_FUNCTIONS[rope_type](hf, None, seq_len=4096)
+        ours_params = {"rope_type": rope_type, **params}
+        if rope_type == "dynamic":
+            ours_params["original_max_position_embeddings"] = 2048
+        ours, our_factor = rope_frequencies(64, ours_params, seq_len=4096)
+        error = max((ours - theirs).abs().max().item(), abs(our_factor - their_factor))
+        rows.append(_within("frequencies and attention factor = transformers", f"rope+{rope_type}", error, 0.0))
+    return rows
+
+
+def run_checks(device: str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0) -> list[Check]:
+    torch.manual_seed(seed)
+    device = torch.device(device)
+    return (check_permutation(device, dtype) + check_dog_bites_man(device, dtype) + check_rope(device, dtype)
+            + check_sinusoid_shift() + check_backends_and_cache(device, dtype) + check_transformers())
+
+
+def format_table(rows: list[Check]) -> str:
+    header = ("check", "encoding", "error", "tolerance", "result")
+    body = [(r.check, r.encoding, f"{r.error:.2e}", ("> " if "must exceed" in r.detail else "<= ") + f"{r.tolerance:.1e}",
+             "pass" if r.passed else "FAIL") for r in rows]
+    widths = [max(len(line[i]) for line in [header] + body) for i in range(5)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in body]
+    return "\n".join(lines)

@@ -1,0 +1,146 @@
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from posenc.cli import main
+from posenc.experiments.extrapolate import ExperimentConfig, run
+from posenc.experiments.rows import DEFAULT_ROWS
+
+ENV = {**os.environ, "POSENC_FLEX_COMPILE": "0", "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke")
+    assert main(["extrapolate", "--preset", "smoke", "--out", str(out)]) == 0
+    return out, json.loads((out / "results.json").read_text())
+
+
+def test_smoke_run_writes_every_file_row_and_column(smoke_run):
+    out, results = smoke_run
+    for name in ("results.json", "results.md", "extrapolation.png", "position_loss.png"):
+        assert (out / name).stat().st_size > 0
+        if name.endswith(".png"):
+            assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert results["eval_lengths"] == [16, 32, 64, 128]
+    assert [row["name"] for row in results["rows"]] == list(DEFAULT_ROWS)
+    for row in results["rows"]:
+        for length in map(str, results["eval_lengths"]):
+            value = row["bits_per_byte"][length]
+            if row["name"] == "learned" and length != "16":
+                assert value is None and "beyond the learned table" in row["errors"][length]
+            else:
+                assert math.isfinite(value) and 0 < value < 9
+    assert results["corpus"]["sha256"] and results["protocol"] == "non-overlapping windows"
+    markdown = (out / "results.md").read_text()
+    assert "| learned | " in markdown and "N/A" in markdown
+
+
+def test_factor_one_scalings_equal_plain_rope(smoke_run):
+    _, results = smoke_run
+    rows = {row["name"]: row for row in results["rows"]}
+    for name in ("rope+pi", "rope+ntk", "rope+dynamic", "rope+yarn"):
+        assert rows[name]["bits_per_byte"]["16"] == pytest.approx(rows["rope"]["bits_per_byte"]["16"], abs=1e-6)
+    assert rows["rope+pi"]["bits_per_byte"]["128"] != rows["rope"]["bits_per_byte"]["128"]
+
+
+def test_every_encoding_scores_the_same_bytes(tmp_path):
+    seen = []
+    import posenc.experiments.extrapolate as extrapolate
+
+    original = extrapolate.evaluate
+
+    def spy(model, tokens, lengths, **kwargs):
+        seen.append(tokens.clone())
+        return original(model, tokens, lengths, **kwargs)
+
+    extrapolate.evaluate = spy
+    try:
+        run(ExperimentConfig.from_preset("smoke", encodings="none,alibi,t5", steps=2), tmp_path / "r", log=lambda *_: None)
+    finally:
+        extrapolate.evaluate = original
+    assert len(seen) == 3 * 4
+    assert all(t.equal(seen[0]) for t in seen)
+
+
+def test_sliding_protocol_is_recorded(tmp_path):
+    config = ExperimentConfig.from_preset("smoke", encodings="alibi", steps=2, eval_stride=8, eval_factors=(1, 2))
+    results = run(config, tmp_path / "s", log=lambda *_: None)
+    assert results["protocol"] == "sliding windows, stride 8"
+    assert all(math.isfinite(v) for v in results["rows"][0]["bits_per_byte"].values())
+
+
+def test_too_small_corpus_fails_before_training(tmp_path, capsys):
+    tiny = tmp_path / "tiny.txt"
+    tiny.write_text("x" * 2000)
+    code = main(["extrapolate", "--preset", "smoke", "--text", str(tiny), "--out", str(tmp_path / "o")])
+    assert code == 2
+    assert "corpus too small: the validation split has 200 bytes" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_unknown_encoding_is_a_clear_error(tmp_path, capsys):
+    assert main(["extrapolate", "--preset", "smoke", "--encodings", "rope,rotary", "--out", str(tmp_path / "o")]) == 2
+    assert "unknown rows ['rotary']" in capsys.readouterr().err
+
+
+def test_reusing_an_out_dir_needs_resume_and_the_same_config(smoke_run, capsys):
+    out, _ = smoke_run
+    assert main(["extrapolate", "--preset", "smoke", "--out", str(out)]) == 2
+    assert main(["extrapolate", "--preset", "smoke", "--steps", "3", "--out", str(out), "--resume"]) == 2
+    assert "differs in ['steps']" in capsys.readouterr().err
+
+
+def _cli(*args):
+    return [sys.executable, "-m", "posenc", "extrapolate", "--preset", "smoke", *args]
+
+
+def test_resume_after_sigkill_loses_no_finished_encoding(tmp_path):
+    args = ["--encodings", "none,alibi,rope", "--steps", "300"]
+    reference = tmp_path / "reference"
+    subprocess.run(_cli(*args, "--out", str(reference)), env=ENV, check=True, capture_output=True, timeout=300)
+
+    killed = tmp_path / "killed"
+    process = subprocess.Popen(_cli(*args, "--out", str(killed)), env=ENV,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first_done = killed / "checkpoints" / "none-seed0" / "train.json"
+    second_partial = killed / "checkpoints" / "alibi-seed0" / "last.pt"
+    deadline = time.time() + 120
+    while not (first_done.exists() and second_partial.exists()) and time.time() < deadline:
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert first_done.exists(), "the first encoding should have finished before the kill"
+    finished_weights = (killed / "checkpoints" / "none-seed0" / "model.safetensors").stat().st_mtime_ns
+
+    resumed = subprocess.run(_cli(*args, "--out", str(killed), "--resume"), env=ENV, check=True,
+                             capture_output=True, text=True, timeout=300)
+    assert "none (seed 0): already trained, skipping" in resumed.stdout
+    assert (killed / "checkpoints" / "none-seed0" / "model.safetensors").stat().st_mtime_ns == finished_weights
+    got = json.loads((killed / "results.json").read_text())["rows"]
+    want = json.loads((reference / "results.json").read_text())["rows"]
+    for a, b in zip(got, want):  # resumed training continues the same data order and optimizer state
+        assert a["bits_per_byte"] == pytest.approx(b["bits_per_byte"], abs=1e-4), a["name"]
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None and not Path(sys.executable).with_name("torchrun").exists(),
+                    reason="torchrun not installed")
+def test_ddp_smoke_run_with_two_cpu_processes(tmp_path):
+    torchrun = Path(sys.executable).with_name("torchrun")
+    command = [str(torchrun if torchrun.exists() else "torchrun"), "--standalone", "--nproc_per_node", "2",
+               "-m", "posenc", "extrapolate", "--preset", "smoke", "--encodings", "alibi,rope",
+               "--out", str(tmp_path / "ddp")]
+    done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((tmp_path / "ddp" / "results.json").read_text())
+    assert results["processes"] == 2
+    assert {row["name"] for row in results["rows"]} == {"alibi", "rope"}
+    assert all(math.isfinite(v) for row in results["rows"] for v in row["bits_per_byte"].values())

@@ -1,0 +1,64 @@
+import pytest
+import torch
+
+from posenc.model import KVCache, LanguageModel, ModelConfig
+
+ENCODINGS = {
+    "none": {}, "sinusoidal": {}, "learned": {}, "alibi": {}, "rope": {}, "t5": {}, "shaw": {"max_distance": 4},
+    "transformer_xl": {},
+    "rope_yarn": {"scaling": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 16}},
+}
+
+
+def model(key, **overrides):
+    name = key.split("_")[0] if key.startswith("rope") else key
+    config = ModelConfig(encoding=name, encoding_kwargs=ENCODINGS[key], dim=32, num_layers=2, num_heads=4,
+                         max_positions=32, **overrides)
+    return LanguageModel(config).double().eval()
+
+
+@pytest.mark.parametrize("key", list(ENCODINGS))
+def test_kv_cache_decoding_equals_full_forward(key):
+    lm = model(key)
+    tokens = torch.randint(0, 256, (2, 20))
+    with torch.no_grad():
+        full = lm(tokens)
+        cache = KVCache(len(lm.blocks))
+        pieces = [lm(tokens[:, :7], cache=cache)]
+        pieces += [lm(tokens[:, t : t + 1], cache=cache) for t in range(7, 20)]
+    assert cache.length == 20
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-9, atol=1e-9)
+
+
+def test_parameter_counts_differ_only_by_the_encodings_tables():
+    counts = {key: model(key).parameter_counts() for key in ENCODINGS}
+    assert len({c["model"] for c in counts.values()}) == 1
+    assert counts["learned"]["encoding"] == 32 * 32
+    assert counts["t5"]["encoding"] == 32 * 4
+    assert counts["rope"]["encoding"] == counts["alibi"]["encoding"] == counts["none"]["encoding"] == 0
+
+
+@pytest.mark.parametrize("key", ["alibi", "rope", "t5", "transformer_xl"])
+def test_model_backends_agree(key):
+    tokens = torch.randint(0, 256, (2, 24))
+    eager, sdpa = model(key, backend="eager"), model(key, backend="sdpa")
+    sdpa.load_state_dict(eager.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(sdpa(tokens), eager(tokens), rtol=1e-9, atol=1e-9)
+
+
+def test_bfloat16_model_runs_and_stays_close():
+    lm = model("rope").float()
+    tokens = torch.randint(0, 256, (1, 16))
+    with torch.no_grad():
+        reference = lm(tokens)
+        low = lm.to(torch.bfloat16)(tokens)
+    assert low.dtype == torch.bfloat16
+    assert (low.float() - reference).abs().max() < 0.1
+
+
+def test_model_config_rejects_bad_sizes():
+    with pytest.raises(ValueError, match="divisible by num_heads"):
+        ModelConfig(dim=30, num_heads=4)
+    with pytest.raises(ValueError, match="unknown encoding 'rotary'"):
+        LanguageModel(ModelConfig(encoding="rotary"))
