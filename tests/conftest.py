@@ -3,7 +3,7 @@ import os
 import pytest
 import torch
 
-# The uncompiled FlexAttention path keeps the suite fast; one test compiles it.
+# The uncompiled FlexAttention path keeps the suite fast (the default on CPU); one test compiles it.
 os.environ.setdefault("POSENC_FLEX_COMPILE", "0")
 
 

@@ -5,7 +5,7 @@ D model width, Dh head width, F = rotated Dh / 2 frequency pairs, V vocabulary.
 Positions are explicit int64 tensors, (T,) or (B, T); ``offset = q_position - k_position``.
 """
 
-from .attention import BACKENDS, attention, choose_backend
+from .attention import BACKENDS, attention, attention_weights, choose_backend
 from .encodings import (
     ENCODINGS,
     SCALINGS,
@@ -23,6 +23,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BACKENDS", "ENCODINGS", "SCALINGS", "PositionalEncoding", "alibi_slopes", "apply_rope", "attention",
+    "attention_weights",
     "build", "choose_backend", "cross_attention_positions", "document_mask", "document_positions",
     "rope_frequencies", "sinusoidal_table", "t5_bucket",
 ]

@@ -12,8 +12,8 @@ Backends (every one agrees with ``eager``; the tests say so for every encoding):
     cannot serve a value-side term (Shaw).
   - ``flex``: FlexAttention; the bias is a ``score_mod`` and the masks a block mask,
     so no H×Tq×Tk tensor is built; serves the input, rotation and bias doors. It is
-    compiled unless ``POSENC_FLEX_COMPILE=0`` (the uncompiled form is slow but needs
-    no compiler); it has no backward pass on CPU.
+    compiled on CUDA (``POSENC_FLEX_COMPILE=1`` compiles on CPU too, with the system
+    compiler; ``0`` never compiles); it has no backward pass on CPU.
   - ``auto``: flex on CUDA for bias encodings when no gradient is needed, else sdpa
     when it serves the encoding, else eager.
 """
@@ -69,18 +69,11 @@ def attention(
     """
     encoding = _NOPE if encoding is None else encoding
     _check_tensors(q, k, v, encoding)
-    batch, _, q_len, head_dim = q.shape
-    k_len = k.shape[2]
-    defaults = default_positions(q_len, k_len, q.device) if q_positions is None or k_positions is None else None
-    q_pos = defaults[0] if q_positions is None else checks.positions("q_positions", q_positions, q_len, batch)
-    k_pos = defaults[1] if k_positions is None else checks.positions("k_positions", k_positions, k_len, batch)
-    q_pos, k_pos = q_pos.to(q.device), k_pos.to(q.device)
-    if mask is not None:
-        _check_mask(mask, q.shape[:2] + (q_len, k_len))
-    scale = head_dim**-0.5 if scale is None else scale
+    q_pos, k_pos = _resolve_positions(q, k, q_positions, k_positions, mask)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
     name = choose_backend(backend, encoding, q, k, v)
     q, k = encoding.rotate(q, k, q_pos, k_pos)
-    plain_causal = causal and q_positions is None and k_positions is None and q_len == k_len
+    plain_causal = causal and q_positions is None and k_positions is None and q.shape[2] == k.shape[2]
     return _BACKENDS[name](q, k, v, encoding, q_pos, k_pos, causal, mask, scale, plain_causal)
 
 
@@ -120,25 +113,65 @@ def _allowed(q_pos: Tensor, k_pos: Tensor, causal: bool, mask: Tensor | None) ->
     return allowed
 
 
-def _eager(q, k, v, encoding, q_pos, k_pos, causal, mask, scale, plain_causal) -> Tensor:
-    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-    q, k, v = q.to(compute), k.to(compute), v.to(compute)
+def _weights(q, k, encoding, q_pos, k_pos, causal, mask, scale) -> Tensor:
+    """Softmax weights (B, H, Tq, Tk) from already-rotated q, k, in q's dtype."""
     logits = q @ k.transpose(-1, -2)  # (B, H, Tq, Tk)
     if encoding.has_relative_logits:
         logits = logits + encoding.relative_logits(q, k, q_pos, k_pos)
     logits = logits * scale
     if encoding.has_bias:
-        logits = logits + encoding.score_bias(q_pos, k_pos, compute)
+        logits = logits + encoding.score_bias(q_pos, k_pos, q.dtype)
     allowed = _allowed(q_pos, k_pos, causal, mask)
     if allowed is not None:
         logits = logits.masked_fill(~allowed, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
-    if allowed is not None:
-        probs = probs.nan_to_num(0.0)  # a row with no allowed key attends to nothing
+    return probs if allowed is None else probs.nan_to_num(0.0)  # a row with no allowed key attends to nothing
+
+
+def _eager(q, k, v, encoding, q_pos, k_pos, causal, mask, scale, plain_causal) -> Tensor:
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    q, k, v = q.to(compute), k.to(compute), v.to(compute)
+    probs = _weights(q, k, encoding, q_pos, k_pos, causal, mask, scale)
     out = probs @ v  # (B, H, Tq, Dv)
     if encoding.has_relative_values:
         out = out + encoding.relative_values(probs, q_pos, k_pos)
     return out
+
+
+def attention_weights(
+    q: Tensor,
+    k: Tensor,
+    encoding: PositionalEncoding | None = None,
+    *,
+    q_positions: Tensor | None = None,
+    k_positions: Tensor | None = None,
+    causal: bool = True,
+    mask: Tensor | None = None,
+    scale: float | None = None,
+) -> Tensor:
+    """The attention weights ``attention()`` uses, for inspection and plots.
+
+    Same arguments as ``attention`` (without v and backend). Returns (B, H, Tq, Tk)
+    float32 (float64 for float64 inputs); rows sum to 1 (0 for a row with no allowed key).
+    """
+    encoding = _NOPE if encoding is None else encoding
+    _check_tensors(q, k, k, encoding)
+    q_pos, k_pos = _resolve_positions(q, k, q_positions, k_positions, mask)
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    q, k = encoding.rotate(q.to(compute), k.to(compute), q_pos, k_pos)
+    return _weights(q, k, encoding, q_pos, k_pos, causal, mask, q.shape[-1] ** -0.5 if scale is None else scale)
+
+
+def _resolve_positions(q, k, q_positions, k_positions, mask) -> tuple[Tensor, Tensor]:
+    """Validated (B or 1, Tq) and (B or 1, Tk) int64 positions on q's device; checks the mask too."""
+    batch, _, q_len, _ = q.shape
+    k_len = k.shape[2]
+    defaults = default_positions(q_len, k_len, q.device) if q_positions is None or k_positions is None else None
+    q_pos = defaults[0] if q_positions is None else checks.positions("q_positions", q_positions, q_len, batch)
+    k_pos = defaults[1] if k_positions is None else checks.positions("k_positions", k_positions, k_len, batch)
+    if mask is not None:
+        _check_mask(mask, q.shape[:2] + (q_len, k_len))
+    return q_pos.to(q.device), k_pos.to(q.device)
 
 
 def _sdpa(q, k, v, encoding, q_pos, k_pos, causal, mask, scale, plain_causal) -> Tensor:
@@ -189,8 +222,18 @@ def _flex(q, k, v, encoding, q_pos, k_pos, causal, mask, scale, plain_causal) ->
         block_mask = create_block_mask(mask_mod, batch, mask_heads, q_len, k_len, device=q.device)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
-        kernel = _compiled_flex() if os.environ.get("POSENC_FLEX_COMPILE", "1") != "0" else flex_attention
+        kernel = _compiled_flex() if _flex_compiles(q) else flex_attention
         return kernel(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+
+
+def _flex_compiles(q: Tensor) -> bool:
+    """POSENC_FLEX_COMPILE: "1" always compile, "0" never, unset/"auto": compile on CUDA only.
+
+    On CPU a compile costs ~20 s per new shape (e.g. per KV-cache step), while the
+    uncompiled form gives the same numbers; auto never picks flex on CPU anyway.
+    """
+    setting = os.environ.get("POSENC_FLEX_COMPILE", "auto")
+    return setting == "1" or (setting == "auto" and q.is_cuda)
 
 
 @functools.cache

@@ -60,10 +60,61 @@ def _run_extrapolate(args) -> int:
     return 0
 
 
+_DTYPES = ("float32", "bfloat16", "float64")
+
+
+def _add_verify(commands) -> None:
+    p = commands.add_parser("verify", help="check the seeds' claims on this device and dtype",
+                            description="Run every correctness check for every encoding it applies to; "
+                                        "exit code 1 if any fails.")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", default="float32", choices=sorted(_DTYPES))
+    p.add_argument("--json", type=Path, help="also write every row to this JSON file")
+    p.set_defaults(run=_run_verify)
+
+
+def _run_verify(args) -> int:
+    import torch
+
+    from . import storage
+    from .verify import format_table, run_checks, tolerance_rule
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available here")
+    started = time.perf_counter()
+    rows = run_checks(args.device, getattr(torch, args.dtype))
+    print(format_table(rows))
+    failed = [r for r in rows if not r.passed]
+    print(f"\n{len(rows) - len(failed)} passed, {len(failed)} failed "
+          f"({args.device}, {args.dtype}, {time.perf_counter() - started:.1f}s). {tolerance_rule()}")
+    if args.json:
+        storage.write_json(args.json, {"device": args.device, "dtype": args.dtype, "rows": [r.to_dict() for r in rows]})
+    return 1 if failed else 0
+
+
+def _add_plot(commands) -> None:
+    p = commands.add_parser("plot", help="write the seeds' figures as PNGs",
+                            description="Write PNG figures of every encoding; with --ckpt also figures of a trained "
+                                        "run (learned table, T5 biases, attention maps).")
+    p.add_argument("--out", type=Path, default=Path("figures"), help="folder for the PNGs (default: figures)")
+    p.add_argument("--ckpt", type=Path, help="a posenc extrapolate run directory")
+    p.set_defaults(run=_run_plot)
+
+
+def _run_plot(args) -> int:
+    from .plot_command import write_figures
+
+    for path in write_figures(args.out, args.ckpt):
+        print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="posenc", description="Positional encodings for transformers.")
     commands = parser.add_subparsers(dest="command", required=True)
     _add_extrapolate(commands)
+    _add_verify(commands)
+    _add_plot(commands)
     return parser
 
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import checks
-from .attention import attention
+from .attention import attention, attention_weights
 from .encodings import build_for_model
 
 
@@ -93,13 +93,18 @@ class Block(nn.Module):
             nn.Linear(config.mlp_ratio * config.dim, config.dim),
         )
 
-    def forward(self, x, encoding, q_pos, k_pos, cache: KVCache | None, layer: int) -> Tensor:
-        """x: (B, T, D); q_pos (B or 1, T); k_pos (B or 1, T_cached + T). Returns (B, T, D)."""
+    def forward(self, x, encoding, q_pos, k_pos, cache: KVCache | None, layer: int, maps: list | None = None) -> Tensor:
+        """x: (B, T, D); q_pos (B or 1, T); k_pos (B or 1, T_cached + T). Returns (B, T, D).
+
+        With ``maps`` a list, appends this layer's attention weights (B, H, T, T_cached + T).
+        """
         batch, length, _ = x.shape
         heads, head_dim = self.config.num_heads, self.config.head_dim
         q, k, v = self.qkv(self.attn_norm(x)).view(batch, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
         if cache is not None:
             k, v = cache.extend(layer, k, v)  # (B, H, T_cached + T, Dh)
+        if maps is not None:
+            maps.append(attention_weights(q, k, encoding, q_positions=q_pos, k_positions=k_pos))
         y = attention(q, k, v, encoding, q_positions=q_pos, k_positions=k_pos, backend=self.config.backend)
         x = x + self.attn_out(y.transpose(1, 2).reshape(batch, length, -1))
         return x + self.mlp(self.mlp_norm(x))
@@ -112,9 +117,8 @@ class LanguageModel(nn.Module):
         super().__init__()
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.dim)
-        # init_std: a learned table starts at the scale of the (scaled) token embeddings.
         sizes = {"dim": config.dim, "head_dim": config.head_dim, "num_heads": config.num_heads,
-                 "max_positions": config.max_positions, "init_std": 1.0}
+                 "max_positions": config.max_positions}
         self.encoding = build_for_model(config.encoding, sizes=sizes, **config.encoding_kwargs)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
         self.final_norm = nn.LayerNorm(config.dim)
@@ -136,10 +140,13 @@ class LanguageModel(nn.Module):
         encoding = sum(p.numel() for p in self.encoding.parameters())
         return {"model": sum(p.numel() for p in self.parameters()) - encoding, "encoding": encoding}
 
-    def forward(self, tokens: Tensor, positions: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
+    def forward(
+        self, tokens: Tensor, positions: Tensor | None = None, cache: KVCache | None = None, maps: list | None = None
+    ) -> Tensor:
         """tokens: (B, T) int64 bytes; positions: (T,) or (B, T), default continuing the cache.
 
-        Returns logits (B, T, V). With a cache the new keys/values are appended to it.
+        Returns logits (B, T, V). With a cache the new keys/values are appended to it;
+        with ``maps`` a list, each layer's attention weights (B, H, T, Tk) are appended.
         """
         batch, length = tokens.shape
         start = 0 if cache is None else cache.length
@@ -153,5 +160,5 @@ class LanguageModel(nn.Module):
             cache.positions = k_pos
         x = self.encoding.embed(self.embed(tokens) * self.config.dim**0.5, positions)  # (B, T, D)
         for layer, block in enumerate(self.blocks):
-            x = block(x, self.encoding, positions, k_pos, cache, layer)
+            x = block(x, self.encoding, positions, k_pos, cache, layer, maps)
         return F.linear(self.final_norm(x), self.embed.weight)  # tied output head: (B, T, V)

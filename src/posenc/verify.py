@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from . import attention, build, rope_frequencies, sinusoidal_table
-from .attention import BACKENDS, choose_backend
+from .attention import choose_backend
+from .encodings import build_for_model
 from .encodings.rotary import apply_rope
 
 BASE_TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-4, torch.bfloat16: 5e-2}
@@ -41,12 +42,18 @@ class Check:
     check: str
     encoding: str
     error: float
-    tolerance: float
+    tolerance: float | None  # None: reported for information, not judged
     passed: bool
     detail: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def tolerance_rule() -> str:
+    return ("Tolerance = base(dtype) * (1 + log2(1 + largest position) / 20), base: float64 1e-10, float32 1e-4, "
+            "bfloat16 5e-2; 'must exceed' rows pass when a positional encoding moves outputs by more than "
+            f"{DIFFERS:g}.")
 
 
 def tolerance(dtype: torch.dtype, max_position: int) -> float:
@@ -95,11 +102,10 @@ def check_dog_bites_man(device, dtype) -> list[Check]:
     rows, tol = [], tolerance(dtype, 3)
     words = torch.randn(3, HEADS * HEAD_DIM, device=device, dtype=dtype)  # dog, bites, man
     projections = [torch.randn(HEADS * HEAD_DIM, HEADS * HEAD_DIM, device=device, dtype=dtype) / 8 for _ in range(3)]
-    sizes = {"dim": HEADS * HEAD_DIM, "max_positions": 3}
-    encodings = {**{n: _encoding(n, device, dtype) for n in ATTENTION_ENCODINGS},
-                 **{n: build(n, **{k: v for k, v in sizes.items() if k in ("dim", "max_positions")} if n == "learned"
-                             else {"dim": sizes["dim"]}).to(device=device, dtype=dtype)
-                    for n in ("sinusoidal", "learned")}}
+    sizes = {"dim": HEADS * HEAD_DIM, "max_positions": 3, "init_std": 1.0}
+    encodings = {name: _encoding(name, device, dtype) for name in ATTENTION_ENCODINGS}
+    for name in ("sinusoidal", "learned"):  # input-door encodings
+        encodings[name] = build_for_model(name, sizes=sizes).to(device=device, dtype=dtype)
 
     def run(sentence: torch.Tensor, enc) -> torch.Tensor:
         x = enc.embed(sentence[None], torch.arange(3, device=device)[None])  # (1, 3, D)
@@ -155,9 +161,11 @@ def check_sinusoid_shift() -> list[Check]:
             rotation[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = torch.tensor([[math.cos(w), math.sin(w)], [-math.sin(w), math.cos(w)]])
         distance = (m_t.t() - rotation).abs().max().item()
         rows.append(_within(f"PE(p+7) = M_7 PE(p), least-squares residual, {label}", "sinusoidal", residual, 1e-10))
-        rows.append(Check(f"M_7 vs 2x2 rotation blocks, {label}", "sinusoidal", distance, 1e-6, distance <= 1e-6,
-                          "informational: slow pairs barely turn over 0..99, so M_7 is not pinned down"
-                          if positions[-1] < 1000 else ""))
+        if positions[-1] < 1000:  # the slow pairs barely turn over 0..99: M_7 is not pinned down there
+            rows.append(Check(f"M_7 distance from 2x2 rotations (ill-posed), {label}", "sinusoidal", distance,
+                              None, True, "information only"))
+        else:
+            rows.append(_within(f"M_7 distance from 2x2 rotation blocks, {label}", "sinusoidal", distance, 1e-6))
     return rows
 
 
@@ -177,11 +185,13 @@ def check_backends_and_cache(device, dtype) -> list[Check]:
         enc = _encoding(name, device, dtype)
         q, k, v = _qkv(device, dtype)
         reference = attention(q, k, v, enc, backend="eager").double()
-        for backend in (b for b in BACKENDS if b != "auto"):
+        for backend in ("eager", "sdpa", "flex"):
             if not _served(backend, enc, q, k, v):
                 continue
             full = attention(q, k, v, enc, backend=backend)
-            rows.append(_within(f"{backend} agrees with eager", name, (full.double() - reference).abs().max().item(), tol))
+            if backend != "eager":
+                error = (full.double() - reference).abs().max().item()
+                rows.append(_within(f"{backend} agrees with eager", name, error, tol))
             steps = [attention(q[:, :, t : t + 1], k[:, :, : t + 1], v[:, :, : t + 1], enc, backend=backend,
                                q_positions=torch.tensor([t], device=device),
                                k_positions=torch.arange(t + 1, device=device)) for t in range(LENGTH)]
@@ -228,8 +238,12 @@ def run_checks(device: str = "cpu", dtype: torch.dtype = torch.float32, seed: in
 
 def format_table(rows: list[Check]) -> str:
     header = ("check", "encoding", "error", "tolerance", "result")
-    body = [(r.check, r.encoding, f"{r.error:.2e}", ("> " if "must exceed" in r.detail else "<= ") + f"{r.tolerance:.1e}",
-             "pass" if r.passed else "FAIL") for r in rows]
+    def bound(r: Check) -> str:
+        if r.tolerance is None:
+            return "info"
+        return ("> " if "must exceed" in r.detail else "<= ") + f"{r.tolerance:.1e}"
+
+    body = [(r.check, r.encoding, f"{r.error:.2e}", bound(r), "pass" if r.passed else "FAIL") for r in rows]
     widths = [max(len(line[i]) for line in [header] + body) for i in range(5)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
     lines += ["  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in body]

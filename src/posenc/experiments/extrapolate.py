@@ -38,7 +38,7 @@ PRESETS: dict[str, dict] = {
                   warmup=5, eval_windows=2, checkpoint_every=5),
     # make run: minutes on a 2-core laptop CPU.
     "default": dict(dim=128, num_layers=4, num_heads=4, train_length=64, batch_size=32, steps=600, lr=2e-3,
-                    warmup=50, eval_windows=24),
+                    warmup=50, eval_windows=48),
     # A GPU: a bigger model, longer training and windows.
     "gpu": dict(dim=512, num_layers=8, num_heads=8, train_length=256, batch_size=64, steps=4000, lr=1e-3,
                 warmup=200, eval_windows=64),
@@ -57,7 +57,7 @@ class ExperimentConfig:
     steps: int = 600
     lr: float = 2e-3
     warmup: int = 50
-    eval_windows: int = 24
+    eval_windows: int = 48
     eval_factors: tuple[int, ...] = (1, 2, 4, 8)
     eval_stride: int | None = None
     seeds: int = 1
@@ -222,7 +222,8 @@ def _evaluate_row(config, row, seed, tokens, out, runtime, log) -> None:
                           label=f"eval {row.name} @ {length}")
         bits[str(length)] = result["bits_per_byte"][length]
         errors.update({str(k): v for k, v in result["errors"].items()})
-        position = result["position_bits"] or position
+        if length == max(config.eval_lengths):
+            position = result["position_bits"]
     storage.write_json(path, {"row": row.name, "seed": seed, "bits_per_byte": bits, "errors": errors,
                               "position_bits": position, "wall_time_s": time.perf_counter() - began})
     shown = ", ".join(f"{k}: {'N/A' if v is None else f'{v:.3f}'}" for k, v in bits.items())

@@ -1,0 +1,31 @@
+"""``posenc plot``: every figure as a PNG in one folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import encoding_figures as figures
+from .plots import save_figure
+from .run_figures import attention_maps_figure, learned_table_figure, trained_models, validation_window
+
+
+def write_figures(out: Path, run_dir: Path | None = None) -> list[Path]:
+    """Write the encoding figures (and, with ``run_dir``, the trained-run figures) under ``out``."""
+    written = [
+        save_figure(figures.sinusoidal_heatmap(), out / "sinusoidal_heatmap.png"),
+        save_figure(figures.similarity_figure(), out / "sinusoidal_similarity.png"),
+        save_figure(figures.rope_decay_figure(), out / "rope_decay.png"),
+        save_figure(figures.rope_scalings_figure(), out / "rope_scalings.png"),
+        save_figure(figures.alibi_figure(), out / "alibi.png"),
+    ]
+    models = trained_models(run_dir) if run_dir is not None else {}
+    t5 = models.get("t5")
+    learned = t5.encoding.table.detach() if t5 is not None else None
+    bidirectional = bool(t5.encoding.bidirectional) if t5 is not None else False
+    written.append(save_figure(figures.t5_buckets_figure(learned=learned, bidirectional_learned=bidirectional),
+                               out / "t5_buckets.png"))
+    if models:
+        if "learned" in models:
+            written.append(save_figure(learned_table_figure(models["learned"].encoding.table), out / "learned_table.png"))
+        written.append(save_figure(attention_maps_figure(models, validation_window(run_dir)), out / "attention_maps.png"))
+    return written
