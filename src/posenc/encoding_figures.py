@@ -64,6 +64,7 @@ def similarity_figure(positions: int = 51, dim: int = 512) -> Figure:
         right.text(x + width / 2, value + 0.01, f"{value:.2f}", ha="center", fontsize=8)
     right.set_xticks(list(xs), [f"0 vs {p}" for p in offsets])
     right.set_ylim(0, 1.05)
+    right.set_xlabel("pair of positions")
     right.set_ylabel("cosine similarity")
     right.set_title("Similarity to position 0: the seed's table vs the formula")
     right.legend(fontsize=8)

@@ -4,10 +4,11 @@ The model calls the encoding's doors through one interface (``embed`` at the
 input, ``attention(..., encoding)`` in every layer) and never asks which encoding
 it holds. One encoding module is shared by all layers (as T5 shares its bias).
 
-Token embeddings follow Vaswani et al.: initialised with std 1/√D and multiplied by
-√D, so their entries have unit scale, like a sinusoidal table's. (With GPT-2's
-std-0.02 embeddings an added sinusoid would drown the tokens.) The output head
-reuses the unscaled embedding matrix, so initial logits have unit scale too.
+Token embeddings follow GPT-2 (std 0.02, tied output head). A fixed sinusoid of
+unit amplitude would drown them (Vaswani et al. instead scale embeddings by √D,
+which trains markedly slower at this size for every other encoding), so the model
+builds input-door encodings at the token embeddings' scale: a sinusoid of RMS 0.02
+(``scale`` = 0.02·√2), a learned table initialised with std 0.02.
 
 Shapes: B batch, T tokens, D model width, H heads, Dh = D / H, V = 256 bytes.
 """
@@ -23,6 +24,8 @@ from torch import Tensor, nn
 from . import checks
 from .attention import attention, attention_weights
 from .encodings import build_for_model
+
+EMBEDDING_STD = 0.02  # GPT-2's initialisation of every weight and of the token embeddings
 
 
 @dataclass(frozen=True)
@@ -118,12 +121,12 @@ class LanguageModel(nn.Module):
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.dim)
         sizes = {"dim": config.dim, "head_dim": config.head_dim, "num_heads": config.num_heads,
-                 "max_positions": config.max_positions}
+                 "max_positions": config.max_positions, "scale": EMBEDDING_STD * 2**0.5,
+                 "init_std": EMBEDDING_STD}
         self.encoding = build_for_model(config.encoding, sizes=sizes, **config.encoding_kwargs)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
         self.final_norm = nn.LayerNorm(config.dim)
         self.apply(self._init_weights)
-        nn.init.normal_(self.embed.weight, std=config.dim**-0.5)
         for block in self.blocks:  # GPT-2: shrink residual branches with depth
             nn.init.normal_(block.attn_out.weight, std=0.02 / (2 * config.num_layers) ** 0.5)
             nn.init.normal_(block.mlp[2].weight, std=0.02 / (2 * config.num_layers) ** 0.5)
@@ -131,7 +134,7 @@ class LanguageModel(nn.Module):
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, std=0.02)
+            nn.init.normal_(module.weight, std=EMBEDDING_STD)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
@@ -158,7 +161,7 @@ class LanguageModel(nn.Module):
             if cache.positions is not None:
                 k_pos = torch.cat((cache.positions.expand(positions.shape[0], -1), positions), dim=-1)
             cache.positions = k_pos
-        x = self.encoding.embed(self.embed(tokens) * self.config.dim**0.5, positions)  # (B, T, D)
+        x = self.encoding.embed(self.embed(tokens), positions)  # (B, T, D)
         for layer, block in enumerate(self.blocks):
             x = block(x, self.encoding, positions, k_pos, cache, layer, maps)
         return F.linear(self.final_norm(x), self.embed.weight)  # tied output head: (B, T, V)

@@ -73,7 +73,10 @@ def position_loss_figure(results: dict) -> Figure:
     if values:
         low = min(values)
         ax.set_ylim(low * 0.95, min(max(values), low * 3) * 1.05)
-    ax.legend(fontsize=8, ncol=2)
+        ax.legend(fontsize=8, ncol=2)
+    else:
+        ax.text(0.5, 0.5, "no per-position losses: recorded for non-overlapping windows only",
+                ha="center", va="center", transform=ax.transAxes)
     ax.grid(alpha=0.3)
     return figure
 

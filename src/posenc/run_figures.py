@@ -14,6 +14,8 @@ from .model import LanguageModel, ModelConfig
 
 def trained_models(run_dir: Path) -> dict[str, LanguageModel]:
     """Every finished checkpoint of the run (first seed), by encoding name, in eval mode."""
+    if not (run_dir / "config.json").is_file():
+        raise ValueError(f"--ckpt {run_dir}: not a posenc extrapolate run directory (no config.json)")
     config = storage.read_json(run_dir / "config.json")
     models = {}
     for folder in sorted((run_dir / "checkpoints").glob("*-seed*")):

@@ -40,22 +40,27 @@ def sinusoid(values: Tensor, dim: int, base: float) -> Tensor:
 
 
 class Sinusoidal(PositionalEncoding):
-    """Fixed sinusoidal encoding added at the input; defined for every position."""
+    """Fixed sinusoidal encoding added at the input; defined for every position.
+
+    ``scale`` multiplies the table: 1.0 is the paper's, which pairs it with token
+    embeddings multiplied by √D; a model with small embeddings passes a matching scale.
+    """
 
     has_input = True
 
-    def __init__(self, dim: int, base: float = 10000.0):
+    def __init__(self, dim: int, base: float = 10000.0, scale: float = 1.0):
         super().__init__()
         self.dim = checks.even_int("dim", dim)
         self.base = checks.positive_float("base", base, minimum=1.0)
+        self.scale = checks.positive_float("scale", scale)
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
-        """x: (B, T, D); positions: (B or 1, T). Returns x + PE(positions), (B, T, D)."""
+        """x: (B, T, D); positions: (B or 1, T). Returns x + scale·PE(positions), (B, T, D)."""
         table = sinusoidal_table(positions, self.dim, self.base)  # (B or 1, T, D)
-        return x + table.to(x.dtype)
+        return x + (self.scale * table).to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, base={self.base}"
+        return f"dim={self.dim}, base={self.base}, scale={self.scale:g}"
 
 
 class Learned(PositionalEncoding):

@@ -1,0 +1,77 @@
+import pytest
+import torch
+from matplotlib.figure import Figure
+
+from posenc import encoding_figures as figures
+from posenc.cli import main
+from posenc.experiments.extrapolate import ExperimentConfig, run
+from posenc.run_figures import attention_maps_figure, learned_table_figure, trained_models, validation_window
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "make, axes",
+    [
+        (figures.sinusoidal_heatmap, 2),  # image + colorbar
+        (figures.similarity_figure, 3),
+        (figures.rope_decay_figure, 2),
+        (figures.rope_scalings_figure, 1),
+        (figures.alibi_figure, 2),
+        (figures.t5_buckets_figure, 1),
+    ],
+)
+def test_figures_have_titled_labelled_axes(make, axes):
+    figure = make()
+    assert isinstance(figure, Figure)
+    assert len(figure.axes) == axes
+    for ax in figure.axes:
+        if ax.get_label() == "<colorbar>":
+            continue
+        assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
+
+
+def test_similarity_numbers_are_the_formulas_not_the_seeds():
+    sim = figures.cosine_similarity_matrix(51, 512)
+    assert sim[0, 5].item() == pytest.approx(0.741, abs=1e-3)  # the seed prints 0.92
+    assert sim[0, 40].item() == pytest.approx(0.535, abs=1e-3)  # the seed prints 0.12
+    torch.testing.assert_close(sim, sim.t())
+
+
+def test_rope_long_term_decay_for_constant_vectors():
+    curve = figures.rope_decay_curve(torch.arange(0, 2001, 250), 10000.0, 128, constant=True)
+    assert curve[0] == 1 and curve[-1] < 0.3
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    run(ExperimentConfig.from_preset("smoke", encodings="learned,alibi,t5,rope", steps=3), out, log=lambda *_: None)
+    return out
+
+
+def test_run_figures(run_dir):
+    models = trained_models(run_dir)
+    assert set(models) == {"learned", "alibi", "t5", "rope"}
+    tokens = validation_window(run_dir)
+    assert tokens.shape == (1, 16)
+    maps = attention_maps_figure(models, tokens)
+    assert len(maps.axes) == 4 * 2  # encodings × heads
+    assert len(learned_table_figure(models["learned"].encoding.table).axes) == 4
+    t5 = figures.t5_buckets_figure(learned=models["t5"].encoding.table.detach())
+    assert len(t5.axes) == 2
+
+
+def test_plot_command_writes_every_png(run_dir, tmp_path, capsys):
+    assert main(["plot", "--out", str(tmp_path), "--ckpt", str(run_dir)]) == 0
+    names = {"sinusoidal_heatmap.png", "sinusoidal_similarity.png", "rope_decay.png", "rope_scalings.png",
+             "alibi.png", "t5_buckets.png", "learned_table.png", "attention_maps.png"}
+    assert {p.name for p in tmp_path.iterdir()} == names
+    for name in names:
+        assert (tmp_path / name).read_bytes()[:8] == PNG
+
+
+def test_plot_rejects_a_folder_without_checkpoints(tmp_path, capsys):
+    (tmp_path / "config.json").write_text("{}")
+    assert main(["plot", "--out", str(tmp_path / "f"), "--ckpt", str(tmp_path)]) == 2
+    assert "no finished checkpoints" in capsys.readouterr().err

@@ -1,0 +1,37 @@
+import json
+
+import torch
+
+from posenc.cli import main
+from posenc.verify import check_sinusoid_shift, run_checks, tolerance
+
+
+def test_verify_passes_in_float64_and_covers_every_claim():
+    rows = run_checks("cpu", torch.float64)
+    assert all(row.passed for row in rows), [r for r in rows if not r.passed]
+    checks = {row.check for row in rows}
+    for expected in ("permutation equivariant", "permutation changes outputs", "dog bites man != man bites dog",
+                     "scores depend only on offsets (shift 2^20, relative)", "norms preserved (relative)",
+                     "interleaved = permuted half", "sdpa agrees with eager", "flex agrees with eager",
+                     "KV-cache decoding = full pass (eager)", "frequencies and attention factor = transformers"):
+        assert expected in checks
+    encodings = {row.encoding for row in rows}
+    assert {"none", "rope", "alibi", "t5", "shaw", "transformer_xl", "sinusoidal", "learned"} <= encodings
+
+
+def test_sinusoid_residual_is_machine_zero():
+    residual = next(r for r in check_sinusoid_shift() if "residual, positions 0..99" in r.check)
+    assert residual.error < 1e-12
+
+
+def test_tolerance_grows_with_position_and_dtype():
+    assert tolerance(torch.float64, 10) < tolerance(torch.float32, 10) < tolerance(torch.bfloat16, 10)
+    assert tolerance(torch.float32, 2**20) > tolerance(torch.float32, 10)
+
+
+def test_cli_verify_writes_json_and_exit_code(tmp_path, capsys):
+    assert main(["verify", "--dtype", "float32", "--json", str(tmp_path / "v.json")]) == 0
+    out = capsys.readouterr().out
+    assert "dog bites man" in out and "0 failed" in out
+    saved = json.loads((tmp_path / "v.json").read_text())
+    assert saved["dtype"] == "float32" and len(saved["rows"]) > 40
