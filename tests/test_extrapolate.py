@@ -92,11 +92,21 @@ def test_unknown_encoding_is_a_clear_error(tmp_path, capsys):
     assert "unknown rows ['rotary']" in capsys.readouterr().err
 
 
-def test_reusing_an_out_dir_needs_resume_and_the_same_config(smoke_run, capsys):
+def test_reusing_an_out_dir_needs_resume_and_the_same_training_config(smoke_run, capsys):
     out, _ = smoke_run
     assert main(["extrapolate", "--preset", "smoke", "--out", str(out)]) == 2
     assert main(["extrapolate", "--preset", "smoke", "--steps", "3", "--out", str(out), "--resume"]) == 2
     assert "differs in ['steps']" in capsys.readouterr().err
+
+
+def test_resume_can_reevaluate_checkpoints_with_another_protocol(tmp_path, capsys):
+    out = tmp_path / "r"
+    args = ["extrapolate", "--preset", "smoke", "--encodings", "alibi", "--steps", "3", "--out", str(out)]
+    assert main(args) == 0
+    assert main(args + ["--resume", "--eval-stride", "4", "--eval-factors", "1,2"]) == 0
+    assert "alibi (seed 0): already trained, skipping" in capsys.readouterr().out
+    results = json.loads((out / "results.json").read_text())
+    assert results["protocol"] == "sliding windows, stride 4" and results["eval_lengths"] == [16, 32]
 
 
 def _cli(*args):

@@ -109,12 +109,43 @@ def _run_plot(args) -> int:
     return 0
 
 
+def _add_bench(commands) -> None:
+    p = commands.add_parser("bench", help="attention speed per encoding and backend, as ratios to eager",
+                            description="Time attention() for every encoding and backend that serves it; report "
+                                        "milliseconds and the ratio to eager measured in the same run.")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", default="float32", choices=sorted(_DTYPES))
+    p.add_argument("--lengths", type=_ints, default=(256, 1024), help="sequence lengths (default 256,1024)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--json", type=Path, help="also write the rows to this JSON file")
+    p.set_defaults(run=_run_bench)
+
+
+def _run_bench(args) -> int:
+    import platform
+
+    import torch
+
+    from . import storage
+    from .bench import bench_attention, format_rows
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available here")
+    rows = bench_attention(args.device, getattr(torch, args.dtype), args.lengths, repeats=args.repeats)
+    print(format_rows(rows))
+    if args.json:
+        storage.write_json(args.json, {"device": args.device, "dtype": args.dtype, "torch": torch.__version__,
+                                       "machine": platform.machine(), "rows": rows})
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="posenc", description="Positional encodings for transformers.")
     commands = parser.add_subparsers(dest="command", required=True)
     _add_extrapolate(commands)
     _add_verify(commands)
     _add_plot(commands)
+    _add_bench(commands)
     return parser
 
 

@@ -5,9 +5,10 @@ Flow: corpus -> for each seed and trained encoding: train (resumable) -> final w
 results.md, extrapolation.png, position_loss.png, and a table on the terminal.
 
 Every run directory is self-describing and resumable: ``config.json`` pins the
-experiment, ``checkpoints/<encoding>-seed<k>/`` holds the in-progress checkpoint and
-final weights, ``evals/<row>-seed<k>.json`` each finished evaluation. ``--resume``
-skips what is finished and continues what is not.
+training config, ``checkpoints/<encoding>-seed<k>/`` holds the in-progress checkpoint
+and final weights, ``evals/<protocol>/<row>-seed<k>.json`` each finished evaluation.
+``--resume`` skips what is finished and continues what is not; it may also add rows
+or seeds, or evaluate the same checkpoints with another protocol.
 """
 
 from __future__ import annotations
@@ -98,6 +99,22 @@ class ExperimentConfig:
     def to_dict(self) -> dict:
         return {**dataclasses.asdict(self), "eval_factors": list(self.eval_factors)}
 
+    def training_dict(self) -> dict:
+        """The fields a checkpoint depends on: a resumed run must keep them."""
+        return {name: value for name, value in self.to_dict().items() if name in TRAINING_FIELDS}
+
+    @property
+    def eval_tag(self) -> str:
+        """Names evaluation files by protocol, so a resumed run may change how it evaluates."""
+        stride = "nonoverlap" if self.eval_stride is None else f"stride{self.eval_stride}"
+        return f"{'-'.join(map(str, self.eval_lengths))}x{self.eval_windows}-{stride}"
+
+
+# Changing any of these changes what a checkpoint is; everything else (rows, seeds,
+# eval lengths, protocol, windows, device) may change between --resume calls.
+TRAINING_FIELDS = ("dim", "num_layers", "num_heads", "train_length", "batch_size", "steps", "lr", "warmup",
+                   "text", "checkpoint_every")
+
 
 @dataclass
 class Runtime:
@@ -138,15 +155,20 @@ def load_corpus(config: ExperimentConfig) -> Corpus:
 
 
 def prepare_run_dir(out: Path, config: ExperimentConfig, resume: bool) -> None:
-    """Pin the config in ``out``; refuse to resume into a run made with another config."""
+    """Pin the training config in ``out``; refuse to resume with different training fields.
+
+    ``config.json`` keeps the first invocation's full config (``posenc plot --ckpt``
+    reads it); only TRAINING_FIELDS must match on --resume.
+    """
     pinned = out / "config.json"
     if pinned.exists():
         previous = storage.read_json(pinned)
         if not resume:
             raise ValueError(f"--out {out} already holds a run; pass --resume to continue it or choose another --out")
-        if previous != config.to_dict():
-            changed = sorted(k for k in config.to_dict() if previous.get(k) != config.to_dict()[k])
-            raise ValueError(f"--resume: {out} was started with a different config (differs in {changed})")
+        changed = sorted(k for k, v in config.training_dict().items() if previous.get(k) != v)
+        if changed:
+            raise ValueError(f"--resume: {out} was trained with a different config (differs in {changed}); "
+                             "only rows, seeds and evaluation settings may change")
     else:
         storage.write_json(pinned, config.to_dict())
 
@@ -207,7 +229,7 @@ def _train_one(config, rows, trained, seed, corpus, out, runtime, log) -> dict:
 
 
 def _evaluate_row(config, row, seed, tokens, out, runtime, log) -> None:
-    path = out / "evals" / f"{row.name}-seed{seed}.json"
+    path = out / "evals" / config.eval_tag / f"{row.name}-seed{seed}.json"
     if path.exists():
         return
     weights = storage.load_weights(out / "checkpoints" / f"{row.trains}-seed{seed}" / "model.safetensors")
@@ -233,7 +255,7 @@ def _evaluate_row(config, row, seed, tokens, out, runtime, log) -> None:
 def _collect(config, rows, corpus, out, runtime, trainings, wall) -> dict:
     table = []
     for row in rows:
-        evals = [storage.read_json(out / "evals" / f"{row.name}-seed{s}.json")
+        evals = [storage.read_json(out / "evals" / config.eval_tag / f"{row.name}-seed{s}.json")
                  for s in range(config.seed, config.seed + config.seeds)]
         mean, std = {}, {}
         for length in map(str, config.eval_lengths):
