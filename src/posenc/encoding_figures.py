@@ -71,7 +71,7 @@ def similarity_figure(positions: int = 51, dim: int = 512) -> Figure:
     return figure
 
 
-def rope_decay_curve(offsets: torch.Tensor, base: float, head_dim: int, constant: bool, samples: int = 64) -> torch.Tensor:
+def rope_decay_curve(offsets: torch.Tensor, base: float, head_dim: int, constant: bool, samples: int = 512) -> torch.Tensor:
     """q·R(offset)k as a function of offset, normalized by its value at 0.
 
     constant=True uses q = k = ones (the RoFormer long-term-decay picture); otherwise
@@ -143,12 +143,13 @@ def rope_scalings_figure(head_dim: int = 128, original: int = 4096, factor: floa
     for index, text in ((low, "YaRN ramp starts"), (high, "YaRN ramp ends")):
         if index < len(wavelength):
             ax.axvline(wavelength[int(index)].item(), color="grey", linestyle=":", linewidth=0.9)
-            ax.text(wavelength[int(index)].item(), factor * 1.02, text, rotation=90, fontsize=7, va="top")
+            ax.text(wavelength[int(index)].item(), 1.05, text, rotation=90, fontsize=7, va="bottom")
     ax.axvline(original, color="black", linestyle="--", linewidth=0.8)
     ax.text(original, 1.0, " training length", fontsize=7)
     ax.set_xscale("log")
+    ax.set_yscale("log")
     ax.set_xlabel("wavelength 2π / inv_freq (tokens), log scale")
-    ax.set_ylabel("stretch factor: original inv_freq / scaled inv_freq")
+    ax.set_ylabel("stretch factor: original / scaled inv_freq (log)")
     ax.set_title(f"Which frequencies each RoPE scaling stretches (head_dim={head_dim}, {original} → ×{factor:g})")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)

@@ -25,6 +25,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
     os.close(handle)
     try:
         write(temp)
+        os.chmod(temp, 0o644)  # mkstemp creates 0600; results are meant to be shared
         os.replace(temp, path)
     finally:
         if os.path.exists(temp):

@@ -287,6 +287,8 @@ def _collect(config, rows, corpus, out, runtime, trainings, wall) -> dict:
         "versions": {"posenc": __version__, "torch": torch.__version__, "python": platform.python_version()},
         "device": runtime.label,
         "processes": runtime.world_size,
-        "wall_time_s": wall,
+        # Compute time of the whole run across --resume calls: every training and evaluation.
+        "wall_time_s": sum(t["wall_time_s"] for t in trainings.values()) + sum(r["eval_wall_time_s"] for r in table),
+        "this_invocation_s": wall,
         "rows": table,
     }

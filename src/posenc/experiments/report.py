@@ -54,7 +54,7 @@ def markdown_table(results: dict) -> str:
         "",
         f"Corpus: {corpus['source']} ({corpus['files']} files, sha256 `{corpus['sha256'][:16]}`, "
         f"split {corpus['split']}). Device: {results['device']}, {results['processes']} process(es), "
-        f"total {results['wall_time_s']:.0f}s. posenc {results['versions']['posenc']}, "
+        f"training + evaluation {results['wall_time_s']:.0f}s. posenc {results['versions']['posenc']}, "
         f"torch {results['versions']['torch']}, Python {results['versions']['python']}.",
         "",
         "N/A: the encoding has no value at that length (a learned table has no rows past its training length).",
