@@ -18,26 +18,24 @@ def positive_int(name: str, value: object, *, minimum: int = 1) -> int:
 
 
 def even_int(name: str, value: object) -> int:
-    positive_int(name, value, minimum=2)
-    if value % 2:  # type: ignore[operator]
+    if positive_int(name, value, minimum=2) % 2:
         raise ValueError(f"{name} must be an even integer >= 2, got {value!r}")
-    return value  # type: ignore[return-value]
+    return int(value)
 
 
 def positive_float(name: str, value: object, *, minimum: float = 0.0, inclusive: bool = False) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if ok:
-        ok = value >= minimum if inclusive else value > minimum  # type: ignore[operator]
-    if not ok:
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    number = float(value) if is_number else float("nan")
+    if not (number >= minimum if inclusive else number > minimum):
         bound = f">= {minimum}" if inclusive else f"> {minimum}"
         raise ValueError(f"{name} must be a number {bound}, got {value!r}")
-    return float(value)  # type: ignore[arg-type]
+    return number
 
 
 def choice(name: str, value: object, options: tuple[str, ...] | list[str]) -> str:
-    if value not in options:
+    if not isinstance(value, str) or value not in options:
         raise ValueError(f"{name} must be one of {sorted(options)}, got {value!r}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 def positions(name: str, value: Tensor, length: int, batch: int) -> Tensor:

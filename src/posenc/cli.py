@@ -63,13 +63,24 @@ def _run_extrapolate(args) -> int:
 _DTYPES = ("float32", "bfloat16", "float64")
 
 
+def _add_device_dtype_json(p) -> None:
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", default="float32", choices=sorted(_DTYPES))
+    p.add_argument("--json", type=Path, help="also write every row to this JSON file")
+
+
+def _require_device(device: str) -> None:
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available here")
+
+
 def _add_verify(commands) -> None:
     p = commands.add_parser("verify", help="check the seeds' claims on this device and dtype",
                             description="Run every correctness check for every encoding it applies to; "
                                         "exit code 1 if any fails.")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--dtype", default="float32", choices=sorted(_DTYPES))
-    p.add_argument("--json", type=Path, help="also write every row to this JSON file")
+    _add_device_dtype_json(p)
     p.set_defaults(run=_run_verify)
 
 
@@ -79,8 +90,7 @@ def _run_verify(args) -> int:
     from . import storage
     from .verify import format_table, run_checks, tolerance_rule
 
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available here")
+    _require_device(args.device)
     started = time.perf_counter()
     rows = run_checks(args.device, getattr(torch, args.dtype))
     print(format_table(rows))
@@ -113,11 +123,9 @@ def _add_bench(commands) -> None:
     p = commands.add_parser("bench", help="attention speed per encoding and backend, as ratios to eager",
                             description="Time attention() for every encoding and backend that serves it; report "
                                         "milliseconds and the ratio to eager measured in the same run.")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--dtype", default="float32", choices=sorted(_DTYPES))
+    _add_device_dtype_json(p)
     p.add_argument("--lengths", type=_ints, default=(256, 1024), help="sequence lengths (default 256,1024)")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--json", type=Path, help="also write the rows to this JSON file")
     p.set_defaults(run=_run_bench)
 
 
@@ -129,8 +137,7 @@ def _run_bench(args) -> int:
     from . import storage
     from .bench import bench_attention, format_rows
 
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available here")
+    _require_device(args.device)
     rows = bench_attention(args.device, getattr(torch, args.dtype), args.lengths, repeats=args.repeats)
     print(format_rows(rows))
     if args.json:
