@@ -217,3 +217,23 @@ def test_compiled_flex_agrees_with_eager(monkeypatch):
         got = posenc.attention(q, k, v, enc, backend="flex")
         expected = posenc.attention(q, k, v, enc, backend="eager")
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    key=st.sampled_from([k for k in ATTENTION_ENCODINGS if k != "rope_dynamic"]),
+    total=st.integers(2, 14),
+    data=st.data(),
+)
+def test_chunked_decoding_equals_full_pass_for_any_split(key, total, data):
+    """Prefill any prefix, then decode chunks of any sizes: the outputs equal one full pass."""
+    enc = make_encoding(key)
+    q, k, v = qkv(batch=1, q_len=total, k_len=total)
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, total - 1), max_size=4)))) + [total]
+    with torch.no_grad():
+        full = posenc.attention(q, k, v, enc)
+        pieces, start = [], 0
+        for end in cuts:
+            pieces.append(posenc.attention(q[:, :, start:end], k[:, :, :end], v[:, :, :end], enc))
+            start = end
+    torch.testing.assert_close(torch.cat(pieces, dim=2), full, rtol=1e-10, atol=1e-10)

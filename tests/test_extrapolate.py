@@ -42,6 +42,7 @@ def test_smoke_run_writes_every_file_row_and_column(smoke_run):
     assert results["corpus"]["sha256"] and results["protocol"] == "non-overlapping windows"
     markdown = (out / "results.md").read_text()
     assert "| learned | " in markdown and "N/A" in markdown
+    assert "the same for every encoding, plus the encoding's own tables (learned 512)" in markdown
 
 
 def test_factor_one_scalings_equal_plain_rope(smoke_run):
@@ -69,6 +70,19 @@ def test_every_encoding_scores_the_same_bytes(tmp_path):
         extrapolate.evaluate = original
     assert len(seen) == 3 * 4
     assert all(t.equal(seen[0]) for t in seen)
+
+
+def test_seeds_report_mean_and_std(tmp_path):
+    config = ExperimentConfig.from_preset("smoke", encodings="rope,rope+yarn", steps=3, seeds=2, eval_factors=(1, 2))
+    results = run(config, tmp_path / "seeds", log=lambda *_: None)
+    for row in results["rows"]:
+        assert len(row["per_seed"]) == 2
+        for length in ("16", "32"):
+            values = [seed[length] for seed in row["per_seed"]]
+            assert row["bits_per_byte"][length] == pytest.approx(sum(values) / 2)
+            assert row["bits_per_byte_std"][length] == pytest.approx(abs(values[0] - values[1]) / 2**0.5)
+    assert results["rows"][0]["per_seed"][0] != results["rows"][0]["per_seed"][1]  # seeds differ
+    assert " ± " in (tmp_path / "seeds" / "results.md").read_text()
 
 
 def test_sliding_protocol_is_recorded(tmp_path):

@@ -57,9 +57,20 @@ def markdown_table(results: dict) -> str:
         f"training + evaluation {results['wall_time_s']:.0f}s. posenc {results['versions']['posenc']}, "
         f"torch {results['versions']['torch']}, Python {results['versions']['python']}.",
         "",
+        parameters_line(results),
+        "",
         "N/A: the encoding has no value at that length (a learned table has no rows past its training length).",
     ]
     return "\n".join(lines) + "\n"
+
+
+def parameters_line(results: dict) -> str:
+    """'Parameters: N per model ... + the encodings' own tables', from the trained rows."""
+    trained = {row["trained_encoding"]: row["parameters"] for row in results["rows"]}
+    models = sorted({p["model"] for p in trained.values()})
+    tables = ", ".join(f"{name} {p['encoding']:,}" for name, p in trained.items() if p["encoding"])
+    return (f"Parameters: {' / '.join(f'{m:,}' for m in models)} per model, the same for every encoding, "
+            f"plus the encoding's own tables ({tables or 'none here'}).")
 
 
 def write_all(results: dict, out: Path) -> None:
