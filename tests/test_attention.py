@@ -237,3 +237,15 @@ def test_chunked_decoding_equals_full_pass_for_any_split(key, total, data):
             pieces.append(posenc.attention(q[:, :, start:end], k[:, :, :end], v[:, :, :end], enc))
             start = end
     torch.testing.assert_close(torch.cat(pieces, dim=2), full, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("key, backend", cases())
+def test_output_keeps_the_input_dtype(key, backend):
+    enc = make_encoding(key, dtype=torch.bfloat16)
+    q, k, v = qkv(q_len=6, k_len=6, dtype=torch.bfloat16)
+    with torch.no_grad():
+        out = posenc.attention(q, k, v, enc, backend=backend)
+        # The same bf16-rounded inputs and tables, in float64 (module.double() converts in place).
+        reference = posenc.attention(q.double(), k.double(), v.double(), enc.double(), backend="eager")
+    assert out.dtype == torch.bfloat16
+    assert (out.double() - reference).abs().max() < 5e-2

@@ -129,13 +129,14 @@ def _weights(q, k, encoding, q_pos, k_pos, causal, mask, scale) -> Tensor:
 
 
 def _eager(q, k, v, encoding, q_pos, k_pos, causal, mask, scale, plain_causal) -> Tensor:
-    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    dtype = q.dtype
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
     q, k, v = q.to(compute), k.to(compute), v.to(compute)
     probs = _weights(q, k, encoding, q_pos, k_pos, causal, mask, scale)
     out = probs @ v  # (B, H, Tq, Dv)
     if encoding.has_relative_values:
         out = out + encoding.relative_values(probs, q_pos, k_pos)
-    return out
+    return out.to(dtype)
 
 
 def attention_weights(
