@@ -177,6 +177,8 @@ def run(config: ExperimentConfig, out: Path, *, resume: bool = False, log=print)
     """Run the experiment into ``out``; returns the results dict (also written to results.json)."""
     rows = parse_rows(config.encodings)
     runtime = Runtime.detect(config.device)
+    if runtime.rank != 0:
+        log = lambda *_: None  # noqa: E731 - one voice in a DDP group
     corpus = load_corpus(config)  # fails on a bad corpus before any training
     if runtime.rank == 0:
         prepare_run_dir(out, config, resume)
