@@ -101,6 +101,20 @@ def test_too_small_corpus_fails_before_training(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("flag, value, message", [
+    ("--steps", "0", "steps must be an integer >= 1"),
+    ("--lr", "-1", "lr must be a number > 0.0"),
+    ("--eval-factors", "1,0", "eval_factors must be integers >= 1"),
+    ("--eval-stride", "0", "eval_stride must be an integer >= 1"),
+    ("--dim", "31", "dim (31) must be divisible by num_heads (2)"),
+    ("--dim", "6", "head_dim must be an even integer >= 2, got 3"),
+])
+def test_bad_settings_fail_before_anything_runs(tmp_path, capsys, flag, value, message):
+    assert main(["extrapolate", "--preset", "smoke", flag, value, "--out", str(tmp_path / "o")]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
 def test_unknown_encoding_is_a_clear_error(tmp_path, capsys):
     assert main(["extrapolate", "--preset", "smoke", "--encodings", "rope,rotary", "--out", str(tmp_path / "o")]) == 2
     assert "unknown rows ['rotary']" in capsys.readouterr().err

@@ -77,6 +77,7 @@ class ExperimentConfig:
         for name in ("dim", "num_layers", "num_heads", "train_length", "batch_size", "steps", "eval_windows", "seeds"):
             checks.positive_int(name, getattr(self, name))
         checks.positive_int("warmup", self.warmup, minimum=0)
+        checks.positive_float("lr", self.lr)
         if not self.eval_factors or any(not isinstance(f, int) or f < 1 for f in self.eval_factors):
             raise ValueError(f"eval_factors must be integers >= 1, got {self.eval_factors}")
         if self.eval_stride is not None:
@@ -180,6 +181,8 @@ def run(config: ExperimentConfig, out: Path, *, resume: bool = False, log=print)
     if runtime.rank != 0:
         log = lambda *_: None  # noqa: E731 - one voice in a DDP group
     corpus = load_corpus(config)  # fails on a bad corpus before any training
+    for row in rows:  # ... and on sizes an encoding rejects (e.g. an odd head width for RoPE)
+        LanguageModel(config.model_config(row, row.train_kwargs))
     if runtime.rank == 0:
         prepare_run_dir(out, config, resume)
         log(f"corpus: {corpus.describe()}")
