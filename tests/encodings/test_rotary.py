@@ -132,3 +132,34 @@ def test_dynamic_rope_uses_one_length_for_queries_and_keys():
     inv_freq, _ = posenc.rope_frequencies(8, scaling, seq_len=40)
     torch.testing.assert_close(q_rot, apply_rope(q, torch.tensor([[39]]), inv_freq))
     torch.testing.assert_close(k_rot, apply_rope(k, torch.arange(40).unsqueeze(0), inv_freq))
+
+
+@pytest.mark.parametrize("scaling", [
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+    {"rope_type": "linear", "factor": 2.0},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 16},
+    {"rope_type": "longrope", "factor": 4.0, "original_max_position_embeddings": 32,
+     "short_factor": [1.0] * 8, "long_factor": [1.0 + i / 2 for i in range(8)]},
+    {"rope_type": "dynamic", "factor": 2.0},
+], ids=lambda s: s["rope_type"])
+def test_rotation_equals_transformers_llama_rotary_embedding_module(scaling):
+    """The whole HF path (LlamaRotaryEmbedding incl. attention scaling and dynamic/longrope
+    updates from position_ids) against posenc's RoPE built from the same dict."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    head_dim, seq = 16, 100
+    max_positions = 64 if scaling["rope_type"] in ("llama3", "longrope") else 32
+    config = LlamaConfig(hidden_size=64, num_attention_heads=4, head_dim=head_dim, max_position_embeddings=max_positions,
+                         rope_parameters={"rope_theta": 10000.0, **scaling})
+    hf_rope = LlamaRotaryEmbedding(config)
+    positions = torch.arange(seq).unsqueeze(0)
+    q = torch.randn(1, 4, seq, head_dim)
+    cos, sin = hf_rope(q, positions)
+    expected, _ = llama_rotate(q, q, cos, sin)
+    ours_scaling = dict(scaling)
+    if scaling["rope_type"] == "dynamic":
+        ours_scaling["original_max_position_embeddings"] = max_positions
+    got, _ = rope(head_dim, scaling=ours_scaling).rotate(q, q, positions, positions)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
