@@ -249,3 +249,26 @@ def test_output_keeps_the_input_dtype(key, backend):
         reference = posenc.attention(q.double(), k.double(), v.double(), enc.double(), backend="eager")
     assert out.dtype == torch.bfloat16
     assert (out.double() - reference).abs().max() < 5e-2
+
+
+@pytest.mark.parametrize("key, backend", [c for c in cases() if c.values[0] != "rope_dynamic"])
+def test_left_padding_equals_the_unpadded_row(key, backend):
+    """Row 0 has 3 pad tokens on the left: per-row positions start at its first real token,
+    pad keys are masked, and its real outputs equal those of the row run alone.
+
+    (Dynamic RoPE is excluded by design: its length is the batch's largest position, so a
+    row's frequencies depend on the longest row, as in transformers.)"""
+    enc = make_encoding(key)
+    q, k, v = qkv(batch=2, q_len=10, k_len=10)
+    pads = 3
+    positions = torch.stack((torch.cat((torch.zeros(pads, dtype=torch.long), torch.arange(10 - pads))),
+                             torch.arange(10)))  # (B, T)
+    real = torch.ones(2, 10, dtype=torch.bool)
+    real[0, :pads] = False
+    mask = real[:, None, None, :]  # (B, 1, 1, Tk): no query attends to a pad key
+    with torch.no_grad():
+        padded = posenc.attention(q, k, v, enc, q_positions=positions, k_positions=positions, mask=mask,
+                                  backend=backend)
+        alone = posenc.attention(q[:1, :, pads:], k[:1, :, pads:], v[:1, :, pads:], enc, backend=backend)
+    torch.testing.assert_close(padded[:1, :, pads:], alone, rtol=1e-10, atol=1e-10)
+    assert torch.isfinite(padded).all()  # pad queries see no key: zeros, never NaN
