@@ -272,3 +272,15 @@ def test_left_padding_equals_the_unpadded_row(key, backend):
         alone = posenc.attention(q[:1, :, pads:], k[:1, :, pads:], v[:1, :, pads:], enc, backend=backend)
     torch.testing.assert_close(padded[:1, :, pads:], alone, rtol=1e-10, atol=1e-10)
     assert torch.isfinite(padded).all()  # pad queries see no key: zeros, never NaN
+
+
+@pytest.mark.parametrize("key, backend", cases())
+def test_a_query_with_no_allowed_key_returns_zeros(key, backend):
+    enc = make_encoding(key)
+    q, k, v = qkv(batch=1, q_len=4, k_len=4)
+    mask = torch.ones(1, 1, 4, 4, dtype=torch.bool)
+    mask[..., 2, :] = False
+    with torch.no_grad():
+        out = posenc.attention(q, k, v, enc, mask=mask, backend=backend)
+    assert torch.equal(out[:, :, 2], torch.zeros_like(out[:, :, 2]))
+    assert torch.isfinite(out).all()

@@ -65,7 +65,7 @@ def attention(
         scale: logit scale; default 1/√Dh.
     Returns:
         (B, H, Tq, Dv) in q's dtype. A query row with no allowed key returns zeros
-        under eager; other backends follow PyTorch's convention.
+        (eager by construction; sdpa and flex do the same in torch 2.13, tested).
     """
     encoding = _NOPE if encoding is None else encoding
     _check_tensors(q, k, v, encoding)
