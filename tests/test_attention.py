@@ -187,7 +187,8 @@ def test_refusals_name_a_backend_that_can():
     "call, message",
     [
         (lambda q, k, v: posenc.attention(q[0], k, v), r"q must be a 4-D tensor"),
-        (lambda q, k, v: posenc.attention(q, k[:, :1], v), r"share batch and heads"),
+        (lambda q, k, v: posenc.attention(q, k[:, :1], v), r"must share the batch B, and k, v the heads"),
+        (lambda q, k, v: posenc.attention(q[:, :1], k, v), r"a multiple of Hkv"),
         (lambda q, k, v: posenc.attention(q, k[..., :4], v), r"same head width"),
         (lambda q, k, v: posenc.attention(q, k, v[:, :, :3]), r"same length Tk"),
         (lambda q, k, v: posenc.attention(q, k, v, posenc.build("alibi", num_heads=3)), r"num_heads=3 .* H=2"),
@@ -284,3 +285,16 @@ def test_a_query_with_no_allowed_key_returns_zeros(key, backend):
         out = posenc.attention(q, k, v, enc, mask=mask, backend=backend)
     assert torch.equal(out[:, :, 2], torch.zeros_like(out[:, :, 2]))
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("key, backend", cases())
+def test_grouped_query_attention_equals_repeated_keys_and_values(key, backend):
+    enc = make_encoding(key)
+    q, _, _ = qkv(q_len=6, k_len=9)
+    k, v = torch.randn(2, 1, 9, q.shape[-1], dtype=q.dtype), torch.randn(2, 1, 9, q.shape[-1], dtype=q.dtype)
+    with torch.no_grad():
+        grouped = posenc.attention(q, k, v, enc, backend=backend)
+        repeated = posenc.attention(q, k.expand(-1, HEADS, -1, -1), v.expand(-1, HEADS, -1, -1), enc, backend=backend)
+        weights = posenc.attention_weights(q, k, enc)
+    torch.testing.assert_close(grouped, repeated, rtol=1e-10, atol=1e-10)
+    assert weights.shape == (2, HEADS, 6, 9)

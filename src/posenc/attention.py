@@ -52,7 +52,9 @@ def attention(
     """Attention with any positional encoding.
 
     Args:
-        q: (B, H, Tq, Dh) queries; k: (B, H, Tk, Dh) keys; v: (B, H, Tk, Dv) values.
+        q: (B, H, Tq, Dh) queries; k: (B, Hkv, Tk, Dh) keys; v: (B, Hkv, Tk, Dv) values,
+            with H a multiple of Hkv (Hkv < H: grouped-query attention, each key/value
+            head serving H/Hkv consecutive query heads).
         encoding: any module from ``posenc.build``; None means no positional encoding.
             Input-door encodings act before attention (``embed``) and are ignored here.
         q_positions: (Tq,) or (B, Tq) int64; default: the last Tq key positions.
@@ -73,8 +75,15 @@ def attention(
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     name = choose_backend(backend, encoding, q, k, v)
     q, k = encoding.rotate(q, k, q_pos, k_pos)
+    if k.shape[1] != q.shape[1] and (name == "eager" or encoding.has_relative_logits or encoding.has_relative_values):
+        k, v = _repeat_kv_heads(k, q.shape[1]), _repeat_kv_heads(v, q.shape[1])
     plain_causal = causal and q_positions is None and k_positions is None and q.shape[2] == k.shape[2]
     return _BACKENDS[name](q, k, v, encoding, q_pos, k_pos, causal, mask, scale, plain_causal)
+
+
+def _repeat_kv_heads(x: Tensor, heads: int) -> Tensor:
+    """Grouped-query attention: (B, Hkv, T, D) -> (B, H, T, D), each K/V head serving H/Hkv query heads."""
+    return x.repeat_interleave(heads // x.shape[1], dim=1)
 
 
 def choose_backend(backend: str, encoding: PositionalEncoding, q: Tensor, k: Tensor, v: Tensor) -> str:
@@ -160,6 +169,7 @@ def attention_weights(
     q_pos, k_pos = _resolve_positions(q, k, q_positions, k_positions, mask)
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     q, k = encoding.rotate(q.to(compute), k.to(compute), q_pos, k_pos)
+    k = _repeat_kv_heads(k, q.shape[1])
     return _weights(q, k, encoding, q_pos, k_pos, causal, mask, q.shape[-1] ** -0.5 if scale is None else scale)
 
 
@@ -182,14 +192,15 @@ def _sdpa(q, k, v, encoding, q_pos, k_pos, causal, mask, scale, plain_causal) ->
     if encoding.has_bias:
         bias = encoding.score_bias(q_pos, k_pos, torch.float64 if q.dtype == torch.float64 else torch.float32)
         additive = bias if additive is None else additive + bias
+    gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
     if additive is None and plain_causal and mask is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, **gqa)
     allowed = _allowed(q_pos, k_pos, causal, mask)
     attn_mask = allowed
     if additive is not None:
         attn_mask = additive if allowed is None else additive.masked_fill(~allowed, float("-inf"))
         attn_mask = attn_mask.to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale, **gqa)
 
 
 def _flex(q, k, v, encoding, q_pos, k_pos, causal, mask, scale, plain_causal) -> Tensor:
@@ -224,7 +235,8 @@ def _flex(q, k, v, encoding, q_pos, k_pos, causal, mask, scale, plain_causal) ->
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
         kernel = _compiled_flex() if _flex_compiles(q) else flex_attention
-        return kernel(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+        return kernel(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                      enable_gqa=k.shape[1] != q.shape[1])
 
 
 def _flex_compiles(q: Tensor) -> bool:
@@ -252,9 +264,10 @@ def _check_tensors(q: Tensor, k: Tensor, v: Tensor, encoding: PositionalEncoding
         if not isinstance(tensor, Tensor) or tensor.dim() != 4:
             shape = tuple(tensor.shape) if isinstance(tensor, Tensor) else type(tensor).__name__
             raise ValueError(f"{name} must be a 4-D tensor (B, H, T, D), got {shape}")
-    if k.shape[:2] != q.shape[:2] or v.shape[:2] != q.shape[:2]:
+    if k.shape[:2] != v.shape[:2] or k.shape[0] != q.shape[0] or q.shape[1] % k.shape[1]:
         raise ValueError(
-            f"q, k, v must share batch and heads (B, H): got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+            "q, k, v must share the batch B, and k, v the heads Hkv, with the query heads H a multiple of "
+            f"Hkv (grouped-query attention): got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
     if k.shape[3] != q.shape[3]:
         raise ValueError(f"q and k must have the same head width Dh: got {q.shape[3]} and {k.shape[3]}")
