@@ -128,8 +128,8 @@ class LanguageModel(nn.Module):
         self.final_norm = nn.LayerNorm(config.dim)
         self.apply(self._init_weights)
         for block in self.blocks:  # GPT-2: shrink residual branches with depth
-            nn.init.normal_(block.attn_out.weight, std=0.02 / (2 * config.num_layers) ** 0.5)
-            nn.init.normal_(block.mlp[2].weight, std=0.02 / (2 * config.num_layers) ** 0.5)
+            nn.init.normal_(block.attn_out.weight, std=EMBEDDING_STD / (2 * config.num_layers) ** 0.5)
+            nn.init.normal_(block.mlp[2].weight, std=EMBEDDING_STD / (2 * config.num_layers) ** 0.5)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
