@@ -22,7 +22,7 @@ SEED_POSITIONS = (0, 5, 10, 20, 40)
 def sinusoidal_heatmap(positions: int = 64, dim: int = 128) -> Figure:
     """Positions × dimensions of the sinusoidal table: fast stripes on the left, slow on the right."""
     table = sinusoidal_table(torch.arange(positions), dim)
-    figure = Figure(figsize=(8, 4.5))
+    figure = Figure(figsize=(8, 4.5), layout="constrained")
     ax = figure.add_subplot()
     image = ax.imshow(table.numpy(), aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest")
     figure.colorbar(image, ax=ax, label="PE value")
@@ -42,7 +42,7 @@ def cosine_similarity_matrix(positions: int = 51, dim: int = 512) -> torch.Tenso
 def similarity_figure(positions: int = 51, dim: int = 512) -> Figure:
     """Cosine similarity between encodings, with seed 004's printed numbers beside the real ones."""
     sim = cosine_similarity_matrix(positions, dim)
-    figure = Figure(figsize=(11, 4.5))
+    figure = Figure(figsize=(11, 4.5), layout="constrained")
     left, right = figure.subplots(1, 2, gridspec_kw={"width_ratios": [1.1, 1]})
     image = left.imshow(sim.numpy(), cmap="viridis", vmin=sim.min().item(), vmax=1, origin="lower")
     figure.colorbar(image, ax=left, label="cosine similarity")
@@ -93,7 +93,7 @@ def rope_decay_curve(offsets: torch.Tensor, base: float, head_dim: int, constant
 
 def rope_decay_figure(head_dim: int = 128, bases=(100.0, 10000.0, 500000.0), max_offset: int = 4096) -> Figure:
     offsets = torch.arange(max_offset + 1)
-    figure = Figure(figsize=(11, 4.2))
+    figure = Figure(figsize=(11, 4.2), layout="constrained")
     for ax, constant in zip(figure.subplots(1, 2), (True, False)):
         for base in bases:
             ax.plot(offsets.numpy(), rope_decay_curve(offsets, base, head_dim, constant).numpy(),
@@ -131,7 +131,7 @@ def rope_scalings_figure(head_dim: int = 128, original: int = 4096, factor: floa
     """Per-frequency stretch (default / scaled inv_freq) vs wavelength: which frequencies each method moves."""
     default = rope_frequencies(head_dim)[0].double()
     wavelength = 2 * math.pi / default
-    figure = Figure(figsize=(8.5, 5))
+    figure = Figure(figsize=(8.5, 5), layout="constrained")
     ax = figure.add_subplot()
     for label, scaling in scaling_examples(head_dim, original, factor).items():
         inv_freq, attention_factor = rope_frequencies(head_dim, scaling, seq_len=int(original * factor))
@@ -160,7 +160,7 @@ def alibi_figure(num_heads: int = 8, keys: int = 64) -> Figure:
     """ALiBi bias vs distance per head, and attention of a content-free query over the keys."""
     slopes = alibi_slopes(num_heads)
     distance = torch.arange(keys, dtype=torch.float64)
-    figure = Figure(figsize=(11, 4.2))
+    figure = Figure(figsize=(11, 4.2), layout="constrained")
     left, right = figure.subplots(1, 2)
     for h, slope in enumerate(slopes.tolist()):
         bias = -slope * distance
@@ -184,7 +184,7 @@ def t5_buckets_figure(num_buckets: int = 32, max_distance: int = 128, span: int 
                       learned: torch.Tensor | None = None, bidirectional_learned: bool = False) -> Figure:
     """Bucket index vs relative position; with ``learned`` (buckets, H), the learned bias per head too."""
     rel = torch.arange(-span, span + 1)
-    figure = Figure(figsize=(11 if learned is not None else 7, 4.2))
+    figure = Figure(figsize=(11 if learned is not None else 7, 4.2), layout="constrained")
     axes = figure.subplots(1, 2 if learned is not None else 1)
     ax = axes[0] if learned is not None else axes
     for bidirectional in (True, False):

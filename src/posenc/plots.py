@@ -22,7 +22,7 @@ def save_figure(figure: Figure, path: str | Path, dpi: int = 110) -> Path:
 
 def extrapolation_figure(results: dict) -> Figure:
     """Bits-per-byte vs eval length (log2 x), one line per row; the training length marked."""
-    figure = Figure(figsize=(7.5, 4.8))
+    figure = Figure(figsize=(7.5, 4.8), layout="constrained")
     ax = figure.add_subplot()
     lengths = results["eval_lengths"]
     for row in results["rows"]:
@@ -54,7 +54,7 @@ def _cap_y(ax, results: dict) -> None:
 
 def position_loss_figure(results: dict) -> Figure:
     """Loss vs position inside the longest eval windows: where each encoding breaks."""
-    figure = Figure(figsize=(7.5, 4.8))
+    figure = Figure(figsize=(7.5, 4.8), layout="constrained")
     ax = figure.add_subplot()
     for row in results["rows"]:
         position = row.get("position_bits")
