@@ -217,6 +217,8 @@ def _flex(q, k, v, encoding, q_pos, k_pos, causal, mask, scale, plain_causal) ->
         offsets = torch.arange(lowest, int(q_pos.max() - k_pos.min()) + 1, device=q.device)  # (N,)
         heads_index = torch.arange(heads, device=q.device)[:, None]  # (H, 1)
         bias_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        # The table is in q's dtype: with bf16 inputs, torch 2.13's compiled CPU kernel
+        # mis-computed a float32 table added to the score and cast back (errors ~2.5).
         table = encoding.bias_at(offsets[None, :], heads_index, bias_dtype).to(q.dtype)  # (H, N)
 
         def score_mod(score, b, h, q_idx, kv_idx):
