@@ -86,12 +86,21 @@ def _repeat_kv_heads(x: Tensor, heads: int) -> Tensor:
     return x.repeat_interleave(heads // x.shape[1], dim=1)
 
 
+def serves(backend: str, encoding: PositionalEncoding, q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether a named backend (not "auto") can run this encoding on these tensors."""
+    return _refusal(backend, encoding, q, _needs_grad(encoding, q, k, v)) is None
+
+
+def _needs_grad(encoding: PositionalEncoding, q: Tensor, k: Tensor, v: Tensor) -> bool:
+    return torch.is_grad_enabled() and (
+        any(t.requires_grad for t in (q, k, v)) or any(p.requires_grad for p in encoding.parameters())
+    )
+
+
 def choose_backend(backend: str, encoding: PositionalEncoding, q: Tensor, k: Tensor, v: Tensor) -> str:
     """The backend ``attention`` will run, or a ValueError naming one that can."""
     checks.choice("backend", backend, BACKENDS)
-    needs_grad = torch.is_grad_enabled() and (
-        any(t.requires_grad for t in (q, k, v)) or any(p.requires_grad for p in encoding.parameters())
-    )
+    needs_grad = _needs_grad(encoding, q, k, v)
     if backend == "auto":
         if encoding.has_bias and q.is_cuda and not needs_grad and _refusal("flex", encoding, q, needs_grad) is None:
             return "flex"

@@ -13,7 +13,7 @@ import time
 import torch
 
 from .encodings import build_for_model
-from .attention import attention, choose_backend
+from .attention import attention, serves
 
 ENCODINGS = ("none", "rope", "alibi", "t5", "shaw", "transformer_xl")
 
@@ -44,11 +44,7 @@ def bench_attention(device: str = "cpu", dtype: torch.dtype = torch.float32, len
         for name in ENCODINGS:
             enc = build_for_model(name, sizes=sizes).to(device=device, dtype=dtype)
             eager_s = None
-            for backend in ("eager", "sdpa", "flex"):
-                try:
-                    choose_backend(backend, enc, q, k, v)
-                except ValueError:
-                    continue
+            for backend in (b for b in ("eager", "sdpa", "flex") if serves(b, enc, q, k, v)):
                 seconds = _time(lambda: attention(q, k, v, enc, backend=backend), device, repeats)
                 eager_s = seconds if backend == "eager" else eager_s
                 rows.append({"encoding": name, "backend": backend, "length": length, "ms": seconds * 1e3,

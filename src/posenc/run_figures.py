@@ -9,24 +9,23 @@ from matplotlib.figure import Figure
 
 from . import storage
 from .data import stdlib_corpus, text_corpus
-from .model import LanguageModel, ModelConfig
+from .experiments.extrapolate import ExperimentConfig
+from .experiments.rows import ROWS
+from .model import LanguageModel
 
 
 def trained_models(run_dir: Path) -> dict[str, LanguageModel]:
     """Every finished checkpoint of the run (first seed), by encoding name, in eval mode."""
     if not (run_dir / "config.json").is_file():
         raise ValueError(f"--ckpt {run_dir}: not a posenc extrapolate run directory (no config.json)")
-    config = storage.read_json(run_dir / "config.json")
+    config = ExperimentConfig.from_dict(storage.read_json(run_dir / "config.json"))
     models = {}
     for folder in sorted((run_dir / "checkpoints").glob("*-seed*")):
         weights = folder / "model.safetensors"
-        if not weights.exists():
-            continue
         name, seed = folder.name.rsplit("-seed", 1)
-        if int(seed) != config["seed"]:
+        if not weights.exists() or int(seed) != config.seed or name not in ROWS:
             continue
-        model = LanguageModel(ModelConfig(encoding=name, dim=config["dim"], num_layers=config["num_layers"],
-                                          num_heads=config["num_heads"], max_positions=config["train_length"]))
+        model = LanguageModel(config.model_config(ROWS[name], {}))
         model.load_state_dict(storage.load_weights(weights))
         models[name] = model.eval()
     if not models:
@@ -36,9 +35,9 @@ def trained_models(run_dir: Path) -> dict[str, LanguageModel]:
 
 def validation_window(run_dir: Path) -> torch.Tensor:
     """The first training-length window of the run's validation text: (1, T) int64."""
-    config = storage.read_json(run_dir / "config.json")
-    corpus = text_corpus(config["text"]) if config.get("text") else stdlib_corpus()
-    return corpus.validation[: config["train_length"]].long().unsqueeze(0)
+    config = ExperimentConfig.from_dict(storage.read_json(run_dir / "config.json"))
+    corpus = text_corpus(config.text) if config.text else stdlib_corpus()
+    return corpus.validation[: config.train_length].long().unsqueeze(0)
 
 
 def learned_table_figure(table: torch.Tensor) -> Figure:

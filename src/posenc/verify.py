@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from . import attention, build, rope_frequencies, sinusoidal_table
-from .attention import choose_backend
+from .attention import serves
 from .encodings import build_for_model
 from .encodings.rotary import apply_rope
 
@@ -169,14 +169,6 @@ def check_sinusoid_shift() -> list[Check]:
     return rows
 
 
-def _served(backend, enc, q, k, v) -> bool:
-    try:
-        choose_backend(backend, enc, q, k, v)
-        return True
-    except ValueError:
-        return False
-
-
 @torch.no_grad()
 def check_backends_and_cache(device, dtype) -> list[Check]:
     """Every backend agrees with eager, and KV-cache decoding equals the full pass, per encoding."""
@@ -186,7 +178,7 @@ def check_backends_and_cache(device, dtype) -> list[Check]:
         q, k, v = _qkv(device, dtype)
         reference = attention(q, k, v, enc, backend="eager").double()
         for backend in ("eager", "sdpa", "flex"):
-            if not _served(backend, enc, q, k, v):
+            if not serves(backend, enc, q, k, v):
                 continue
             full = attention(q, k, v, enc, backend=backend)
             if backend != "eager":

@@ -73,6 +73,14 @@ class ExperimentConfig:
         values = {**PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None}}
         return cls(preset=preset, **values)
 
+    @classmethod
+    def from_dict(cls, values: dict) -> "ExperimentConfig":
+        """The inverse of to_dict (e.g. a run directory's config.json)."""
+        values = dict(values)
+        if "eval_factors" in values:
+            values["eval_factors"] = tuple(values["eval_factors"])
+        return cls(**values)
+
     def __post_init__(self):
         for name in ("dim", "num_layers", "num_heads", "train_length", "batch_size", "steps", "eval_windows", "seeds"):
             checks.positive_int(name, getattr(self, name))
