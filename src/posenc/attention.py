@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import checks
-from .encodings.base import NoPE, PositionalEncoding
+from .encodings.base import NoPE, PositionalEncoding, PositionedEncoding
 from .positions import default_positions
 
 BACKENDS = ("auto", "eager", "sdpa", "flex")
@@ -57,6 +57,9 @@ def attention(
             head serving H/Hkv consecutive query heads).
         encoding: any module from ``posenc.build``; None means no positional encoding.
             Input-door encodings act before attention (``embed``) and are ignored here.
+            Or ``encoding.at(q_pos, k_pos)``, the encoding at fixed positions, which a
+            model builds once per forward so that all its layers share RoPE's cos/sin
+            and score biases (then leave q_positions and k_positions None).
         q_positions: (Tq,) or (B, Tq) int64; default: the last Tq key positions.
         k_positions: (Tk,) or (B, Tk) int64; default: 0..Tk-1.
         causal: mask keys whose position is after the query's (k_pos <= q_pos is
@@ -69,16 +72,35 @@ def attention(
         (B, H, Tq, Dv) in q's dtype. A query row with no allowed key returns zeros
         (eager by construction; sdpa and flex do the same in torch 2.13, tested).
     """
+    at = _positioned(q, k, v, encoding, q_positions, k_positions, mask)
+    encoding = at.encoding
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    name = choose_backend(backend, encoding, q, k, v)
+    q, k = at.rotate(q, k)
+    if k.shape[1] != q.shape[1] and (name == "eager" or encoding.has_relative_logits or encoding.has_relative_values):
+        k, v = _repeat_kv_heads(k, q.shape[1]), _repeat_kv_heads(v, q.shape[1])
+    plain_causal = causal and at.contiguous and q.shape[2] == k.shape[2]
+    return _BACKENDS[name](q, k, v, at, causal, mask, scale, plain_causal)
+
+
+def _positioned(q, k, v, encoding, q_positions, k_positions, mask) -> PositionedEncoding:
+    """Check the tensors and return the encoding at validated positions."""
+    if isinstance(encoding, PositionedEncoding):
+        if q_positions is not None or k_positions is not None:
+            raise ValueError("pass positions either to encoding.at(...) or to attention(), not both")
+        _check_tensors(q, k, v, encoding.encoding)
+        if encoding.q_pos.shape[-1] != q.shape[2] or encoding.k_pos.shape[-1] != k.shape[2]:
+            raise ValueError(
+                f"the positioned encoding has {encoding.q_pos.shape[-1]} query and {encoding.k_pos.shape[-1]} key "
+                f"positions but the tensors have Tq={q.shape[2]} and Tk={k.shape[2]}"
+            )
+        if mask is not None:
+            _check_mask(mask, q.shape[:2] + (q.shape[2], k.shape[2]))
+        return encoding
     encoding = _NOPE if encoding is None else encoding
     _check_tensors(q, k, v, encoding)
     q_pos, k_pos = _resolve_positions(q, k, q_positions, k_positions, mask)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    name = choose_backend(backend, encoding, q, k, v)
-    q, k = encoding.rotate(q, k, q_pos, k_pos)
-    if k.shape[1] != q.shape[1] and (name == "eager" or encoding.has_relative_logits or encoding.has_relative_values):
-        k, v = _repeat_kv_heads(k, q.shape[1]), _repeat_kv_heads(v, q.shape[1])
-    plain_causal = causal and q_positions is None and k_positions is None and q.shape[2] == k.shape[2]
-    return _BACKENDS[name](q, k, v, encoding, q_pos, k_pos, causal, mask, scale, plain_causal)
+    return encoding.at(q_pos, k_pos, contiguous=q_positions is None and k_positions is None)
 
 
 def _repeat_kv_heads(x: Tensor, heads: int) -> Tensor:
@@ -131,29 +153,30 @@ def _allowed(q_pos: Tensor, k_pos: Tensor, causal: bool, mask: Tensor | None) ->
     return allowed
 
 
-def _weights(q, k, encoding, q_pos, k_pos, causal, mask, scale) -> Tensor:
+def _weights(q, k, at: PositionedEncoding, causal, mask, scale) -> Tensor:
     """Softmax weights (B, H, Tq, Tk) from already-rotated q, k, in q's dtype."""
+    encoding = at.encoding
     logits = q @ k.transpose(-1, -2)  # (B, H, Tq, Tk)
     if encoding.has_relative_logits:
-        logits = logits + encoding.relative_logits(q, k, q_pos, k_pos)
+        logits = logits + at.relative_logits(q, k)
     logits = logits * scale
     if encoding.has_bias:
-        logits = logits + encoding.score_bias(q_pos, k_pos, q.dtype)
-    allowed = _allowed(q_pos, k_pos, causal, mask)
+        logits = logits + at.score_bias(q.dtype)
+    allowed = _allowed(at.q_pos, at.k_pos, causal, mask)
     if allowed is not None:
         logits = logits.masked_fill(~allowed, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     return probs if allowed is None else probs.nan_to_num(0.0)  # a row with no allowed key attends to nothing
 
 
-def _eager(q, k, v, encoding, q_pos, k_pos, causal, mask, scale, plain_causal) -> Tensor:
+def _eager(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) -> Tensor:
     dtype = q.dtype
     compute = torch.float64 if dtype == torch.float64 else torch.float32
     q, k, v = q.to(compute), k.to(compute), v.to(compute)
-    probs = _weights(q, k, encoding, q_pos, k_pos, causal, mask, scale)
+    probs = _weights(q, k, at, causal, mask, scale)
     out = probs @ v  # (B, H, Tq, Dv)
-    if encoding.has_relative_values:
-        out = out + encoding.relative_values(probs, q_pos, k_pos)
+    if at.encoding.has_relative_values:
+        out = out + at.relative_values(probs)
     return out.to(dtype)
 
 
@@ -173,13 +196,11 @@ def attention_weights(
     Same arguments as ``attention`` (without v and backend). Returns (B, H, Tq, Tk)
     float32 (float64 for float64 inputs); rows sum to 1 (0 for a row with no allowed key).
     """
-    encoding = _NOPE if encoding is None else encoding
-    _check_tensors(q, k, k, encoding)
-    q_pos, k_pos = _resolve_positions(q, k, q_positions, k_positions, mask)
+    at = _positioned(q, k, k, encoding, q_positions, k_positions, mask)
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-    q, k = encoding.rotate(q.to(compute), k.to(compute), q_pos, k_pos)
+    q, k = at.rotate(q.to(compute), k.to(compute))
     k = _repeat_kv_heads(k, q.shape[1])
-    return _weights(q, k, encoding, q_pos, k_pos, causal, mask, q.shape[-1] ** -0.5 if scale is None else scale)
+    return _weights(q, k, at, causal, mask, q.shape[-1] ** -0.5 if scale is None else scale)
 
 
 def _resolve_positions(q, k, q_positions, k_positions, mask) -> tuple[Tensor, Tensor]:
@@ -194,41 +215,49 @@ def _resolve_positions(q, k, q_positions, k_positions, mask) -> tuple[Tensor, Te
     return q_pos.to(q.device), k_pos.to(q.device)
 
 
-def _sdpa(q, k, v, encoding, q_pos, k_pos, causal, mask, scale, plain_causal) -> Tensor:
-    additive = None
-    if encoding.has_relative_logits:
-        additive = scale * encoding.relative_logits(q, k, q_pos, k_pos)
-    if encoding.has_bias:
-        bias = encoding.score_bias(q_pos, k_pos, torch.float64 if q.dtype == torch.float64 else torch.float32)
-        additive = bias if additive is None else additive + bias
+def _sdpa(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) -> Tensor:
+    encoding = at.encoding
     gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
-    if additive is None and plain_causal and mask is None:
+    if not (encoding.has_relative_logits or encoding.has_bias) and plain_causal and mask is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, **gqa)
-    allowed = _allowed(q_pos, k_pos, causal, mask)
-    attn_mask = allowed
-    if additive is not None:
-        attn_mask = additive if allowed is None else additive.masked_fill(~allowed, float("-inf"))
-        attn_mask = attn_mask.to(q.dtype)
+    if encoding.has_relative_logits:
+        additive = scale * at.relative_logits(q, k)
+        if encoding.has_bias:
+            additive = additive + at.score_bias(_math_dtype(q))
+        attn_mask = _masked(additive, _allowed(at.q_pos, at.k_pos, causal, mask)).to(q.dtype)
+    elif mask is None:  # the usual case in a model: one mask for every layer
+        attn_mask = at.memo(("sdpa_mask", causal, q.dtype), lambda: _static_mask(at, causal, q.dtype))
+    else:
+        attn_mask = _static_mask(at, causal, q.dtype, mask)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale, **gqa)
 
 
-def _flex(q, k, v, encoding, q_pos, k_pos, causal, mask, scale, plain_causal) -> Tensor:
+def _math_dtype(q: Tensor) -> torch.dtype:
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+def _masked(additive: Tensor, allowed: Tensor | None) -> Tensor:
+    return additive if allowed is None else additive.masked_fill(~allowed, float("-inf"))
+
+
+def _static_mask(at: PositionedEncoding, causal: bool, dtype: torch.dtype, mask: Tensor | None = None) -> Tensor | None:
+    """SDPA's attn_mask from positions alone: the score bias with -inf where not allowed, or a bool mask."""
+    allowed = _allowed(at.q_pos, at.k_pos, causal, mask)
+    if not at.encoding.has_bias:
+        return allowed
+    return _masked(at.score_bias(torch.float64 if dtype == torch.float64 else torch.float32), allowed).to(dtype)
+
+
+def _flex(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) -> Tensor:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+    encoding, q_pos, k_pos = at.encoding, at.q_pos, at.k_pos
     batch, heads, q_len, _ = q.shape
     k_len = k.shape[2]
     q_pos, k_pos = q_pos.expand(batch, q_len), k_pos.expand(batch, k_len)
     score_mod = None
     if encoding.has_bias:
-        # The bias depends only on (head, offset): tabulate it once per distinct offset,
-        # (H, N) with N <= Tq + Tk - 1 for contiguous positions, and look it up per pair.
-        lowest = int(q_pos.min() - k_pos.max())
-        offsets = torch.arange(lowest, int(q_pos.max() - k_pos.min()) + 1, device=q.device)  # (N,)
-        heads_index = torch.arange(heads, device=q.device)[:, None]  # (H, 1)
-        bias_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-        # The table is in q's dtype: with bf16 inputs, torch 2.13's compiled CPU kernel
-        # mis-computed a float32 table added to the score and cast back (errors ~2.5).
-        table = encoding.bias_at(offsets[None, :], heads_index, bias_dtype).to(q.dtype)  # (H, N)
+        lowest, table = at.memo(("flex_table", q.dtype), lambda: _offset_table(at, heads, q.dtype))
 
         def score_mod(score, b, h, q_idx, kv_idx):
             return score + table[h, q_pos[b, q_idx] - k_pos[b, kv_idx] - lowest]
@@ -242,12 +271,25 @@ def _flex(q, k, v, encoding, q_pos, k_pos, causal, mask, scale, plain_causal) ->
             return keep if full_mask is None else keep & full_mask[b, h, q_idx, kv_idx]
 
         mask_heads = None if mask is None or mask.shape[1] == 1 else heads
-        block_mask = create_block_mask(mask_mod, batch, mask_heads, q_len, k_len, device=q.device)
+        build = functools.partial(create_block_mask, mask_mod, batch, mask_heads, q_len, k_len, device=q.device)
+        block_mask = build() if mask is not None else at.memo(("flex_block_mask", causal, batch), build)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
         kernel = _compiled_flex() if _flex_compiles(q) else flex_attention
         return kernel(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
                       enable_gqa=k.shape[1] != q.shape[1])
+
+
+def _offset_table(at: PositionedEncoding, heads: int, dtype: torch.dtype) -> tuple[int, Tensor]:
+    """The bias depends only on (head, offset): (lowest offset, (H, N) table over every offset in range),
+    N <= Tq + Tk - 1 for contiguous positions, looked up per pair by the score_mod."""
+    lowest = int(at.q_pos.min() - at.k_pos.max())
+    offsets = torch.arange(lowest, int(at.q_pos.max() - at.k_pos.min()) + 1, device=at.q_pos.device)  # (N,)
+    heads_index = torch.arange(heads, device=at.q_pos.device)[:, None]  # (H, 1)
+    bias_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    # The table is in q's dtype: with bf16 inputs, torch 2.13's compiled CPU kernel
+    # mis-computed a float32 table added to the score and cast back (errors ~2.5).
+    return lowest, at.encoding.bias_at(offsets[None, :], heads_index, bias_dtype).to(dtype)  # (H, N)
 
 
 def _flex_compiles(q: Tensor) -> bool:

@@ -51,6 +51,8 @@ def positions(name: str, value: Tensor, length: int, batch: int) -> Tensor:
             f"{name} must have shape ({length},) or ({batch}, {length}) to match the tensors, "
             f"got {tuple(value.shape)}"
         )
-    if value.numel() and int(value.min()) < 0:
+    if not torch.compiler.is_compiling() and value.numel() and int(value.min()) < 0:
+        # Reading values would break a torch.compile graph: eager calls check them, compiled
+        # ones (where positions are almost always the model's own arange) only their shape.
         raise ValueError(f"{name} must be >= 0, got minimum {int(value.min())}")
     return value.long()

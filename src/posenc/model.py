@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from . import checks
 from .attention import attention, attention_weights
 from .encodings import build_for_model
+from .encodings.base import PositionedEncoding
 
 EMBEDDING_STD = 0.02  # GPT-2's initialisation of every weight and of the token embeddings
 
@@ -66,6 +67,7 @@ class KVCache:
         self.keys: list[Tensor | None] = [None] * num_layers
         self.values: list[Tensor | None] = [None] * num_layers
         self.positions: Tensor | None = None  # (B or 1, T_cached)
+        self.contiguous = True  # positions are 0..T_cached-1, as the model makes them by default
 
     @property
     def length(self) -> int:
@@ -96,8 +98,8 @@ class Block(nn.Module):
             nn.Linear(config.mlp_ratio * config.dim, config.dim),
         )
 
-    def forward(self, x, encoding, q_pos, k_pos, cache: KVCache | None, layer: int, maps: list | None = None) -> Tensor:
-        """x: (B, T, D); q_pos (B or 1, T); k_pos (B or 1, T_cached + T). Returns (B, T, D).
+    def forward(self, x, at: PositionedEncoding, cache: KVCache | None, layer: int, maps: list | None = None) -> Tensor:
+        """x: (B, T, D); ``at``: the encoding at this pass's positions, shared by every block. Returns (B, T, D).
 
         With ``maps`` a list, appends this layer's attention weights (B, H, T, T_cached + T).
         """
@@ -107,8 +109,8 @@ class Block(nn.Module):
         if cache is not None:
             k, v = cache.extend(layer, k, v)  # (B, H, T_cached + T, Dh)
         if maps is not None:
-            maps.append(attention_weights(q, k, encoding, q_positions=q_pos, k_positions=k_pos))
-        y = attention(q, k, v, encoding, q_positions=q_pos, k_positions=k_pos, backend=self.config.backend)
+            maps.append(attention_weights(q, k, at))
+        y = attention(q, k, v, at, backend=self.config.backend)
         x = x + self.attn_out(y.transpose(1, 2).reshape(batch, length, -1))
         return x + self.mlp(self.mlp_norm(x))
 
@@ -153,15 +155,18 @@ class LanguageModel(nn.Module):
         """
         batch, length = tokens.shape
         start = 0 if cache is None else cache.length
+        contiguous = positions is None and (cache is None or cache.contiguous)
         if positions is None:
-            positions = torch.arange(start, start + length, device=tokens.device)
+            positions = torch.arange(start, start + length, device=tokens.device)[None]  # (1, T)
         positions = checks.positions("positions", positions, length, batch).to(tokens.device)
         k_pos = positions
         if cache is not None:
             if cache.positions is not None:
                 k_pos = torch.cat((cache.positions.expand(positions.shape[0], -1), positions), dim=-1)
-            cache.positions = k_pos
+            cache.positions, cache.contiguous = k_pos, contiguous
+        # Built once here, shared by every block: RoPE's cos/sin, score biases, masks.
+        at = self.encoding.at(positions, k_pos, seq_len=start + length if contiguous else None, contiguous=contiguous)
         x = self.encoding.embed(self.embed(tokens), positions)  # (B, T, D)
         for layer, block in enumerate(self.blocks):
-            x = block(x, self.encoding, positions, k_pos, cache, layer, maps)
+            x = block(x, at, cache, layer, maps)
         return F.linear(self.final_norm(x), self.embed.weight)  # tied output head: (B, T, V)

@@ -11,6 +11,10 @@ The base class is NoPE: every hook is the identity or absent. A scheme overrides
 only its own doors and sets the matching ``has_*`` flag, so ``attention()`` and
 the model compose whatever a scheme offers without asking which scheme it is.
 
+``encoding.at(q_pos, k_pos)`` fixes the positions of one forward pass: what depends
+on positions alone (RoPE's cos/sin, a dense score bias) is then built once, on first
+use, and shared by every layer that attends with it.
+
 Shapes: B batch, H heads, Tq/Tk query/key length, Dh head width, D model width.
 Positions are int64 (B or 1, T); ``offset = q_position - k_position`` everywhere.
 """
@@ -19,6 +23,54 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+
+
+class PositionedEncoding:
+    """An encoding at the query/key positions of one forward pass.
+
+    Everything that depends on positions (and parameters) but not on q, k or v is
+    built on first use and memoized here, so the layers of a model share it. It lives
+    for one forward pass (a new one per call), so it never goes stale when parameters
+    change or a cache grows.
+
+    Args:
+        encoding: the module whose doors to open.
+        q_pos: (B or 1, Tq) int64 positions; k_pos: (B or 1, Tk).
+        seq_len: the context length a length-dependent scaling (dynamic NTK, LongRoPE)
+            should see; None reads it from the positions (largest + 1), which needs their
+            values and so breaks a ``torch.compile`` graph: models pass it.
+        contiguous: the caller guarantees k_pos = s..s+Tk-1 for every row and q_pos its
+            last Tq entries (prefill, decoding), which lets backends use their causal fast path.
+    """
+
+    def __init__(self, encoding: PositionalEncoding, q_pos: Tensor, k_pos: Tensor, seq_len: int | None = None,
+                 contiguous: bool = False):
+        self.encoding, self.q_pos, self.k_pos = encoding, q_pos, k_pos
+        self.seq_len, self.contiguous = seq_len, contiguous
+        self._memo: dict = {}
+
+    def memo(self, key: tuple, build):
+        """``build()`` once per key for the lifetime of this object."""
+        if key not in self._memo:
+            self._memo[key] = build()
+        return self._memo[key]
+
+    def context_length(self) -> int:
+        if self.seq_len is None:
+            self.seq_len = int(max(self.q_pos.max(), self.k_pos.max())) + 1
+        return self.seq_len
+
+    def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        return self.encoding.rotate_positioned(self, q, k)
+
+    def score_bias(self, dtype: torch.dtype) -> Tensor:
+        return self.memo(("bias", dtype), lambda: self.encoding.score_bias(self.q_pos, self.k_pos, dtype))
+
+    def relative_logits(self, q: Tensor, k: Tensor) -> Tensor:
+        return self.encoding.relative_logits(q, k, self.q_pos, self.k_pos)
+
+    def relative_values(self, probs: Tensor) -> Tensor:
+        return self.encoding.relative_values(probs, self.q_pos, self.k_pos)
 
 
 class PositionalEncoding(nn.Module):
@@ -36,9 +88,18 @@ class PositionalEncoding(nn.Module):
         """Input door. x: (B, T, D); positions: (B or 1, T). Returns (B, T, D)."""
         return x
 
+    def at(self, q_pos: Tensor, k_pos: Tensor, seq_len: int | None = None, contiguous: bool = False
+           ) -> PositionedEncoding:
+        """This encoding at fixed positions (see ``PositionedEncoding``); (B or 1, Tq) and (B or 1, Tk)."""
+        return PositionedEncoding(self, q_pos, k_pos, seq_len, contiguous)
+
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         """q/k door. q: (B, H, Tq, Dh), k: (B, H, Tk, Dh). Returns both, same shapes."""
         return q, k
+
+    def rotate_positioned(self, at: PositionedEncoding, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """The q/k door with the positions' tables memoized in ``at``; same result as ``rotate``."""
+        return self.rotate(q, k, at.q_pos, at.k_pos)
 
     def bias_at(self, offset: Tensor, head: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
         """Score-bias door, elementwise: offset and head broadcast to the bias shape.

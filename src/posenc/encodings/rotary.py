@@ -15,22 +15,11 @@ import torch
 from torch import Tensor
 
 from .. import checks
-from .base import PositionalEncoding
+from ..kernels import rope_angles, rope_cos_sin, rotate_pairs
+from .base import PositionalEncoding, PositionedEncoding
 from .scaling import SCALINGS, normalize_scaling, rope_frequencies
 
 LAYOUTS = ("half", "interleaved")
-
-
-def rope_angles(positions: Tensor, inv_freq: Tensor) -> Tensor:
-    """Angles position · inv_freq in float64, exact for positions far beyond 2^20.
-
-    Args:
-        positions: (..., T) integer positions.
-        inv_freq: (F,) inverse frequencies.
-    Returns:
-        (..., T, F) float64.
-    """
-    return positions.to(torch.float64)[..., None] * inv_freq.to(device=positions.device, dtype=torch.float64)
 
 
 def apply_rope(
@@ -40,7 +29,8 @@ def apply_rope(
 
     Angles come from int64 positions in float64; the rotation runs in float32
     (float64 for float64 x) and the result is cast back to x's dtype, so bf16
-    activations at position 2^20 still rotate by the right angle.
+    activations at position 2^20 still rotate by the right angle. The rotation is
+    ``kernels.rotate_pairs``: fused, with a backward pass that saves only cos/sin.
 
     Args:
         x: (B, H, T, Dh) queries or keys, Dh >= 2F.
@@ -52,18 +42,8 @@ def apply_rope(
         (B, H, T, Dh), same dtype as x.
     """
     compute = torch.float64 if x.dtype == torch.float64 else torch.float32
-    pairs = inv_freq.shape[0]
-    angles = rope_angles(positions, inv_freq).unsqueeze(1)  # (B or 1, 1, T, F)
-    cos = (angles.cos() * attention_factor).to(compute)
-    sin = (angles.sin() * attention_factor).to(compute)
-    rotated, passed = x[..., : 2 * pairs].to(compute), x[..., 2 * pairs :]
-    if layout == "half":
-        x1, x2 = rotated[..., :pairs], rotated[..., pairs:]  # (B, H, T, F) each
-        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    else:
-        x1, x2 = rotated[..., 0::2], rotated[..., 1::2]  # (B, H, T, F) each
-        out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
-    return torch.cat((out.to(x.dtype), passed), dim=-1)
+    cos, sin = rope_cos_sin(positions, inv_freq, attention_factor, compute)  # (B or 1, 1, T, F)
+    return rotate_pairs(x, cos, sin, layout)
 
 
 class RoPE(PositionalEncoding):
@@ -94,14 +74,21 @@ class RoPE(PositionalEncoding):
         return rope_frequencies(self.head_dim, self.scaling, seq_len=seq_len)
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
-        seq_len = None
-        if self.length_dependent:
-            seq_len = int(max(q_pos.max(), k_pos.max())) + 1
-        inv_freq, factor = self.frequencies(seq_len)
-        return (
-            apply_rope(q, q_pos, inv_freq, factor, self.layout),
-            apply_rope(k, k_pos, inv_freq, factor, self.layout),
-        )
+        return self.rotate_positioned(self.at(q_pos, k_pos), q, k)
+
+    def rotate_positioned(self, at: PositionedEncoding, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+        q_cos, q_sin, k_cos, k_sin = at.memo(("rope", compute), lambda: self._cos_sin(at, compute))
+        return rotate_pairs(q, q_cos, q_sin, self.layout), rotate_pairs(k, k_cos, k_sin, self.layout)
+
+    def _cos_sin(self, at: PositionedEncoding, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """cos, sin for queries then keys, each (B or 1, 1, T, F); one set when they share positions."""
+        inv_freq, factor = self.frequencies(at.context_length() if self.length_dependent else None)
+        q_cos, q_sin = rope_cos_sin(at.q_pos, inv_freq, factor, dtype)
+        if at.k_pos is at.q_pos:
+            return q_cos, q_sin, q_cos, q_sin
+        k_cos, k_sin = rope_cos_sin(at.k_pos, inv_freq, factor, dtype)
+        return q_cos, q_sin, k_cos, k_sin
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, layout={self.layout!r}, scaling={self.scaling}"
