@@ -25,9 +25,10 @@ ATTENTION_ENCODINGS = {
 }
 
 
-def make_encoding(key: str, dtype=torch.float64):
+def make_encoding(key: str, dtype=torch.float64, heads: int = HEADS):
     name = key.split("_")[0] if key.startswith(("rope", "alibi", "t5")) else key
-    enc = posenc.build(name, **ATTENTION_ENCODINGS[key]).to(dtype)
+    kwargs = {**ATTENTION_ENCODINGS[key], **({"num_heads": heads} if "num_heads" in ATTENTION_ENCODINGS[key] else {})}
+    enc = posenc.build(name, **kwargs).to(dtype)
     with torch.no_grad():
         for parameter in enc.parameters():
             parameter.normal_(0, 0.5)  # big enough that positions change outputs visibly

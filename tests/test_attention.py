@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 import posenc
 from posenc.attention import choose_backend, serves
-from tests.helpers import ATTENTION_ENCODINGS, HEADS, make_encoding, qkv
+from tests.helpers import ATTENTION_ENCODINGS, HEAD_DIM, HEADS, make_encoding, qkv
 from tests.oracles import naive_attention
 
 BACKENDS = ["eager", "sdpa", "flex"]
@@ -285,15 +285,21 @@ def test_a_query_with_no_allowed_key_returns_zeros(key, backend):
 
 @pytest.mark.parametrize("key, backend", cases())
 def test_grouped_query_attention_equals_repeated_keys_and_values(key, backend):
-    enc = make_encoding(key)
-    q, _, _ = qkv(q_len=6, k_len=9)
-    k, v = torch.randn(2, 1, 9, q.shape[-1], dtype=q.dtype), torch.randn(2, 1, 9, q.shape[-1], dtype=q.dtype)
+    """Several key/value heads, so a wrong head mapping shows: query head h reads kv head
+    h // (H / Hkv), as transformers' repeat_kv and SDPA's enable_gqa do."""
+    heads, kv_heads = 6, 3
+    enc = make_encoding(key, heads=heads)
+    q = torch.randn(2, heads, 6, HEAD_DIM, dtype=torch.float64)
+    k, v = torch.randn(2, kv_heads, 9, HEAD_DIM, dtype=torch.float64), torch.randn(2, kv_heads, 9, HEAD_DIM, dtype=torch.float64)
+    mapping = torch.arange(heads) // (heads // kv_heads)  # [0, 0, 1, 1, 2, 2]
     with torch.no_grad():
         grouped = posenc.attention(q, k, v, enc, backend=backend)
-        repeated = posenc.attention(q, k.expand(-1, HEADS, -1, -1), v.expand(-1, HEADS, -1, -1), enc, backend=backend)
+        repeated = posenc.attention(q, k[:, mapping], v[:, mapping], enc, backend=backend)
         weights = posenc.attention_weights(q, k, enc)
+        repeated_weights = posenc.attention_weights(q, k[:, mapping], enc)
     torch.testing.assert_close(grouped, repeated, rtol=1e-10, atol=1e-10)
-    assert weights.shape == (2, HEADS, 6, 9)
+    torch.testing.assert_close(weights, repeated_weights, rtol=1e-10, atol=1e-10)
+    assert weights.shape == (2, heads, 6, 9)
 
 
 def test_compiled_flex_bfloat16_with_biases(monkeypatch):

@@ -165,8 +165,9 @@ class LanguageModel(nn.Module):
                 k_pos = torch.cat((cache.positions.expand(positions.shape[0], -1), positions), dim=-1)
             cache.positions, cache.contiguous = k_pos, contiguous
         # Built once here, shared by every block: RoPE's cos/sin, score biases, masks.
-        at = self.encoding.at(positions, k_pos, seq_len=start + length if contiguous else None, contiguous=contiguous)
-        x = self.encoding.embed(self.embed(tokens), positions)  # (B, T, D)
+        seq_len = start + length if contiguous else None  # known without reading positions
+        at = self.encoding.at(positions, k_pos, seq_len=seq_len, contiguous=contiguous)
+        x = self.encoding.embed(self.embed(tokens), positions, seq_len)  # (B, T, D)
         for layer, block in enumerate(self.blocks):
             x = block(x, at, cache, layer, maps)
         return F.linear(self.final_norm(x), self.embed.weight)  # tied output head: (B, T, V)

@@ -27,8 +27,8 @@ def sinusoidal_table(positions: Tensor, dim: int, base: float = 10000.0) -> Tens
     positions = torch.as_tensor(positions)
     if positions.dtype.is_floating_point:
         raise ValueError(f"positions must be an integer tensor, got dtype {positions.dtype}")
-    if positions.numel() and int(positions.min()) < 0:
-        raise ValueError(f"positions must be >= 0, got minimum {int(positions.min())}")
+    if not torch.compiler.is_compiling() and positions.numel() and int(positions.min()) < 0:
+        raise ValueError(f"positions must be >= 0, got minimum {int(positions.min())}")  # eager only, as in checks
     return sinusoid(positions.to(torch.float64), dim, base)
 
 
@@ -54,7 +54,7 @@ class Sinusoidal(PositionalEncoding):
         self.base = checks.positive_float("base", base, minimum=1.0)
         self.scale = checks.positive_float("scale", scale)
 
-    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+    def embed(self, x: Tensor, positions: Tensor, seq_len: int | None = None) -> Tensor:
         """x: (B, T, D); positions: (B or 1, T). Returns x + scale·PE(positions), (B, T, D)."""
         table = sinusoidal_table(positions, self.dim, self.base)  # (B or 1, T, D)
         return x + (self.scale * table).to(x.dtype)
@@ -84,9 +84,12 @@ class Learned(PositionalEncoding):
         self.init_std = init_std
         self.table = nn.Parameter(torch.randn(max_positions, dim) * init_std)  # (P, D)
 
-    def rows(self, positions: Tensor) -> Tensor:
-        """positions: any integer shape (...,). Returns (..., D) rows of the table."""
-        needed = int(positions.max()) + 1 if positions.numel() else 0
+    def rows(self, positions: Tensor, seq_len: int | None = None) -> Tensor:
+        """positions: any integer shape (...,); seq_len: their maximum + 1 if known. Returns (..., D) rows."""
+        if seq_len is not None:
+            needed = seq_len
+        else:
+            needed = int(positions.max()) + 1 if positions.numel() else 0
         table = self.table
         if needed > table.shape[0]:
             if self.beyond == "error":
@@ -106,9 +109,9 @@ class Learned(PositionalEncoding):
         grown = torch.cat((self.table.detach(), extra.to(self.table.dtype)))
         self.table = nn.Parameter(grown)
 
-    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+    def embed(self, x: Tensor, positions: Tensor, seq_len: int | None = None) -> Tensor:
         """x: (B, T, D); positions: (B or 1, T). Returns x + table[positions], (B, T, D)."""
-        return x + self.rows(positions).to(x.dtype)
+        return x + self.rows(positions, seq_len).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"max_positions={self.max_positions}, dim={self.dim}, beyond={self.beyond!r}"

@@ -84,8 +84,13 @@ class PositionalEncoding(nn.Module):
     #: heads this encoding was built for; None when it works with any count.
     num_heads: int | None = None
 
-    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
-        """Input door. x: (B, T, D); positions: (B or 1, T). Returns (B, T, D)."""
+    def embed(self, x: Tensor, positions: Tensor, seq_len: int | None = None) -> Tensor:
+        """Input door. x: (B, T, D); positions: (B or 1, T). Returns (B, T, D).
+
+        ``seq_len``: largest position + 1 when the caller knows it (a model does for its
+        own positions); an encoding that needs it then never reads the positions' values,
+        which a ``torch.compile`` graph cannot do.
+        """
         return x
 
     def at(self, q_pos: Tensor, k_pos: Tensor, seq_len: int | None = None, contiguous: bool = False

@@ -59,11 +59,16 @@ def _pairs(x: Tensor, pairs: int, layout: str) -> tuple[Tensor, Tensor]:
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
     """(x1, x2) -> (x1 cos − x2 sin, x2 cos + x1 sin) on every pair; other channels copied."""
-    compute = cos.dtype
-    source = x if x.dtype == compute else x.to(compute)
-    out = torch.empty_like(source, memory_format=torch.contiguous_format)  # (B, H, T, Dh)
+    source = x if x.dtype == cos.dtype else x.to(cos.dtype)
     pairs = cos.shape[-1]
     x1, x2 = _pairs(source, pairs, layout)
+    if torch.compiler.is_compiling():
+        # Under torch.compile write the formula: inductor fuses it into one loop, and
+        # dynamo does not trace the strided ``out=`` writes below.
+        y1, y2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+        rotated = torch.cat((y1, y2), -1) if layout == "half" else torch.stack((y1, y2), -1).flatten(-2)
+        return torch.cat((rotated, source[..., 2 * pairs :]), -1).to(x.dtype)
+    out = torch.empty_like(source)  # (B, H, T, Dh), in x's memory order (no transposing copy)
     y1, y2 = _pairs(out, pairs, layout)
     torch.mul(x1, cos, out=y1)
     y1.addcmul_(x2, sin, value=-1.0)
