@@ -1,19 +1,68 @@
 import json
 
-from posenc.bench import bench_attention
+import pytest
+import torch
+
+from posenc.bench import bench_attention, bench_rope_apply, bench_training_step, saved_activation_bytes
+from posenc.bench.timing import round_robin
 from posenc.cli import main
+from posenc.model import LanguageModel, ModelConfig
 
 
 def test_bench_rows_are_ratios_to_eager_in_the_same_run():
-    rows = bench_attention("cpu", lengths=(32,), heads=2, head_dim=8, repeats=1)
+    rows = bench_attention("cpu", lengths=(32,), heads=2, head_dim=8, rounds=2)
     by_key = {(r["encoding"], r["backend"]): r for r in rows}
-    assert by_key[("rope", "eager")]["vs_eager"] == 1.0
+    assert by_key[("rope", "eager")]["ratio"] == 1.0
     assert ("shaw", "sdpa") not in by_key and ("transformer_xl", "sdpa") in by_key
     for r in rows:
-        assert r["ms"] > 0 and r["vs_eager"] > 0
+        assert r["ms"] > 0 and r["ratio_low"] <= r["ratio"] <= r["ratio_high"]
 
 
-def test_bench_cli_writes_json(tmp_path, capsys):
-    assert main(["bench", "--lengths", "16", "--repeats", "1", "--json", str(tmp_path / "b.json")]) == 0
+def test_round_robin_interleaves_contenders_and_divides_within_a_round():
+    calls = []
+    timed = round_robin({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, baseline="a", rounds=3,
+                        device=torch.device("cpu"), warmup=0)
+    assert calls == ["a", "b"] * 3
+    assert timed["a"]["ratio"] == 1.0
+    with pytest.raises(ValueError, match="baseline 'c'"):
+        round_robin({"a": lambda: None}, baseline="c", rounds=1, device=torch.device("cpu"))
+
+
+def test_training_and_rope_tables_have_their_baselines():
+    steps = bench_training_step(shapes=((8, 2),), encodings=("none", "rope"), rounds=2)
+    assert [r["encoding"] for r in steps] == ["none", "rope"] and steps[0]["ratio"] == 1.0
+    rope = bench_rope_apply(shape=(1, 2, 16, 8), rounds=2)
+    names = [r["contender"] for r in rope]
+    assert names[0] == "copy_ (baseline)" and "posenc rotate_pairs" in names
+    assert "transformers (Llama formula)" in names  # transformers is a test dependency
+
+
+def test_rope_training_step_keeps_no_more_activations_than_nope_but_cos_sin():
+    """The model rotates q and k inside its own projection and the rotation saves only cos/sin,
+    so RoPE adds exactly the (1, 1, T, F) cos and sin tables to NoPE's activation memory."""
+    tokens = torch.randint(0, 256, (2, 17))
+    config = dict(dim=16, num_layers=2, num_heads=2, max_positions=16)
+    nope = saved_activation_bytes(LanguageModel(ModelConfig(encoding="none", **config)), tokens)
+    rope = saved_activation_bytes(LanguageModel(ModelConfig(encoding="rope", **config)), tokens)
+    assert nope > 0 and rope - nope == 2 * 16 * 4 * 4  # cos and sin: T=16 x F=4 float32, shared by layers
+
+
+def test_bench_cli_writes_json_and_markdown(tmp_path, capsys):
+    args = ["bench", "--tables", "attention,memory", "--lengths", "16", "--train-shapes", "8x2", "--rounds", "2",
+            "--json", str(tmp_path / "b.json"), "--markdown", str(tmp_path / "b.md")]
+    assert main(args) == 0
     assert "time / eager" in capsys.readouterr().out
-    assert json.loads((tmp_path / "b.json").read_text())["rows"]
+    assert set(json.loads((tmp_path / "b.json").read_text())["tables"]) == {"attention", "memory"}
+    assert "| encoding |" in (tmp_path / "b.md").read_text()
+
+
+@pytest.mark.parametrize("args", [["--lengths", "0,-1"], ["--train-shapes", "64"]])
+def test_bench_rejects_bad_shapes_before_any_work(args, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", *args])
+    assert exit_info.value.code == 2 and args[0] in capsys.readouterr().err
+
+
+def test_bench_rejects_an_unknown_table(capsys):
+    assert main(["bench", "--tables", "speed"]) == 2
+    assert "--tables must be one of" in capsys.readouterr().err

@@ -43,6 +43,9 @@ def _add_extrapolate(commands) -> None:
     p.add_argument("--seeds", type=int, help="repeat with this many seeds and report mean ± std (default 1)")
     p.add_argument("--seed", type=int, help="first seed (default 0)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="auto: CUDA (bf16 autocast) when present")
+    p.add_argument("--compile", action="store_true", default=None,
+                   help="train under torch.compile(fullgraph=True); pays on a GPU, not on the 2-core CPU "
+                        "(see benchmarks/README.md)")
     p.set_defaults(run=_run_extrapolate)
 
 
@@ -51,7 +54,7 @@ def _run_extrapolate(args) -> int:
 
     overrides = {k: getattr(args, k) for k in (
         "encodings", "train_length", "eval_factors", "eval_stride", "eval_windows", "steps", "batch_size", "lr",
-        "dim", "num_layers", "num_heads", "seeds", "seed", "device", "text")}
+        "dim", "num_layers", "num_heads", "seeds", "seed", "device", "text", "compile")}
     config = ExperimentConfig.from_preset(args.preset, **overrides)
     if args.resume and args.out is None:
         raise ValueError("--resume needs --out: the run directory to continue")
@@ -119,13 +122,41 @@ def _run_plot(args) -> int:
     return 0
 
 
+def _shapes(text: str) -> tuple[tuple[int, int], ...]:
+    """'64x32,512x8' -> ((64, 32), (512, 8)): training length x batch size."""
+    try:
+        shapes = tuple(tuple(int(n) for n in part.split("x")) for part in text.split(",") if part.strip())
+    except ValueError:
+        shapes = ()
+    if not shapes or any(len(s) != 2 or min(s) < 1 for s in shapes):
+        raise argparse.ArgumentTypeError(f"expected LENGTHxBATCH[,LENGTHxBATCH...] with positive integers, got {text!r}")
+    return shapes
+
+
+def _positive_ints(text: str) -> tuple[int, ...]:
+    values = _ints(text)
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
+    return values
+
+
 def _add_bench(commands) -> None:
-    p = commands.add_parser("bench", help="attention speed per encoding and backend, as ratios to eager",
-                            description="Time attention() for every encoding and backend that serves it; report "
-                                        "milliseconds and the ratio to eager measured in the same run.")
+    from .bench import TABLES
+
+    p = commands.add_parser("bench", help="speed and memory per encoding, as ratios to a baseline in the same run",
+                            description="Time attention() per encoding and backend (ratio to eager), a training step "
+                                        "per encoding (ratio to NoPE), RoPE apply (ratio to copy_ of the same bytes) "
+                                        "and count activation memory (ratio to NoPE). Timings are round-robin.")
     _add_device_dtype_json(p)
-    p.add_argument("--lengths", type=_ints, default=(256, 1024), help="sequence lengths (default 256,1024)")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--tables", default="attention,training,rope,memory",
+                   help=f"comma list of: {', '.join(TABLES)} (default: all)")
+    p.add_argument("--lengths", type=_positive_ints, default=(256, 1024), help="attention lengths (default 256,1024)")
+    p.add_argument("--train-shapes", type=_shapes, default=((64, 32), (512, 8)),
+                   help="training LENGTHxBATCH list (default 64x32,512x8)")
+    p.add_argument("--rope-shape", type=_positive_ints, default=(4, 16, 2048, 64), help="B,H,T,Dh (default 4,16,2048,64)")
+    p.add_argument("--rounds", type=int, default=7, help="round-robin rounds per table (default 7)")
+    p.add_argument("--compile", action="store_true", help="also time the training step under torch.compile")
+    p.add_argument("--markdown", type=Path, help="also write the tables as Markdown to this file")
     p.set_defaults(run=_run_bench)
 
 
@@ -134,15 +165,34 @@ def _run_bench(args) -> int:
 
     import torch
 
-    from . import storage
-    from .bench import bench_attention, format_rows
+    from . import bench, storage
+    from .checks import choice, positive_int
 
     _require_device(args.device)
-    rows = bench_attention(args.device, getattr(torch, args.dtype), args.lengths, repeats=args.repeats)
-    print(format_rows(rows))
+    tables = [choice("--tables", name.strip(), list(bench.TABLES)) for name in args.tables.split(",") if name.strip()]
+    positive_int("--rounds", args.rounds, minimum=2)
+    if len(args.rope_shape) != 4 or args.rope_shape[-1] % 2:
+        raise ValueError(f"--rope-shape must be B,H,T,Dh with an even Dh, got {args.rope_shape}")
+    dtype = getattr(torch, args.dtype)
+    run = {
+        "attention": lambda: bench.bench_attention(args.device, dtype, args.lengths, rounds=args.rounds),
+        "training": lambda: bench.bench_training_step(args.device, args.train_shapes, rounds=args.rounds)
+        + (bench.bench_training_step(args.device, args.train_shapes, rounds=args.rounds, compile=True)
+           if args.compile else []),
+        "rope": lambda: bench.bench_rope_apply(args.device, dtype, args.rope_shape, rounds=args.rounds),
+        "memory": lambda: bench.bench_activation_memory(args.device, args.train_shapes),
+    }
+    results = {}
+    for name in tables:
+        results[name] = run[name]()
+        print(bench.plain(name, results[name]) + "\n", flush=True)
+    meta = {"device": args.device, "dtype": args.dtype, "torch": torch.__version__, "machine": platform.machine(),
+            "threads": torch.get_num_threads()}
     if args.json:
-        storage.write_json(args.json, {"device": args.device, "dtype": args.dtype, "torch": torch.__version__,
-                                       "machine": platform.machine(), "rows": rows})
+        storage.write_json(args.json, {**meta, "tables": results})
+    if args.markdown:
+        text = f"Measured with torch {meta['torch']} on {meta['device']} ({meta['threads']} threads), {args.dtype}.\n\n"
+        storage.write_text(args.markdown, text + "\n".join(bench.markdown(n, rows) for n, rows in results.items()))
     return 0
 
 

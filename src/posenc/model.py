@@ -105,12 +105,17 @@ class Block(nn.Module):
         """
         batch, length, _ = x.shape
         heads, head_dim = self.config.num_heads, self.config.head_dim
-        q, k, v = self.qkv(self.attn_norm(x)).view(batch, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
+        qkv = self.qkv(self.attn_norm(x)).view(batch, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]  # (B, H, T, Dh) views of this block's own projection
         if cache is not None:
             k, v = cache.extend(layer, k, v)  # (B, H, T_cached + T, Dh)
         if maps is not None:
             maps.append(attention_weights(q, k, at))
-        y = attention(q, k, v, at, backend=self.config.backend)
+        # Without a cache the block owns q and k, so RoPE rotates them inside the projection's
+        # storage: what SDPA keeps for backward is then that storage, not two new tensors.
+        # A cache keeps keys unrotated, so then the rotation writes new tensors.
+        q, k = at.rotate(q, k, in_place=cache is None)
+        y = attention(q, k, v, at.after_rotation(), backend=self.config.backend)
         x = x + self.attn_out(y.transpose(1, 2).reshape(batch, length, -1))
         return x + self.mlp(self.mlp_norm(x))
 

@@ -56,11 +56,14 @@ def train(
     rank: int = 0,
     world_size: int = 1,
     label: str = "train",
+    compile: bool = False,
 ) -> dict:
     """Train ``model`` in place on random windows of ``data``; resume from ``checkpoint`` if present.
 
     Every rank draws the same global batch (same seeded generator) and trains on its
     rows ``rank::world_size``, so N processes follow the same data order as one.
+    With ``compile`` the forward pass runs under ``torch.compile(fullgraph=True)``
+    (same weights and checkpoints; the first steps pay the compilation).
     Returns metrics: final loss, steps, tokens/s, wall time.
     """
     if config.batch_size % world_size:
@@ -77,6 +80,8 @@ def train(
         start, losses, elapsed = int(state["step"]), list(state["losses"]), float(state["elapsed"])
     ddp = world_size > 1
     trained = nn.parallel.DistributedDataParallel(model) if ddp else model
+    if compile:
+        trained = torch.compile(trained, fullgraph=not ddp)  # DDP's bucketing hooks split the graph
     model.train()
     bar = tqdm(total=config.steps, initial=start, desc=label, disable=rank != 0, mininterval=1.0, dynamic_ncols=True)
     began = time.perf_counter() - elapsed

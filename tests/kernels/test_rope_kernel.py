@@ -88,3 +88,24 @@ def test_backward_saves_only_cos_and_sin():
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         rotate_pairs(x, cos, sin).sum()
     assert saved == [(1, 1, 32, 8), (1, 1, 32, 8)]
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_in_place_rotation_of_a_projection_slice_has_the_same_gradients(layout):
+    """A model rotates the q/k slices of its own qkv projection in place; gradients reach the
+    projection's weight exactly as through the out-of-place rotation."""
+    from posenc.kernels import rotate_pairs_
+
+    weight = torch.randn(16, 3 * 8, dtype=torch.float64, requires_grad=True)
+    hidden = torch.randn(2, 5, 16, dtype=torch.float64)
+    cos, sin, _ = tables(torch.arange(5)[None], 3)
+
+    def loss(rotate):
+        qkv = (hidden @ weight).view(2, 5, 3, 1, 8).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        q, k = rotate(q, cos, sin, layout), rotate(k, cos, sin, layout)
+        return (q * k * v).sum() + (q**2).sum()
+
+    (in_place,) = torch.autograd.grad(loss(rotate_pairs_), weight)
+    (fresh,) = torch.autograd.grad(loss(rotate_pairs), weight)
+    torch.testing.assert_close(in_place, fresh, rtol=1e-12, atol=1e-12)

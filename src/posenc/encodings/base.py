@@ -47,7 +47,14 @@ class PositionedEncoding:
                  contiguous: bool = False):
         self.encoding, self.q_pos, self.k_pos = encoding, q_pos, k_pos
         self.seq_len, self.contiguous = seq_len, contiguous
+        self.rotated = False  # True: q and k were already rotated by the caller
         self._memo: dict = {}
+
+    def after_rotation(self) -> PositionedEncoding:
+        """The same positions and tables, for q and k that ``rotate`` has already turned."""
+        done = PositionedEncoding(self.encoding, self.q_pos, self.k_pos, self.seq_len, self.contiguous)
+        done.rotated, done._memo = True, self._memo
+        return done
 
     def memo(self, key: tuple, build):
         """``build()`` once per key for the lifetime of this object."""
@@ -60,8 +67,11 @@ class PositionedEncoding:
             self.seq_len = int(max(self.q_pos.max(), self.k_pos.max())) + 1
         return self.seq_len
 
-    def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        return self.encoding.rotate_positioned(self, q, k)
+    def rotate(self, q: Tensor, k: Tensor, in_place: bool = False) -> tuple[Tensor, Tensor]:
+        """The q/k door. ``in_place``: the caller owns q and k and lets them be overwritten."""
+        if self.rotated:
+            return q, k
+        return self.encoding.rotate_positioned(self, q, k, in_place)
 
     def score_bias(self, dtype: torch.dtype) -> Tensor:
         return self.memo(("bias", dtype), lambda: self.encoding.score_bias(self.q_pos, self.k_pos, dtype))
@@ -102,8 +112,10 @@ class PositionalEncoding(nn.Module):
         """q/k door. q: (B, H, Tq, Dh), k: (B, H, Tk, Dh). Returns both, same shapes."""
         return q, k
 
-    def rotate_positioned(self, at: PositionedEncoding, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        """The q/k door with the positions' tables memoized in ``at``; same result as ``rotate``."""
+    def rotate_positioned(self, at: PositionedEncoding, q: Tensor, k: Tensor, in_place: bool = False
+                          ) -> tuple[Tensor, Tensor]:
+        """The q/k door with the positions' tables memoized in ``at``; same result as ``rotate``.
+        ``in_place``: q and k may be overwritten (use the returned tensors either way)."""
         return self.rotate(q, k, at.q_pos, at.k_pos)
 
     def bias_at(self, offset: Tensor, head: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:

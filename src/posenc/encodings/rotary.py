@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from .. import checks
-from ..kernels import rope_angles, rope_cos_sin, rotate_pairs
+from ..kernels import rope_angles, rope_cos_sin, rotate_pairs, rotate_pairs_
 from .base import PositionalEncoding, PositionedEncoding
 from .scaling import SCALINGS, normalize_scaling, rope_frequencies
 
@@ -76,10 +76,12 @@ class RoPE(PositionalEncoding):
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         return self.rotate_positioned(self.at(q_pos, k_pos), q, k)
 
-    def rotate_positioned(self, at: PositionedEncoding, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+    def rotate_positioned(self, at: PositionedEncoding, q: Tensor, k: Tensor, in_place: bool = False
+                          ) -> tuple[Tensor, Tensor]:
         compute = torch.float64 if q.dtype == torch.float64 else torch.float32
         q_cos, q_sin, k_cos, k_sin = at.memo(("rope", compute), lambda: self._cos_sin(at, compute))
-        return rotate_pairs(q, q_cos, q_sin, self.layout), rotate_pairs(k, k_cos, k_sin, self.layout)
+        rotate = rotate_pairs_ if in_place else rotate_pairs
+        return rotate(q, q_cos, q_sin, self.layout), rotate(k, k_cos, k_sin, self.layout)
 
     def _cos_sin(self, at: PositionedEncoding, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """cos, sin for queries then keys, each (B or 1, 1, T, F); one set when they share positions."""

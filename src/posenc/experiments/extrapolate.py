@@ -66,6 +66,7 @@ class ExperimentConfig:
     device: str = "auto"
     text: str | None = None
     checkpoint_every: int = 100
+    compile: bool = False  # torch.compile the training forward pass; speed only, not a training field
 
     @classmethod
     def from_preset(cls, preset: str, **overrides) -> "ExperimentConfig":
@@ -229,7 +230,7 @@ def _train_one(config, rows, trained, seed, corpus, out, runtime, log) -> dict:
                                lr=config.lr, warmup=config.warmup, checkpoint_every=config.checkpoint_every, seed=seed)
     metrics = train(model, corpus.train, train_config, checkpoint=folder / "last.pt", device=runtime.device,
                     autocast_dtype=runtime.autocast_dtype, rank=runtime.rank, world_size=runtime.world_size,
-                    label=f"train {trained} (seed {seed})")
+                    label=f"train {trained} (seed {seed})", compile=config.compile)
     metrics["parameters"] = model.parameter_counts()
     if runtime.rank == 0:
         storage.save_weights(folder / "model.safetensors", model.state_dict())

@@ -4,6 +4,6 @@ Each kernel here has a plain formula elsewhere in the package that it must equal
 (tests compare them in float64, gradients included).
 """
 
-from .rope import rope_angles, rope_cos_sin, rotate_pairs
+from .rope import rope_angles, rope_cos_sin, rotate_pairs, rotate_pairs_
 
-__all__ = ["rope_angles", "rope_cos_sin", "rotate_pairs"]
+__all__ = ["rope_angles", "rope_cos_sin", "rotate_pairs", "rotate_pairs_"]

@@ -96,6 +96,43 @@ class _RotatePairs(torch.autograd.Function):
         return _rotate(grad, cos, -sin, ctx.layout), None, None, None
 
 
+class _RotatePairsInPlace(torch.autograd.Function):
+    @staticmethod
+    def forward(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
+        x1, x2 = _pairs(x, cos.shape[-1], layout)
+        first = x1.to(cos.dtype)  # a copy of one member: the only temporary
+        y1 = first * cos
+        y1.addcmul_(x2.to(cos.dtype), sin, value=-1.0)
+        x2.copy_(x2.to(cos.dtype) * cos + first * sin)
+        x1.copy_(y1)
+        return x
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        x, cos, sin, layout = inputs
+        ctx.mark_dirty(x)
+        ctx.save_for_backward(cos, sin)
+        ctx.layout = layout
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        cos, sin = ctx.saved_tensors
+        return _rotate(grad, cos, -sin, ctx.layout), None, None, None
+
+
+def rotate_pairs_(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "half") -> Tensor:
+    """``rotate_pairs`` written into x itself; returns x.
+
+    For a caller that owns x (a model rotating the q/k slices of its own qkv projection):
+    no output is allocated, and whatever keeps q and k for the backward pass (SDPA does)
+    keeps the projection's storage rather than two new tensors. Under ``torch.compile``
+    it returns a new tensor instead (inductor plans the memory itself): use the result.
+    """
+    if torch.compiler.is_compiling():
+        return rotate_pairs(x, cos, sin, layout)
+    return _RotatePairsInPlace.apply(x, cos, sin, layout)
+
+
 def rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "half") -> Tensor:
     """Rotate the first 2F channels of x by the angles behind (cos, sin).
 

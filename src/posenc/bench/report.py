@@ -1,0 +1,46 @@
+"""Columns of each bench table, as a plain-text table for the terminal and Markdown for files."""
+
+from __future__ import annotations
+
+
+def _ratio(row: dict) -> str:
+    if "ratio_low" not in row:
+        return f"{row['ratio']:.2f}"
+    return f"{row['ratio']:.2f} ({row['ratio_low']:.2f}–{row['ratio_high']:.2f})"
+
+
+# table name -> (title, [(column header, cell function)])
+TABLES = {
+    "attention": ("attention() time / eager", [
+        ("encoding", lambda r: r["encoding"]), ("backend", lambda r: r["backend"]), ("T", lambda r: str(r["length"])),
+        ("ms", lambda r: f"{r['ms']:.2f}"), ("time / eager (quartiles)", _ratio)]),
+    "training": ("training-step time / NoPE", [
+        ("encoding", lambda r: r["encoding"]), ("L", lambda r: str(r["length"])), ("B", lambda r: str(r["batch"])),
+        ("compiled", lambda r: "yes" if r["compiled"] else "no"), ("ms", lambda r: f"{r['ms']:.1f}"),
+        ("time / NoPE (quartiles)", _ratio)]),
+    "rope": ("RoPE apply on q and k / copy_ of the same bytes", [
+        ("contender", lambda r: r["contender"]), ("shape", lambda r: "×".join(map(str, r["shape"]))),
+        ("ms", lambda r: f"{r['ms']:.2f}"), ("time / copy_ (quartiles)", _ratio)]),
+    "memory": ("training-step activation memory / NoPE", [
+        ("encoding", lambda r: r["encoding"]), ("L", lambda r: str(r["length"])), ("B", lambda r: str(r["batch"])),
+        ("MiB saved for backward", lambda r: f"{r['mib']:.1f}"), ("/ NoPE", lambda r: f"{r['ratio']:.3f}")]),
+}
+
+
+def _cells(table: str, rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    columns = TABLES[table][1]
+    return [name for name, _ in columns], [[cell(row) for _, cell in columns] for row in rows]
+
+
+def plain(table: str, rows: list[dict]) -> str:
+    header, body = _cells(table, rows)
+    widths = [max(len(line[i]) for line in [header] + body) for i in range(len(header))]
+    lines = [TABLES[table][0], "  ".join(h.ljust(w) for h, w in zip(header, widths)),
+             "  ".join("-" * w for w in widths)]
+    return "\n".join(lines + ["  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in body])
+
+
+def markdown(table: str, rows: list[dict]) -> str:
+    header, body = _cells(table, rows)
+    lines = [f"### {TABLES[table][0]}", "", "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(line) + " |" for line in body]) + "\n"

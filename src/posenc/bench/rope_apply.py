@@ -1,0 +1,62 @@
+"""RoPE apply vs ``copy_`` of the same bytes, beside other libraries' RoPE, in one run.
+
+A rotation reads q and k once and writes them once: the bytes of one copy. So the
+baseline is ``copy_`` into existing tensors (the physical floor), and ``clone`` (the
+same copy into freshly allocated memory, as any out-of-place op must) shows what the
+allocation alone costs on this machine. Every contender gets its cos/sin (or
+frequencies) precomputed where its API allows, and rotates q and k of one shape.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Callable
+
+import torch
+
+from ..encodings.scaling import rope_frequencies
+from ..kernels import rope_cos_sin, rotate_pairs
+from .timing import round_robin
+
+
+def _peers(q: torch.Tensor, k: torch.Tensor) -> dict[str, Callable[[], object]]:
+    """Other implementations, each called as its documentation shows, when installed."""
+    head_dim, length = q.shape[-1], q.shape[-2]
+    peers = {}
+    if importlib.util.find_spec("transformers"):
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as llama_apply
+
+        angles = torch.arange(length, device=q.device, dtype=torch.float32)[:, None] * rope_frequencies(head_dim)[0].to(q.device)
+        emb = torch.cat((angles, angles), dim=-1)[None]  # (1, T, Dh), as LlamaRotaryEmbedding returns
+        cos, sin = emb.cos().to(q.dtype), emb.sin().to(q.dtype)
+        peers["transformers (Llama formula)"] = lambda: llama_apply(q, k, cos, sin)
+    if importlib.util.find_spec("rotary_embedding_torch"):
+        from rotary_embedding_torch import RotaryEmbedding
+
+        rotary = RotaryEmbedding(dim=head_dim).to(q.device)
+        peers["rotary-embedding-torch"] = lambda: (rotary.rotate_queries_or_keys(q), rotary.rotate_queries_or_keys(k))
+    if importlib.util.find_spec("x_transformers"):
+        from x_transformers.x_transformers import RotaryEmbedding as XRotary
+        from x_transformers.x_transformers import apply_rotary_pos_emb as x_apply
+
+        freqs, _ = XRotary(head_dim).to(q.device).forward_from_seq_len(length)  # (1, T, Dh)
+        peers["x-transformers"] = lambda: (x_apply(q, freqs), x_apply(k, freqs))
+    return peers
+
+
+@torch.no_grad()
+def bench_rope_apply(device: str = "cpu", dtype: torch.dtype = torch.float32, shape=(4, 16, 2048, 64),
+                     rounds: int = 9) -> list[dict]:
+    """Rows {contender, shape, ms, ratio (to copy_), ratio_low, ratio_high} for q and k of ``shape``."""
+    device = torch.device(device)
+    q, k = (torch.randn(*shape, device=device, dtype=dtype) for _ in range(2))
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    cos, sin = rope_cos_sin(torch.arange(shape[-2], device=device)[None], rope_frequencies(shape[-1])[0])
+    contenders = {
+        "copy_ (baseline)": lambda: (q_out.copy_(q), k_out.copy_(k)),
+        "clone (copy into new memory)": lambda: (q.clone(), k.clone()),
+        "posenc rotate_pairs": lambda: (rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)),
+        **_peers(q, k),
+    }
+    timed = round_robin(contenders, baseline="copy_ (baseline)", rounds=rounds, device=device)
+    return [{"contender": name, "shape": list(shape), **numbers} for name, numbers in timed.items()]

@@ -1,0 +1,79 @@
+"""Training-step time and activation memory per encoding, as ratios to NoPE in the same run.
+
+The model is the default preset's (dim 128, 4 layers, 4 heads); a step is forward,
+cross-entropy, backward and an AdamW update on one fixed batch of random bytes.
+Activation memory is counted exactly rather than sampled: the bytes of every tensor
+autograd saves for the backward pass (each storage once, parameters excluded).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..model import LanguageModel, ModelConfig
+from .timing import round_robin
+
+ENCODINGS = ("none", "sinusoidal", "learned", "rope", "alibi", "t5", "shaw", "transformer_xl")
+
+
+def _model(encoding: str, length: int, device: torch.device) -> LanguageModel:
+    return LanguageModel(ModelConfig(encoding=encoding, max_positions=length)).to(device)
+
+
+def _loss(model, tokens: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
+
+
+def bench_training_step(device: str = "cpu", shapes=((64, 32), (512, 8)), encodings=ENCODINGS, rounds: int = 7,
+                        compile: bool = False) -> list[dict]:
+    """Rows {encoding, length, batch, ms, ratio (to none), ratio_low, ratio_high} per (length, batch)."""
+    device = torch.device(device)
+    rows = []
+    for length, batch in shapes:
+        tokens = torch.randint(0, 256, (batch, length + 1), device=device)
+        contenders = {}
+        for name in encodings:
+            model = _model(name, length, device)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            forward = torch.compile(model, fullgraph=True) if compile else model
+
+            def step(forward=forward, optimizer=optimizer):
+                optimizer.zero_grad(set_to_none=True)
+                _loss(forward, tokens).backward()
+                optimizer.step()
+
+            contenders[name] = step
+        timed = round_robin(contenders, baseline="none", rounds=rounds, device=device, warmup=2)
+        rows += [{"encoding": name, "length": length, "batch": batch, "compiled": compile, **numbers}
+                 for name, numbers in timed.items()]
+    return rows
+
+
+def saved_activation_bytes(model: torch.nn.Module, tokens: torch.Tensor) -> int:
+    """Bytes autograd keeps for the backward pass of one loss, each storage once, parameters excluded."""
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = _loss(model, tokens)
+    del loss
+    return sum(storages.values())
+
+
+def bench_activation_memory(device: str = "cpu", shapes=((64, 32), (512, 8)), encodings=ENCODINGS) -> list[dict]:
+    """Rows {encoding, length, batch, mib, ratio (to none)}: activation memory of one training step."""
+    device = torch.device(device)
+    rows = []
+    for length, batch in shapes:
+        tokens = torch.randint(0, 256, (batch, length + 1), device=device)
+        measured = {name: saved_activation_bytes(_model(name, length, device), tokens) for name in encodings}
+        rows += [{"encoding": name, "length": length, "batch": batch, "mib": size / 2**20,
+                  "ratio": size / measured["none"]} for name, size in measured.items()]
+    return rows
