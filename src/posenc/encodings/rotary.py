@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from .. import checks
-from ..kernels import rope_angles, rope_cos_sin, rotate_pairs, rotate_pairs_
+from ..kernels import rope_angles, rope_cos_sin, rope_qk_triton, rotate_pairs, rotate_pairs_, triton_available
 from .base import PositionalEncoding, PositionedEncoding
 from .scaling import SCALINGS, normalize_scaling, rope_frequencies
 
@@ -80,6 +80,8 @@ class RoPE(PositionalEncoding):
                           ) -> tuple[Tensor, Tensor]:
         compute = torch.float64 if q.dtype == torch.float64 else torch.float32
         q_cos, q_sin, k_cos, k_sin = at.memo(("rope", compute), lambda: self._cos_sin(at, compute))
+        if q.is_cuda and not in_place and not torch.compiler.is_compiling() and triton_available():
+            return rope_qk_triton(q, k, q_cos, q_sin, k_cos, k_sin, self.layout)  # q and k in one launch
         rotate = rotate_pairs_ if in_place else rotate_pairs
         return rotate(q, q_cos, q_sin, self.layout), rotate(k, k_cos, k_sin, self.layout)
 
