@@ -23,7 +23,6 @@ import torch
 from torch import Tensor, nn
 
 from .. import checks
-from .absolute import sinusoid
 from .base import PositionalEncoding
 
 
@@ -173,11 +172,16 @@ class TransformerXL(PositionalEncoding):
     """Transformer-XL relative attention terms (b), (c), (d) of the paper's eq. (3).
 
     logits_ij += (q_i + v) · W_R r_{i-j} + u · k_j, with r the sinusoid of the offset
-    i - j (width H·Dh), and u, v learned per head. The paper's "relative shift" is a
-    gather here: queries meet the W_R r of each distinct offset once (Tq × N, N the
-    number of distinct offsets), then each pair picks its offset's column. The gather
-    is exact for any explicit positions (KV cache, packed documents), where the
-    pad-and-reshape trick assumes contiguous ones.
+    i - j (width R = H·Dh, rounded up to even), and u, v learned per head.
+
+    The paper's "relative shift" is replaced by the angle-addition identities
+    sin((i−j)ω) = sin iω cos jω − cos iω sin jω and cos((i−j)ω) = cos iω cos jω + sin iω sin jω:
+    with y_i = W_Rᵀ(q_i + v) split into its sin and cos coefficients (y^s, y^c),
+        (q_i + v) · W_R r_{i−j} = Q_i · K_j,
+        Q_i = [y^s sin iω + y^c cos iω, y^c sin iω − y^s cos iω],  K_j = [cos jω, sin jω],
+    one (Tq × R)·(R × Tk) product. It is exact for any explicit positions (KV cache, packed
+    documents), builds no per-offset table and reads no position values, so it has static
+    shapes under ``torch.compile``. Angles are formed in float64 from int64 positions.
     """
 
     has_relative_logits = True
@@ -193,15 +197,18 @@ class TransformerXL(PositionalEncoding):
         self.position_bias = nn.Parameter(torch.randn(num_heads, head_dim) * 0.02)  # v: (H, Dh)
 
     def relative_logits(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        offset = q_pos[:, :, None] - k_pos[:, None, :]  # (B, Tq, Tk)
-        lowest = int(offset.min())
-        distinct = torch.arange(lowest, int(offset.max()) + 1, device=q.device)  # (N,)
-        r = sinusoid(distinct.to(torch.float64), self.r_width, self.base).to(self.position_proj.weight.dtype)
-        projected = self.position_proj(r).view(-1, self.num_heads, self.head_dim).to(q.dtype)  # (N, H, Dh)
+        exponent = torch.arange(0, self.r_width, 2, dtype=torch.float64, device=q.device) / self.r_width
+        inv_freq = self.base**-exponent  # (R/2,), the frequencies of ``sinusoid``
+        q_angles = (q_pos.to(torch.float64)[..., None] * inv_freq).unsqueeze(1)  # (B or 1, 1, Tq, R/2)
+        k_angles = (k_pos.to(torch.float64)[..., None] * inv_freq).unsqueeze(1)  # (B or 1, 1, Tk, R/2)
+        q_sin, q_cos = q_angles.sin().to(q.dtype), q_angles.cos().to(q.dtype)
+        weight = self.position_proj.weight.to(q.dtype).view(self.num_heads, self.head_dim, self.r_width)
         query_side = q + self.position_bias.to(q.dtype)[None, :, None, :]  # (B, H, Tq, Dh)
-        per_offset = torch.einsum("bhqd,nhd->bhqn", query_side, projected)  # (B, H, Tq, N)
-        index = (offset - lowest).unsqueeze(1).expand(q.shape[0], q.shape[1], -1, -1)  # (B, H, Tq, Tk)
-        position_terms = per_offset.gather(-1, index)  # (B, H, Tq, Tk)
+        y = torch.einsum("bhqd,hdr->bhqr", query_side, weight)  # (B, H, Tq, R): W_Rᵀ (q + v)
+        y_sin, y_cos = y[..., 0::2], y[..., 1::2]  # coefficients of sin and cos channels of r
+        query_terms = torch.cat((y_sin * q_sin + y_cos * q_cos, y_cos * q_sin - y_sin * q_cos), dim=-1)  # (B, H, Tq, R)
+        key_terms = torch.cat((k_angles.cos(), k_angles.sin()), dim=-1).to(q.dtype)  # (B or 1, 1, Tk, R)
+        position_terms = query_terms @ key_terms.transpose(-1, -2)  # (B, H, Tq, Tk)
         content_terms = torch.einsum("hd,bhkd->bhk", self.content_bias.to(q.dtype), k)  # (B, H, Tk)
         return position_terms + content_terms[:, :, None, :]
 

@@ -100,11 +100,12 @@ class _RotatePairsInPlace(torch.autograd.Function):
     @staticmethod
     def forward(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
         x1, x2 = _pairs(x, cos.shape[-1], layout)
-        first = x1.to(cos.dtype)  # a copy of one member: the only temporary
-        y1 = first * cos
-        y1.addcmul_(x2.to(cos.dtype), sin, value=-1.0)
-        x2.copy_(x2.to(cos.dtype) * cos + first * sin)
+        y1 = x1 * cos  # (B, H, T, F) temporaries in the math dtype, one per pair member
+        y1.addcmul_(x2, sin, value=-1.0)
+        y2 = x2 * cos
+        y2.addcmul_(x1, sin)
         x1.copy_(y1)
+        x2.copy_(y2)
         return x
 
     @staticmethod
