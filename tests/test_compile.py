@@ -63,3 +63,19 @@ def test_fullgraph_kv_cache_decoding_equals_eager_full_pass(encoding):
 
 def test_inductor_training_step_equals_eager():
     check_training_step(tiny_model("rope"), "inductor")
+
+
+def test_training_loop_with_compile_reaches_the_eager_weights(tmp_path):
+    """``train(compile=True)`` (what ``posenc extrapolate --compile`` runs) follows the eager run."""
+    from posenc.train import TrainConfig, train
+
+    data = torch.randint(0, 256, (4096,), dtype=torch.uint8)
+    config = TrainConfig(steps=3, batch_size=4, length=16, lr=1e-3, warmup=1, checkpoint_every=3)
+    weights = {}
+    for compile in (False, True):
+        torch.manual_seed(0)
+        model = tiny_model("rope")
+        train(model, data, config, checkpoint=tmp_path / f"{compile}.pt", device=torch.device("cpu"), compile=compile)
+        weights[compile] = model.state_dict()
+    for name, value in weights[False].items():
+        torch.testing.assert_close(weights[True][name], value, rtol=1e-4, atol=1e-5)

@@ -81,6 +81,7 @@ def train(
     ddp = world_size > 1
     trained = nn.parallel.DistributedDataParallel(model) if ddp else model
     if compile:
+        torch._dynamo.reset()  # one model trains at a time: drop the graphs of earlier ones
         trained = torch.compile(trained, fullgraph=not ddp)  # DDP's bucketing hooks split the graph
     model.train()
     bar = tqdm(total=config.steps, initial=start, desc=label, disable=rank != 0, mininterval=1.0, dynamic_ncols=True)
