@@ -96,7 +96,9 @@ class _RotatePairs(torch.autograd.Function):
         return _rotate(grad, cos, -sin, ctx.layout), None, None, None
 
 
-class _RotatePairsInPlace(torch.autograd.Function):
+class _RotatePairsInPlace(_RotatePairs):
+    """The same rotation written into x; the backward pass is inherited."""
+
     @staticmethod
     def forward(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
         x1, x2 = _pairs(x, cos.shape[-1], layout)
@@ -110,15 +112,8 @@ class _RotatePairsInPlace(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
-        x, cos, sin, layout = inputs
-        ctx.mark_dirty(x)
-        ctx.save_for_backward(cos, sin)
-        ctx.layout = layout
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        cos, sin = ctx.saved_tensors
-        return _rotate(grad, cos, -sin, ctx.layout), None, None, None
+        _RotatePairs.setup_context(ctx, inputs, output)
+        ctx.mark_dirty(inputs[0])
 
 
 def rotate_pairs_(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "half") -> Tensor:
