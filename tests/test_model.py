@@ -8,11 +8,13 @@ ENCODINGS = {
     "transformer_xl": {},
     "rope_yarn": {"scaling": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 16}},
 }
+# Its frequencies depend on the context length, so decoding step t equals the full pass over t + 1 tokens only.
+DYNAMIC = {"scaling": {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 8}}
 
 
 def model(key, **overrides):
     name = key.split("_")[0] if key.startswith("rope") else key
-    config = ModelConfig(encoding=name, encoding_kwargs=ENCODINGS[key], dim=32, num_layers=2, num_heads=4,
+    config = ModelConfig(encoding=name, encoding_kwargs=DYNAMIC if key == "rope_dynamic" else ENCODINGS[key], dim=32, num_layers=2, num_heads=4,
                          max_positions=32, **overrides)
     return LanguageModel(config).double().eval()
 
@@ -28,6 +30,24 @@ def test_kv_cache_decoding_equals_full_forward(key):
         pieces += [lm(tokens[:, t : t + 1], cache=cache) for t in range(7, 20)]
     assert cache.length == 20
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("key, history_rotated_again", [("rope_yarn", False), ("rope_dynamic", True)])
+def test_a_decoding_step_rotates_only_its_new_key_unless_the_rotation_depends_on_length(key, history_rotated_again,
+                                                                                       monkeypatch):
+    """Cached keys are rotated once; only dynamic NTK/LongRoPE re-rotate the history (new frequencies)."""
+    from posenc.encodings import rotary
+
+    lm = model(key)
+    tokens = torch.randint(0, 256, (1, 12))
+    cache = KVCache(len(lm.blocks))
+    with torch.no_grad():
+        lm(tokens[:, :11], cache=cache)
+        table_lengths = []
+        original = rotary.rope_cos_sin
+        monkeypatch.setattr(rotary, "rope_cos_sin", lambda pos, *a: table_lengths.append(pos.shape[-1]) or original(pos, *a))
+        lm(tokens[:, 11:], cache=cache)
+    assert table_lengths == ([1, 12] if history_rotated_again else [1])  # once per step, shared by all layers
 
 
 def test_parameter_counts_differ_only_by_the_encodings_tables():

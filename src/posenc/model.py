@@ -59,8 +59,11 @@ class ModelConfig:
 class KVCache:
     """Keys and values of past tokens, per layer, with their positions.
 
-    Keys are stored *before* any rotation: the encoding rotates them at every call
-    from their explicit positions, so cached and fresh keys can never disagree.
+    Keys are stored rotated, once, at their own positions, so a decoding step rotates
+    only its new key and no cos/sin is recomputed for the history. When the rotation
+    depends on the context length (``encoding.length_dependent``: dynamic NTK, LongRoPE),
+    keys are stored unrotated instead and the whole history is rotated with the current
+    length's frequencies at every step, so step t equals the full pass over t + 1 tokens.
     """
 
     def __init__(self, num_layers: int):
@@ -107,15 +110,19 @@ class Block(nn.Module):
         heads, head_dim = self.config.num_heads, self.config.head_dim
         qkv = self.qkv(self.attn_norm(x)).view(batch, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]  # (B, H, T, Dh) views of this block's own projection
-        if cache is not None:
-            k, v = cache.extend(layer, k, v)  # (B, H, T_cached + T, Dh)
+        if cache is not None and at.encoding.length_dependent:
+            k, v = cache.extend(layer, k, v)  # unrotated history: (B, H, T_cached + T, Dh)
+            q, k = at.rotate(q, k)  # rotated with this step's frequencies
+        else:
+            # The block owns q and k, so they are rotated inside the projection's storage:
+            # what SDPA keeps for backward is then that storage, not two new tensors.
+            q, k = at.new_tokens().rotate(q, k, in_place=True)
+            if cache is not None:
+                k, v = cache.extend(layer, k, v)  # rotated keys, each rotated once: (B, H, T_cached + T, Dh)
+        done = at.after_rotation()
         if maps is not None:
-            maps.append(attention_weights(q, k, at))
-        # Without a cache the block owns q and k, so RoPE rotates them inside the projection's
-        # storage: what SDPA keeps for backward is then that storage, not two new tensors.
-        # A cache keeps keys unrotated, so then the rotation writes new tensors.
-        q, k = at.rotate(q, k, in_place=cache is None)
-        y = attention(q, k, v, at.after_rotation(), backend=self.config.backend)
+            maps.append(attention_weights(q, k, done))
+        y = attention(q, k, v, done, backend=self.config.backend)
         x = x + self.attn_out(y.transpose(1, 2).reshape(batch, length, -1))
         return x + self.mlp(self.mlp_norm(x))
 

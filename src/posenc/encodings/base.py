@@ -62,6 +62,12 @@ class PositionedEncoding:
             self._memo[key] = build()
         return self._memo[key]
 
+    def new_tokens(self) -> PositionedEncoding:
+        """The encoding at this pass's own tokens: the query positions for queries *and* keys,
+        for rotating fresh keys once before they join a cache. Memoized, so tables are shared."""
+        return self.memo(("new_tokens",), lambda: PositionedEncoding(
+            self.encoding, self.q_pos, self.q_pos, self.seq_len, self.contiguous))
+
     def context_length(self) -> int:
         if self.seq_len is None:
             self.seq_len = int(max(self.q_pos.max(), self.k_pos.max())) + 1
@@ -93,6 +99,9 @@ class PositionalEncoding(nn.Module):
     has_relative_values = False
     #: heads this encoding was built for; None when it works with any count.
     num_heads: int | None = None
+    #: the q/k rotation depends on the context length (dynamic NTK, LongRoPE), so a key
+    #: rotated at one step is wrong at the next: caches must keep keys unrotated.
+    length_dependent = False
 
     def embed(self, x: Tensor, positions: Tensor, seq_len: int | None = None) -> Tensor:
         """Input door. x: (B, T, D); positions: (B or 1, T). Returns (B, T, D).
