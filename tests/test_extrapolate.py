@@ -184,3 +184,27 @@ def test_ddp_smoke_run_with_two_cpu_processes(tmp_path):
     assert results["processes"] == 2
     assert {row["name"] for row in results["rows"]} == {"alibi", "rope"}
     assert all(math.isfinite(v) for row in results["rows"] for v in row["bits_per_byte"].values())
+
+
+def test_resume_of_a_folder_without_a_run_says_so(tmp_path, capsys):
+    empty = tmp_path / "typo"
+    empty.mkdir()
+    assert main(["extrapolate", "--preset", "smoke", "--out", str(empty), "--resume"]) == 2
+    assert f"{empty} holds no posenc extrapolate run" in capsys.readouterr().err
+    assert not (empty / "config.json").exists()
+
+
+def test_damaged_weights_name_the_file_and_the_way_out(tmp_path, capsys):
+    out = tmp_path / "r"
+    args = ["extrapolate", "--preset", "smoke", "--encodings", "alibi", "--steps", "3", "--out", str(out)]
+    assert main(args) == 0
+    weights = out / "checkpoints" / "alibi-seed0" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # truncated
+    for evaluation in (out / "evals").rglob("*.json"):
+        evaluation.unlink()  # so the resumed run must read the weights again
+    assert main(args + ["--resume"]) == 2
+    err = capsys.readouterr().err
+    assert str(weights) in err and "damaged or truncated" in err and "delete it and run again with --resume" in err
+    weights.unlink()  # the way out the message gives: the stage that wrote it is redone
+    assert main(args + ["--resume"]) == 0
+    assert weights.exists()

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import tempfile
 from pathlib import Path
 from typing import Callable
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 
@@ -50,8 +52,19 @@ def save_checkpoint(path: str | os.PathLike, state: dict) -> Path:
     return atomic_write(path, lambda temp: torch.save(state, temp))
 
 
+def _damaged(path: str | os.PathLike, error: Exception) -> ValueError:
+    return ValueError(f"{path} is damaged or truncated ({type(error).__name__}: {error}); delete it and run "
+                      "again with --resume: the stage that wrote it is redone")
+
+
 def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict:
-    return torch.load(path, map_location=device, weights_only=True)
+    """A state written by save_checkpoint; tensors only, never arbitrary pickled objects."""
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except FileNotFoundError:
+        raise
+    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as error:
+        raise _damaged(path, error) from None
 
 
 def save_weights(path: str | os.PathLike, state_dict: dict) -> Path:
@@ -60,4 +73,9 @@ def save_weights(path: str | os.PathLike, state_dict: dict) -> Path:
 
 
 def load_weights(path: str | os.PathLike) -> dict:
-    return load_file(str(path))
+    try:
+        return load_file(str(path))
+    except FileNotFoundError:
+        raise
+    except (SafetensorError, OSError, ValueError) as error:
+        raise _damaged(path, error) from None

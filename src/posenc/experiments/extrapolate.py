@@ -179,6 +179,9 @@ def prepare_run_dir(out: Path, config: ExperimentConfig, resume: bool) -> None:
         if changed:
             raise ValueError(f"--resume: {out} was trained with a different config (differs in {changed}); "
                              "only rows, seeds and evaluation settings may change")
+    elif resume:
+        raise ValueError(f"--resume: {out} holds no posenc extrapolate run (no config.json there); "
+                         f"start one with: posenc extrapolate --out {out}")
     else:
         storage.write_json(pinned, config.to_dict())
 
@@ -220,7 +223,7 @@ def run(config: ExperimentConfig, out: Path, *, resume: bool = False, log=print)
 def _train_one(config, rows, trained, seed, corpus, out, runtime, log) -> dict:
     folder = out / "checkpoints" / f"{trained}-seed{seed}"
     done = folder / "train.json"
-    if done.exists():
+    if done.exists() and (folder / "model.safetensors").exists():  # deleted weights: rebuilt from last.pt
         log(f"{trained} (seed {seed}): already trained, skipping")
         return storage.read_json(done)
     row = next(r for r in rows if r.trains == trained)
