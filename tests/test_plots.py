@@ -75,3 +75,22 @@ def test_plot_rejects_a_folder_without_checkpoints(tmp_path, capsys):
     (tmp_path / "config.json").write_text("{}")
     assert main(["plot", "--out", str(tmp_path / "f"), "--ckpt", str(tmp_path)]) == 2
     assert "no finished checkpoints" in capsys.readouterr().err
+
+
+def test_a_row_keeps_its_colour_in_every_figure():
+    """learned has no per-position losses past 1x, so the second figure leaves it out;
+    the rows after it must not shift to another colour."""
+    from posenc.plots import extrapolation_figure, position_loss_figure
+
+    rows = [{"name": name, "bits_per_byte": {"8": 2.0, "16": 2.5},
+             "position_bits": None if name == "learned" else {"bin_edges": [0, 8, 16], "bits": [2.0, 2.4]}}
+            for name in ("none", "learned", "alibi", "rope")]
+    results = {"rows": rows, "eval_lengths": [8, 16], "train_length": 8, "protocol": "non-overlapping windows"}
+
+    def colours(figure):
+        return {line.get_label(): line.get_color() for line in figure.axes[0].get_lines() if line.get_label()[0] != "_"}
+
+    first, second = colours(extrapolation_figure(results)), colours(position_loss_figure(results))
+    assert "learned" not in second
+    assert all(first[name] == colour for name, colour in second.items())
+    assert len(set(first.values())) == 4

@@ -20,18 +20,27 @@ def save_figure(figure: Figure, path: str | Path, dpi: int = 110) -> Path:
     return storage.atomic_write(path, lambda temp: figure.savefig(temp, dpi=dpi, format="png", bbox_inches="tight"))
 
 
+def row_colours(results: dict) -> dict[str, str]:
+    """One colour per row, fixed by the row's place in results: the same row has the same
+    colour in every figure, even one that leaves some rows out."""
+    names = [row["name"] for row in results["rows"]]
+    palette = matplotlib.colormaps["tab10" if len(names) <= 10 else "tab20"].colors
+    return {name: matplotlib.colors.to_hex(palette[i % len(palette)]) for i, name in enumerate(names)}
+
+
 def extrapolation_figure(results: dict) -> Figure:
     """Bits-per-byte vs eval length (log2 x), one line per row; the training length marked."""
     figure = Figure(figsize=(7.5, 4.8), layout="constrained")
     ax = figure.add_subplot()
     lengths = results["eval_lengths"]
+    colours = row_colours(results)
     for row in results["rows"]:
         points = [(length, row["bits_per_byte"][str(length)]) for length in lengths]
         points = [(x, y) for x, y in points if y is not None]
         if not points:
             continue
         style = "--" if "+" in row["name"] else "-"
-        ax.plot(*zip(*points), style, marker="o", label=row["name"])
+        ax.plot(*zip(*points), style, marker="o", label=row["name"], color=colours[row["name"]])
     ax.set_xscale("log", base=2)
     ax.set_xticks(lengths, [str(length) for length in lengths])
     ax.axvline(results["train_length"], color="grey", linewidth=0.8, linestyle=":")
@@ -56,6 +65,7 @@ def position_loss_figure(results: dict) -> Figure:
     """Loss vs position inside the longest eval windows: where each encoding breaks."""
     figure = Figure(figsize=(7.5, 4.8), layout="constrained")
     ax = figure.add_subplot()
+    colours = row_colours(results)
     for row in results["rows"]:
         position = row.get("position_bits")
         if not position:
@@ -63,7 +73,7 @@ def position_loss_figure(results: dict) -> Figure:
         edges = position["bin_edges"]
         centres = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:])]
         style = "--" if "+" in row["name"] else "-"
-        ax.plot(centres, position["bits"], style, label=row["name"])
+        ax.plot(centres, position["bits"], style, label=row["name"], color=colours[row["name"]])
     ax.axvline(results["train_length"], color="grey", linewidth=0.8, linestyle=":")
     longest = max(results["eval_lengths"])
     ax.set_xlabel(f"position inside a {longest}-byte window (dotted: training length)")
@@ -81,4 +91,4 @@ def position_loss_figure(results: dict) -> Figure:
     return figure
 
 
-__all__ = ["extrapolation_figure", "position_loss_figure", "save_figure"]
+__all__ = ["extrapolation_figure", "position_loss_figure", "row_colours", "save_figure"]
