@@ -165,7 +165,7 @@ def _run_bench(args) -> int:
 
     import torch
 
-    from . import bench, storage
+    from . import bench
     from .checks import choice, positive_int
 
     _require_device(args.device)
@@ -182,18 +182,24 @@ def _run_bench(args) -> int:
         "rope": lambda: bench.bench_rope_apply(args.device, dtype, args.rope_shape, rounds=args.rounds),
         "memory": lambda: bench.bench_activation_memory(args.device, args.train_shapes),
     }
+    meta = {"device": args.device, "dtype": args.dtype, "torch": torch.__version__, "machine": platform.machine(),
+            "threads": torch.get_num_threads()}
     results = {}
     for name in tables:
         results[name] = run[name]()
         print(bench.plain(name, results[name]) + "\n", flush=True)
-    meta = {"device": args.device, "dtype": args.dtype, "torch": torch.__version__, "machine": platform.machine(),
-            "threads": torch.get_num_threads()}
+        _write_bench_files(args, meta, results)  # after every table: an interrupted bench keeps what it measured
+    return 0
+
+
+def _write_bench_files(args, meta: dict, results: dict) -> None:
+    from . import bench, storage
+
     if args.json:
         storage.write_json(args.json, {**meta, "tables": results})
     if args.markdown:
         text = f"Measured with torch {meta['torch']} on {meta['device']} ({meta['threads']} threads), {args.dtype}.\n\n"
         storage.write_text(args.markdown, text + "\n".join(bench.markdown(n, rows) for n, rows in results.items()))
-    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,7 +24,8 @@ def bench_attention(device: str = "cpu", dtype: torch.dtype = torch.float32, len
             enc = build_for_model(name, sizes=sizes).to(device=device, dtype=dtype)
             contenders = {backend: (lambda b=backend: attention(q, k, v, enc, backend=b))
                           for backend in ("eager", "sdpa", "flex") if serves(backend, enc, q, k, v)}
-            timed = round_robin(contenders, baseline="eager", rounds=rounds, device=device)
+            timed = round_robin(contenders, baseline="eager", rounds=rounds, device=device,
+                                label=f"attention {name} T={length}")
             rows += [{"encoding": name, "backend": backend, "length": length, **numbers}
                      for backend, numbers in timed.items()]
     return rows

@@ -63,5 +63,5 @@ def bench_rope_apply(device: str = "cpu", dtype: torch.dtype = torch.float32, sh
         "posenc rotate_pairs_ (in place)": lambda: (rotate_pairs_(q, cos, sin), rotate_pairs_(k, cos, sin)),
         **_peers(q, k),
     }
-    timed = round_robin(contenders, baseline="copy_ (baseline)", rounds=rounds, device=device)
+    timed = round_robin(contenders, baseline="copy_ (baseline)", rounds=rounds, device=device, label="rope apply")
     return [{"contender": name, "shape": list(shape), **numbers} for name, numbers in timed.items()]

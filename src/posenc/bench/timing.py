@@ -13,6 +13,7 @@ import time
 from typing import Callable
 
 import torch
+from tqdm.auto import tqdm
 
 
 def _synchronize(device: torch.device) -> None:
@@ -21,7 +22,7 @@ def _synchronize(device: torch.device) -> None:
 
 
 def round_robin(contenders: dict[str, Callable[[], object]], *, baseline: str, rounds: int,
-                device: torch.device, warmup: int = 1) -> dict[str, dict]:
+                device: torch.device, warmup: int = 1, label: str = "rounds") -> dict[str, dict]:
     """Time every contender ``rounds`` times, interleaved.
 
     Returns {name: {"ms": median milliseconds, "ratio": median of per-round time / baseline's,
@@ -29,11 +30,11 @@ def round_robin(contenders: dict[str, Callable[[], object]], *, baseline: str, r
     """
     if baseline not in contenders:
         raise ValueError(f"baseline {baseline!r} is not one of the contenders {sorted(contenders)}")
-    for fn in contenders.values():
+    for fn in tqdm(contenders.values(), desc=f"{label}: warm-up", leave=False, mininterval=1.0, dynamic_ncols=True):
         for _ in range(warmup):
             fn()
     seconds: dict[str, list[float]] = {name: [] for name in contenders}
-    for _ in range(rounds):
+    for _ in tqdm(range(rounds), desc=label, leave=False, mininterval=1.0, dynamic_ncols=True):
         for name, fn in contenders.items():
             _synchronize(device)
             start = time.perf_counter()

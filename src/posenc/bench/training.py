@@ -51,7 +51,8 @@ def bench_training_step(device: str = "cpu", shapes=((64, 32), (512, 8)), encodi
                     optimizer.step()
 
                 contenders[name] = step
-            timed = round_robin(contenders, baseline="none", rounds=rounds, device=device, warmup=2)
+            timed = round_robin(contenders, baseline="none", rounds=rounds, device=device, warmup=2,
+                                label=f"training L={length} B={batch}{' compiled' if compile else ''}")
             rows += [{"encoding": name, "length": length, "batch": batch, "compiled": compile, **numbers}
                      for name, numbers in timed.items()]
     return rows
