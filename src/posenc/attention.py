@@ -171,7 +171,7 @@ def _weights(q, k, at: PositionedEncoding, causal, mask, scale) -> Tensor:
 
 def _eager(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) -> Tensor:
     dtype = q.dtype
-    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    compute = _math_dtype(q.dtype)
     q, k, v = q.to(compute), k.to(compute), v.to(compute)
     probs = _weights(q, k, at, causal, mask, scale)
     out = probs @ v  # (B, H, Tq, Dv)
@@ -197,7 +197,7 @@ def attention_weights(
     float32 (float64 for float64 inputs); rows sum to 1 (0 for a row with no allowed key).
     """
     at = _positioned(q, k, k, encoding, q_positions, k_positions, mask)
-    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    compute = _math_dtype(q.dtype)
     q, k = at.rotate(q.to(compute), k.to(compute))
     k = _repeat_kv_heads(k, q.shape[1])
     return _weights(q, k, at, causal, mask, q.shape[-1] ** -0.5 if scale is None else scale)
@@ -223,7 +223,7 @@ def _sdpa(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) ->
     if encoding.has_relative_logits:
         additive = scale * at.relative_logits(q, k)
         if encoding.has_bias:
-            additive = additive + at.score_bias(_math_dtype(q))
+            additive = additive + at.score_bias(_math_dtype(q.dtype))
         attn_mask = _masked(additive, _allowed(at.q_pos, at.k_pos, causal, mask)).to(q.dtype)
     elif mask is None:  # the usual case in a model: one mask for every layer
         attn_mask = at.memo(("sdpa_mask", causal, q.dtype), lambda: _static_mask(at, causal, q.dtype))
@@ -232,8 +232,9 @@ def _sdpa(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) ->
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale, **gqa)
 
 
-def _math_dtype(q: Tensor) -> torch.dtype:
-    return torch.float64 if q.dtype == torch.float64 else torch.float32
+def _math_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 for float64 inputs, float32 for every other dtype: biases and softmax never run in bf16."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _masked(additive: Tensor, allowed: Tensor | None) -> Tensor:
@@ -245,7 +246,7 @@ def _static_mask(at: PositionedEncoding, causal: bool, dtype: torch.dtype, mask:
     allowed = _allowed(at.q_pos, at.k_pos, causal, mask)
     if not at.encoding.has_bias:
         return allowed
-    return _masked(at.score_bias(torch.float64 if dtype == torch.float64 else torch.float32), allowed).to(dtype)
+    return _masked(at.score_bias(_math_dtype(dtype)), allowed).to(dtype)
 
 
 def _flex(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) -> Tensor:
@@ -286,10 +287,9 @@ def _offset_table(at: PositionedEncoding, heads: int, dtype: torch.dtype) -> tup
     lowest = int(at.q_pos.min() - at.k_pos.max())
     offsets = torch.arange(lowest, int(at.q_pos.max() - at.k_pos.min()) + 1, device=at.q_pos.device)  # (N,)
     heads_index = torch.arange(heads, device=at.q_pos.device)[:, None]  # (H, 1)
-    bias_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     # The table is in q's dtype: with bf16 inputs, torch 2.13's compiled CPU kernel
     # mis-computed a float32 table added to the score and cast back (errors ~2.5).
-    return lowest, at.encoding.bias_at(offsets[None, :], heads_index, bias_dtype).to(dtype)  # (H, N)
+    return lowest, at.encoding.bias_at(offsets[None, :], heads_index, _math_dtype(dtype)).to(dtype)  # (H, N)
 
 
 def _flex_compiles(q: Tensor) -> bool:
