@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .methods import method_scaling
+
 
 @dataclass(frozen=True)
 class Row:
@@ -20,14 +22,8 @@ class Row:
     eval_kwargs: Callable[[float, int], dict] = lambda factor, train_length: {}
 
 
-def _rope_scaling(rope_type: str, **extra) -> Callable[[float, int], dict]:
-    def kwargs(factor: float, train_length: int) -> dict:
-        scaling = {"rope_type": rope_type, "factor": float(factor), **extra}
-        if rope_type in ("dynamic", "yarn"):
-            scaling["original_max_position_embeddings"] = train_length
-        return {"scaling": scaling}
-
-    return kwargs
+def _rope_scaling(method: str) -> Callable[[float, int], dict]:
+    return lambda factor, train_length: {"scaling": method_scaling(method, factor, train_length)}
 
 
 ROWS: dict[str, Row] = {row.name: row for row in [
@@ -37,7 +33,7 @@ ROWS: dict[str, Row] = {row.name: row for row in [
     Row("learned+interpolate", "learned", eval_kwargs=lambda factor, train_length: {"beyond": "interpolate"}),
     Row("alibi", "alibi"),
     Row("rope", "rope"),
-    Row("rope+pi", "rope", eval_kwargs=_rope_scaling("linear")),
+    Row("rope+pi", "rope", eval_kwargs=_rope_scaling("pi")),
     Row("rope+ntk", "rope", eval_kwargs=_rope_scaling("ntk")),
     Row("rope+dynamic", "rope", eval_kwargs=_rope_scaling("dynamic")),
     Row("rope+yarn", "rope", eval_kwargs=_rope_scaling("yarn")),
