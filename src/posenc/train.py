@@ -57,6 +57,7 @@ def train(
     world_size: int = 1,
     label: str = "train",
     compile: bool = False,
+    until: int | None = None,
 ) -> dict:
     """Train ``model`` in place on random windows of ``data``; resume from ``checkpoint`` if present.
 
@@ -64,6 +65,8 @@ def train(
     rows ``rank::world_size``, so N processes follow the same data order as one.
     With ``compile`` the forward pass runs under ``torch.compile(fullgraph=True)``
     (same weights and checkpoints; the first steps pay the compilation).
+    With ``until`` it stops after that step, checkpointed, on the full run's learning-rate
+    schedule: a later call continues it (fine-tuning curves measure the model on the way).
     Returns metrics: final loss, steps, tokens/s, wall time.
     """
     if config.batch_size % world_size:
@@ -87,7 +90,8 @@ def train(
     bar = tqdm(total=config.steps, initial=start, desc=label, disable=rank != 0, mininterval=1.0, dynamic_ncols=True)
     began = time.perf_counter() - elapsed
     tokens_per_step = config.batch_size * config.length
-    for step in range(start, config.steps):
+    stop = config.steps if until is None else min(until, config.steps)
+    for step in range(start, stop):
         inputs, targets = train_batch(data, config.length, config.batch_size, generator)
         inputs, targets = inputs[rank::world_size].to(device), targets[rank::world_size].to(device)
         for group in optimizer.param_groups:
@@ -104,7 +108,7 @@ def train(
         bar.update(1)
         bar.set_postfix(loss=f"{losses[-1]:.3f}", tok_s=f"{(step + 1 - start) * tokens_per_step / max(wall - elapsed, 1e-9):,.0f}")
         done = step + 1
-        if rank == 0 and (done % config.checkpoint_every == 0 or done == config.steps):
+        if rank == 0 and (done % config.checkpoint_every == 0 or done == stop):
             storage.save_checkpoint(checkpoint, {
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "generator": generator.get_state(), "step": done, "losses": losses, "elapsed": wall,
@@ -114,9 +118,9 @@ def train(
     wall = time.perf_counter() - began
     tail = losses[-max(1, len(losses) // 20):]
     return {
-        "steps": config.steps,
+        "steps": stop,
         "final_loss": sum(tail) / len(tail),
         "final_bits_per_byte": sum(tail) / len(tail) / math.log(2),
         "wall_time_s": wall,
-        "tokens_per_s": config.steps * tokens_per_step / max(wall, 1e-9),
+        "tokens_per_s": stop * tokens_per_step / max(wall, 1e-9),
     }
