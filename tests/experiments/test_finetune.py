@@ -1,0 +1,95 @@
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from posenc import storage
+from posenc.experiments.finetune import curve_points, finetune
+from posenc.model import LanguageModel, ModelConfig
+from posenc.train import TrainConfig
+
+CONFIG = TrainConfig(steps=40, batch_size=4, length=32, lr=2e-3, warmup=4, checkpoint_every=7, seed=1)
+POINTS = [0, 5, 10, 20, 40]
+
+
+def pretrained() -> LanguageModel:
+    torch.manual_seed(0)
+    scaling = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 16}
+    return LanguageModel(ModelConfig(encoding="rope", encoding_kwargs={"scaling": scaling}, dim=32, num_layers=1,
+                                     num_heads=2, max_positions=16))
+
+
+def data() -> torch.Tensor:
+    return torch.randint(0, 256, (5000,), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+
+
+def probe(model) -> float:
+    """A fixed number that changes with every weight: the loss on fixed bytes."""
+    with torch.no_grad():
+        tokens = torch.arange(33)[None] % 256
+        return torch.nn.functional.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[0, 1:]).item()
+
+
+def test_curve_points_crowd_the_early_steps():
+    assert curve_points(80) == [0, 5, 10, 20, 40, 80]
+    assert curve_points(3) == [0, 1, 2, 3]
+    assert curve_points(1) == [0, 1]
+
+
+def test_finetune_records_the_curve_and_changes_the_model(tmp_path):
+    model = pretrained()
+    before = probe(model)
+    metrics = finetune(model, data(), CONFIG, tmp_path / "ft", points=POINTS, measure=probe)
+    assert list(metrics["curve"]) == [str(p) for p in POINTS]
+    assert metrics["curve"]["0"] == pytest.approx(before)
+    assert metrics["curve"]["40"] == pytest.approx(probe(model)) and probe(model) != before
+    assert not (tmp_path / "ft" / "last.pt").exists()
+    again = pretrained()  # a finished folder is loaded, not retrained
+    assert finetune(again, data(), CONFIG, tmp_path / "ft", points=POINTS, measure=probe) == metrics
+    assert probe(again) == pytest.approx(probe(model))
+
+
+KILLABLE = """
+import sys, time
+sys.path.insert(0, {root!r})
+from tests.experiments.test_finetune import CONFIG, POINTS, data, pretrained, probe
+from posenc.experiments.finetune import finetune
+def slow(model):
+    time.sleep(0.4)
+    return probe(model)
+finetune(pretrained(), data(), CONFIG, {folder!r}, points=POINTS, measure=slow)
+"""
+
+
+def test_sigkill_then_resume_gives_the_uninterrupted_weights(tmp_path):
+    reference = pretrained()
+    finetune(reference, data(), CONFIG, tmp_path / "reference", points=POINTS, measure=probe)
+
+    folder = tmp_path / "killed"
+    script = KILLABLE.format(root=str(Path(__file__).parents[2]), folder=str(folder))
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while time.time() < deadline and process.poll() is None:
+        curve = folder / "curve.json"
+        if curve.exists() and len(json.loads(curve.read_text())) >= 3:
+            break
+        time.sleep(0.01)
+    process.kill()
+    process.wait()
+    assert (folder / "last.pt").exists(), process.stderr.read().decode()[-2000:]
+    assert not (folder / "finetune.json").exists(), "finished before the kill"
+    resumed = pretrained()
+    metrics = finetune(resumed, data(), CONFIG, folder, points=POINTS, measure=probe)
+    want = storage.load_weights(tmp_path / "reference" / "model.safetensors")
+    for name, tensor in storage.load_weights(folder / "model.safetensors").items():
+        torch.testing.assert_close(tensor, want[name], rtol=0, atol=1e-4)
+    assert list(metrics["curve"]) == [str(p) for p in POINTS]
+
+
+def test_zero_steps_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="fine-tuning needs steps >= 1"):
+        finetune(pretrained(), data(), TrainConfig(steps=0, batch_size=2, length=8, lr=1e-3, warmup=0), tmp_path)
