@@ -63,6 +63,52 @@ def _run_extrapolate(args) -> int:
     return 0
 
 
+def _add_extend(commands) -> None:
+    from .experiments.extend import EXTEND_METHODS, PRESETS
+
+    p = commands.add_parser(
+        "extend", help="stretch a trained RoPE model to N× its length: zero-shot, fine-tuned, LongRoPE-searched",
+        description="Extend a RoPE model trained by posenc extrapolate (trained here when no --run is given) to "
+                    "--factor × its training length with each method, zero-shot and after a brief fine-tune at the "
+                    "target length, with ALiBi fine-tuned on the same extra tokens as the baseline; search LongRoPE "
+                    "factors and export them as rope_parameters.json.",
+    )
+    p.add_argument("--preset", default="default", choices=sorted(PRESETS), help="sizes (default: default)")
+    p.add_argument("--run", dest="run_dir", type=Path, help="a finished posenc extrapolate run whose RoPE (and ALiBi) checkpoints to use")
+    p.add_argument("--factor", type=float, help="target length / training length (default 8)")
+    p.add_argument("--methods", help=f"comma list of: {', '.join(EXTEND_METHODS)} (default pi,ntk,yarn,longrope)")
+    p.add_argument("--finetune-steps", type=int, help="fine-tuning steps at the target length (0: zero-shot only)")
+    p.add_argument("--finetune-batch", type=int, help="windows per fine-tuning step")
+    p.add_argument("--finetune-lr", type=float, help="fine-tuning peak learning rate")
+    p.add_argument("--search-population", type=int, help="LongRoPE search: candidates per generation (>= 4)")
+    p.add_argument("--search-generations", type=int, help="LongRoPE search: generations")
+    p.add_argument("--search-windows", type=int, help="LongRoPE search: validation windows scoring each candidate")
+    p.add_argument("--from-scratch", action="store_true", default=None,
+                   help="also train RoPE at the target length with the pretraining budget (the ceiling)")
+    p.add_argument("--eval-stride", type=int, help="sliding-window evaluation with this stride (default: non-overlapping)")
+    p.add_argument("--text", help="a text file or folder instead of the embedded stdlib corpus (without --run)")
+    p.add_argument("--out", type=Path, help="run directory (default: runs/extend-<timestamp>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished stages")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="auto: CUDA (bf16 autocast) when present")
+    p.set_defaults(run=_run_extend)
+
+
+def _run_extend(args) -> int:
+    from .experiments.extend import ExtendConfig, run
+
+    overrides = {k: getattr(args, k) for k in (
+        "factor", "methods", "finetune_steps", "finetune_batch", "finetune_lr", "search_population",
+        "search_generations", "search_windows", "from_scratch", "eval_stride")}
+    config = ExtendConfig.from_preset(args.preset, **overrides)
+    if args.resume and args.out is None:
+        raise ValueError("--resume needs --out: the run directory to continue")
+    if args.run_dir is not None and args.text is not None:
+        raise ValueError("--text trains new base models; with --run the run's own corpus is used")
+    out = args.out or Path("runs") / time.strftime("extend-%Y%m%d-%H%M%S")
+    run(config, out, run_dir=args.run_dir, text=args.text, device=args.device, resume=args.resume)
+    return 0
+
+
 _DTYPES = ("float32", "bfloat16", "float64")
 
 
@@ -206,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="posenc", description="Positional encodings for transformers.")
     commands = parser.add_subparsers(dest="command", required=True)
     _add_extrapolate(commands)
+    _add_extend(commands)
     _add_verify(commands)
     _add_plot(commands)
     _add_bench(commands)

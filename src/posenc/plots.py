@@ -23,7 +23,11 @@ def save_figure(figure: Figure, path: str | Path, dpi: int = 110) -> Path:
 def row_colours(results: dict) -> dict[str, str]:
     """One colour per row, fixed by the row's place in results: the same row has the same
     colour in every figure, even one that leaves some rows out."""
-    names = [row["name"] for row in results["rows"]]
+    return colours([row["name"] for row in results["rows"]])
+
+
+def colours(names: list[str]) -> dict[str, str]:
+    """A fixed colour per name, by its place in ``names``."""
     palette = matplotlib.colormaps["tab10" if len(names) <= 10 else "tab20"].colors
     return {name: matplotlib.colors.to_hex(palette[i % len(palette)]) for i, name in enumerate(names)}
 
@@ -91,4 +95,4 @@ def position_loss_figure(results: dict) -> Figure:
     return figure
 
 
-__all__ = ["extrapolation_figure", "position_loss_figure", "row_colours", "save_figure"]
+__all__ = ["colours", "extrapolation_figure", "position_loss_figure", "row_colours", "save_figure"]

@@ -1,0 +1,193 @@
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import posenc
+from posenc.cli import main
+
+ENV = {**os.environ, "POSENC_FLEX_COMPILE": "0", "OMP_NUM_THREADS": "1"}
+LENGTHS = ["16", "32", "64", "128"]
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("extend") / "run"
+    assert main(["extend", "--preset", "smoke", "--out", str(out)]) == 0
+    return out, json.loads((out / "results.json").read_text())
+
+
+def test_smoke_writes_every_file_row_and_column(smoke):
+    out, results = smoke
+    for name in ("results.json", "results.md", "extension.png", "finetune_curve.png", "longrope_factors.png",
+                 "rope_parameters.json", "search_log.json"):
+        assert (out / name).stat().st_size > 0, name
+    assert (out / "extension.png").read_bytes()[:4] == b"\x89PNG"
+    names = [row["name"] for row in results["rows"]]
+    assert names == ["rope", "rope+pi", "rope+ntk", "rope+yarn", "rope+longrope", "rope+pi fine-tuned",
+                     "rope+ntk fine-tuned", "rope+yarn fine-tuned", "rope+longrope fine-tuned", "alibi",
+                     "alibi fine-tuned"]
+    assert results["eval_lengths"] == [16, 32, 64, 128] and results["target_length"] == 128
+    for row in results["rows"]:
+        assert list(row["bits_per_byte"]) == LENGTHS
+        assert all(math.isfinite(v) and 0 < v < 9 for v in row["bits_per_byte"].values()), row["name"]
+    rows = {row["name"]: row for row in results["rows"]}
+    for method in ("rope+pi", "rope+ntk", "rope+yarn", "rope+longrope", "alibi"):
+        zero, tuned = rows[method]["bits_per_byte"], rows[f"{method} fine-tuned"]["bits_per_byte"]
+        assert all(abs(zero[n] - tuned[n]) > 1e-3 for n in LENGTHS), method
+        assert rows[f"{method} fine-tuned"]["extra_tokens"] == 8 * 4 * 128
+    assert set(results["curves"]) == {"pi", "ntk", "yarn", "longrope", "alibi"}
+    for method, curve in results["curves"].items():  # step 0 is the zero-shot model at the target length
+        name = "alibi" if method == "alibi" else f"rope+{method}"
+        assert curve["0"] == pytest.approx(rows[name]["bits_per_byte"]["128"], abs=1e-6)
+        assert curve["8"] == pytest.approx(rows[f"{name} fine-tuned"]["bits_per_byte"]["128"], abs=1e-6)
+    markdown = (out / "results.md").read_text()
+    assert "| rope+yarn fine-tuned | fine-tuned |" in markdown and "## LongRoPE search" in markdown
+    assert "## Wall time per stage" in markdown and "n̂" in markdown
+
+
+def test_exported_rope_parameters_load_in_posenc_and_transformers(smoke):
+    out, results = smoke
+    exported = json.loads((out / "rope_parameters.json").read_text())
+    params, metadata = exported["rope_parameters"], exported["metadata"]
+    assert params["rope_type"] == "longrope" and params["factor"] == 8.0
+    assert params["original_max_position_embeddings"] == 16 and len(params["long_factor"]) == 8
+    assert "no field in transformers' longrope format" in metadata["n_hat_note"]
+    assert params == results["rows"][4]["scaling"]
+    log = json.loads((out / "search_log.json").read_text())
+    assert params["long_factor"] == log["best"]["factors"]
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = LlamaConfig(hidden_size=32, num_attention_heads=2, max_position_embeddings=16, rope_parameters=params)
+    for seq_len in (8, 100):
+        theirs, their_factor = ROPE_INIT_FUNCTIONS["longrope"](config, None, seq_len=seq_len)
+        ours, our_factor = posenc.rope_frequencies(16, params, seq_len=seq_len)
+        assert torch.equal(ours, theirs) and our_factor == pytest.approx(their_factor)
+
+
+def test_search_summary_reports_n_hat_zero_beside_the_best(smoke):
+    out, results = smoke
+    longrope = results["longrope"]
+    assert longrope["loss_best_n_hat"] <= min(longrope["seed_losses"].values())
+    assert longrope["loss_n_hat_0"] >= longrope["loss_best_n_hat"] - 1e-9
+    assert list(longrope["seed_losses"]) == ["pi", "ntk", "yarn"]
+    assert all(b <= a for a, b in zip(longrope["best_loss_per_generation"], longrope["best_loss_per_generation"][1:]))
+    assert longrope["candidates_per_s"] > 0
+
+
+def test_extend_from_a_finished_run_reuses_its_checkpoints(smoke, tmp_path, capsys):
+    out, results = smoke
+    assert main(["extend", "--preset", "smoke", "--run", str(out / "base"), "--methods", "pi",
+                 "--finetune-steps", "0", "--out", str(tmp_path / "again")]) == 0
+    again = json.loads((tmp_path / "again" / "results.json").read_text())
+    assert [r["name"] for r in again["rows"]] == ["rope", "rope+pi", "alibi"]
+    assert again["rows"][1]["bits_per_byte"] == results["rows"][1]["bits_per_byte"]  # same weights, same bytes
+    assert "trained in" not in capsys.readouterr().out
+    assert not (tmp_path / "again" / "longrope_factors.png").exists()
+
+
+def test_a_run_without_rope_names_what_it_has(smoke, tmp_path, capsys):
+    out, _ = smoke
+    run = tmp_path / "alibi-only"
+    shutil.copytree(out / "base", run)
+    shutil.rmtree(run / "checkpoints" / "rope-seed0")
+    assert main(["extend", "--preset", "smoke", "--run", str(run), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "has no finished RoPE checkpoint" in err and "it has: alibi-seed0" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_damaged_checkpoint_in_the_run_is_named(smoke, tmp_path, capsys):
+    out, _ = smoke
+    run = tmp_path / "damaged"
+    shutil.copytree(out / "base", run)
+    weights = run / "checkpoints" / "rope-seed0" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:50])
+    assert main(["extend", "--preset", "smoke", "--run", str(run), "--methods", "pi", "--finetune-steps", "0",
+                 "--out", str(tmp_path / "o")]) == 2
+    assert f"{weights} is damaged or truncated" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--factor", "0.5"], "--factor must be a finite number >= 1, got 0.5"),
+    (["--factor", "nan"], "--factor must be a finite number >= 1, got nan"),
+    (["--factor", "2.03"], "is not a whole number of tokens"),
+    (["--methods", "pi,rerope"], "unknown methods ['rerope']"),
+    (["--finetune-steps", "-1"], "--finetune-steps must be an integer >= 0"),
+    (["--search-population", "3"], "--search-population must be an integer >= 4"),
+    (["--factor", "3"], "is not a whole number of windows of [48]"),
+    (["--factor", "16384"], "corpus too small"),
+])
+def test_bad_input_fails_before_anything_runs(tmp_path, capsys, args, message):
+    assert main(["extend", "--preset", "smoke", *args, "--out", str(tmp_path / "o")]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_not_a_number_factor_is_an_argument_error(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["extend", "--preset", "smoke", "--factor", "eight", "--out", str(tmp_path / "o")])
+    assert "invalid float value: 'eight'" in capsys.readouterr().err
+
+
+def test_resume_refuses_a_changed_config_and_a_folder_without_a_run(smoke, tmp_path, capsys):
+    out, _ = smoke
+    assert main(["extend", "--preset", "smoke", "--out", str(out)]) == 2
+    assert "already holds a run; pass --resume" in capsys.readouterr().err
+    assert main(["extend", "--preset", "smoke", "--finetune-steps", "9", "--out", str(out), "--resume"]) == 2
+    assert "differs in ['finetune_steps']" in capsys.readouterr().err
+    (tmp_path / "typo").mkdir()
+    assert main(["extend", "--preset", "smoke", "--out", str(tmp_path / "typo"), "--resume"]) == 2
+    assert "holds no posenc extend run" in capsys.readouterr().err
+
+
+def test_a_damaged_search_log_is_named(smoke, tmp_path, capsys):
+    out, _ = smoke
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    for name in ("longrope.json", "rope_parameters.json"):
+        (copy / name).unlink()
+    (copy / "search_log.json").write_text('{"config": ')
+    assert main(["extend", "--preset", "smoke", "--out", str(copy), "--resume"]) == 2
+    assert f"search log {copy / 'search_log.json'} is damaged or truncated" in capsys.readouterr().err
+
+
+def _cli(*args):
+    return [sys.executable, "-m", "posenc", "extend", "--preset", "smoke", *args]
+
+
+def test_sigkill_then_resume_loses_no_finished_stage(smoke, tmp_path):
+    out, _ = smoke
+    args = ["--run", str(out / "base")]
+    subprocess.run(_cli(*args, "--out", str(tmp_path / "reference")), env=ENV, check=True, capture_output=True,
+                   timeout=300)
+    killed = tmp_path / "killed"
+    process = subprocess.Popen(_cli(*args, "--out", str(killed)), env=ENV, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    marker = killed / "finetune" / "rope+ntk-fine-tuned" / "curve.json"
+    deadline = time.time() + 120
+    while not marker.exists() and time.time() < deadline and process.poll() is None:
+        time.sleep(0.005)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    finished = killed / "finetune" / "rope+pi-fine-tuned" / "model.safetensors"
+    stamp = finished.stat().st_mtime_ns if finished.exists() else None
+    subprocess.run(_cli(*args, "--out", str(killed), "--resume"), env=ENV, check=True, capture_output=True,
+                   timeout=300)
+    if stamp is not None:
+        assert finished.stat().st_mtime_ns == stamp  # a finished fine-tune is not redone
+    got = json.loads((killed / "results.json").read_text())
+    want = json.loads((tmp_path / "reference" / "results.json").read_text())
+    assert got["longrope"]["best"] == want["longrope"]["best"]
+    for a, b in zip(got["rows"], want["rows"]):
+        assert a["bits_per_byte"] == pytest.approx(b["bits_per_byte"], abs=1e-4), a["name"]
+    for method, curve in want["curves"].items():
+        assert got["curves"][method] == pytest.approx(curve, abs=1e-4), method
