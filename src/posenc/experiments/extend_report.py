@@ -88,7 +88,7 @@ def _compact_json(value: dict) -> str:
 
 def extension_figure(results: dict) -> Figure:
     """Bits per byte vs length: zero-shot dashed, fine-tuned solid, one colour per method."""
-    figure = Figure(figsize=(7.5, 4.8), layout="constrained")
+    figure = Figure(figsize=(9.0, 4.8), layout="constrained")
     ax = figure.add_subplot()
     lengths, palette = results["eval_lengths"], _method_colours(results)
     for row in results["rows"]:
@@ -104,7 +104,7 @@ def extension_figure(results: dict) -> Figure:
     ax.set_title(f"Extending RoPE ×{results['config']['factor']:g}: zero-shot (dashed) vs fine-tuned (solid)")
     values = [v for row in results["rows"] for v in row["bits_per_byte"].values() if v is not None]
     ax.set_ylim(min(values) * 0.95, min(max(values), min(values) * 2.2) * 1.05)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.grid(alpha=0.3)
     return figure
 
