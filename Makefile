@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: run test bench clean
+.PHONY: run test extend bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -22,6 +22,9 @@ run: $(VENV)/.installed
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest $(ARGS)
+
+extend: $(VENV)/.installed
+	$(VENV)/bin/posenc extend $(ARGS)
 
 bench: $(VENV)/.installed
 	$(VENV)/bin/posenc bench $(ARGS)

@@ -74,7 +74,9 @@ def _add_extend(commands) -> None:
                     "factors and export them as rope_parameters.json.",
     )
     p.add_argument("--preset", default="default", choices=sorted(PRESETS), help="sizes (default: default)")
-    p.add_argument("--run", dest="run_dir", type=Path, help="a finished posenc extrapolate run whose RoPE (and ALiBi) checkpoints to use")
+    p.add_argument("--run", "--run-dir", dest="run_dir", type=Path,
+                   help="a finished posenc extrapolate run whose RoPE (and ALiBi) checkpoints to use "
+                        "(under torchrun spell it --run-dir: torchrun reads --run as its own --run-path)")
     p.add_argument("--factor", type=float, help="target length / training length (default 8)")
     p.add_argument("--methods", help=f"comma list of: {', '.join(EXTEND_METHODS)} (default pi,ntk,yarn,longrope)")
     p.add_argument("--finetune-steps", type=int, help="fine-tuning steps at the target length (0: zero-shot only)")

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -191,3 +192,19 @@ def test_sigkill_then_resume_loses_no_finished_stage(smoke, tmp_path):
         assert a["bits_per_byte"] == pytest.approx(b["bits_per_byte"], abs=1e-4), a["name"]
     for method, curve in want["curves"].items():
         assert got["curves"][method] == pytest.approx(curve, abs=1e-4), method
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None and not Path(sys.executable).with_name("torchrun").exists(),
+                    reason="torchrun not installed")
+def test_ddp_extend_with_two_cpu_processes_matches_one(smoke, tmp_path):
+    out, single = smoke
+    torchrun = Path(sys.executable).with_name("torchrun")
+    command = [str(torchrun if torchrun.exists() else "torchrun"), "--standalone", "--nproc_per_node", "2",
+               "-m", "posenc", "extend", "--preset", "smoke", "--run-dir", str(out / "base"), "--methods", "yarn",
+               "--out", str(tmp_path / "ddp")]
+    done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {row["name"]: row for row in json.loads((tmp_path / "ddp" / "results.json").read_text())["rows"]}
+    want = {row["name"]: row for row in single["rows"]}
+    for name in ("rope+yarn fine-tuned", "alibi fine-tuned"):  # two processes, one global batch: the same model
+        assert rows[name]["bits_per_byte"] == pytest.approx(want[name]["bits_per_byte"], abs=1e-3), name

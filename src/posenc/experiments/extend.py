@@ -49,7 +49,7 @@ PRESETS: dict[str, dict] = {
                   search_population=6, search_generations=2, search_parents=2, search_windows=2),
     # On the 2-core CPU: fine-tuning sees ~10% of the pretraining tokens.
     "default": dict(base="default", finetune_steps=80, finetune_batch=4, finetune_lr=1e-3, finetune_warmup=8,
-                    search_population=16, search_generations=8, search_parents=4, search_windows=8),
+                    search_population=24, search_generations=16, search_parents=6, search_windows=8),
     "gpu": dict(base="gpu", finetune_steps=400, finetune_batch=16, finetune_lr=5e-4, finetune_warmup=40,
                 search_population=32, search_generations=16, search_parents=8, search_windows=16, from_scratch=True),
 }
@@ -64,9 +64,9 @@ class ExtendConfig:
     finetune_batch: int = 4
     finetune_lr: float = 1e-3
     finetune_warmup: int = 8
-    search_population: int = 16
-    search_generations: int = 8
-    search_parents: int = 4
+    search_population: int = 24
+    search_generations: int = 16
+    search_parents: int = 6
     search_windows: int = 8
     from_scratch: bool = False  # the ceiling: RoPE trained at the target length with the pretraining budget
     eval_stride: int | None = None
@@ -186,7 +186,7 @@ def make_rows(config: ExtendConfig, has_alibi: bool) -> list[ExtendRow]:
 
 
 def plan(config: ExtendConfig, out: Path, *, run: Path | None = None, text: str | None = None,
-         device: str | None = None, resume: bool = False) -> Plan:
+         device: str | None = None) -> Plan:
     """Check everything that can be checked before any training; raises ValueError with the way out."""
     if run is not None:
         base, has_alibi = _read_run(Path(run), config, device)
@@ -213,7 +213,6 @@ def plan(config: ExtendConfig, out: Path, *, run: Path | None = None, text: str 
     for encoding in ("rope", "alibi") if has_alibi else ("rope",):  # sizes the encodings reject fail here
         LanguageModel(ModelConfig(encoding=encoding, dim=base.dim, num_layers=base.num_layers,
                                   num_heads=base.num_heads, max_positions=base.train_length))
-    _pin_config(out, config, base, run, resume)
     return Plan(config, base, run_dir, out, corpus, target, lengths, make_rows(config, has_alibi), has_alibi)
 
 
@@ -255,8 +254,13 @@ def run(config: ExtendConfig, out: Path, *, run_dir: Path | None = None, text: s
         device: str | None = None, resume: bool = False, log=print) -> dict:
     """The whole experiment into ``out``; returns the results dict (also written to results.json)."""
     out = Path(out)
-    p = plan(config, out, run=run_dir, text=text, device=device, resume=resume)
+    p = plan(config, out, run=run_dir, text=text, device=device)
     runtime = Runtime.detect(p.base.device)
+    if runtime.rank == 0:
+        _pin_config(out, config, p.base, run_dir, resume)
+    else:
+        log = lambda *_: None  # noqa: E731 - one voice in a DDP group
+    runtime.barrier()
     log(f"extend: {p.base.train_length} -> {p.target} tokens (factor {config.factor:g}); rows: "
         f"{', '.join(r.name for r in p.rows)}")
     stages: dict[str, float] = {}

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from .. import storage
@@ -67,6 +68,8 @@ def finetune(
         if point > 0 and (str(point) not in curve or point == config.steps):
             metrics = train(model, data, config, checkpoint=checkpoint, device=device, autocast_dtype=autocast_dtype,
                             rank=rank, world_size=world_size, label=label, until=point)
+            if world_size > 1:
+                dist.barrier()  # rank 0's checkpoint at this point is written before any rank reloads it
         elif point > 0:
             continue  # measured before an interruption: the checkpoint is already past it
         if measure is not None and point in points and str(point) not in curve and rank == 0:
