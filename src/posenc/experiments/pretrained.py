@@ -1,0 +1,331 @@
+"""``posenc extend --hf``: measure and extend a pretrained Hugging Face RoPE model past its context.
+
+For the unscaled model and each method (factor = ``--to`` / the model's original context):
+  - loss by position: mean next-token loss per position bin, and mean loss at each length, on
+    the text (default: the embedded stdlib corpus's validation split, in the model's tokens);
+  - passkey retrieval: accuracy per (length, depth) of greedy answers;
+  - optionally a LongRoPE search (``search.search``, the tiny-model code) whose objective is the
+    model's loss at ``--to`` on windows after the measured ones.
+Each (method, length) measurement is a file under ``measurements/``, written atomically, so a
+killed run resumed with ``--resume`` loses no finished measurement. Outputs: results.json,
+results.md, loss_by_position.png, passkey.png, rope_parameters.json (the best method at ``--to``).
+
+Loss is computed from the final hidden states in chunks of positions, never from the logits
+of a whole window (49,152 vocab × 16k tokens would be 3 GB of float32). A scaling with fixed
+frequencies gives the same loss at position p in a window of any length >= p + 1 (causal
+attention), so one window of ``--to`` tokens serves every length; ``dynamic`` (and ``longrope``
+past its switch) change frequencies with the window length and run one window per length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from .. import __version__, checks, hf, storage
+from ..data import stdlib_corpus, text_corpus
+from . import passkey
+from .longrope import default_max_factor
+from .methods import method_scaling, parse_methods
+from .search import Candidate, SearchConfig, search
+
+HF_METHODS = ("none", "pi", "ntk", "dynamic", "yarn", "llama3", "longrope")
+LENGTH_DEPENDENT = ("dynamic", "longrope")
+
+HF_PRESETS: dict[str, dict] = {
+    # A tiny random Llama built offline, byte tokens: seconds. Its answers are noise; it tests the plumbing.
+    "smoke": dict(model="tiny", to=512, lengths=(64, 128, 256, 512), methods=("none", "pi", "ntk", "dynamic", "yarn"),
+                  passkey_lengths=(320, 512), passkey_depths=(0.25, 0.75), passkey_trials=1, bins=8, chunk=64),
+    # SmolLM2-135M on the 2-core CPU: 2× its 8k context.
+    "default": dict(model="smollm2", to=16384, lengths=(4096, 8192, 12288, 16384),
+                    methods=("none", "pi", "ntk", "dynamic", "yarn"), passkey_lengths=(4096, 10240),
+                    passkey_depths=(0.2, 0.8), passkey_trials=1, bins=32, chunk=2048),
+    # A GPU: 4× the context, the full grid and a LongRoPE search.
+    "gpu": dict(model="smollm2", to=32768, lengths=(4096, 8192, 16384, 24576, 32768),
+                methods=("none", "pi", "ntk", "dynamic", "yarn", "llama3", "longrope"),
+                passkey_lengths=(4096, 8192, 16384, 24576, 32768), passkey_depths=(0.1, 0.3, 0.5, 0.7, 0.9),
+                passkey_trials=3, bins=64, chunk=4096, search_population=16, search_generations=8),
+}
+
+
+@dataclass(frozen=True)
+class PretrainedConfig:
+    preset: str = "default"
+    model: str = "smollm2"  # a path, "smollm2", or "tiny" (the smoke model)
+    to: int = 16384
+    lengths: tuple[int, ...] = (4096, 8192, 12288, 16384)
+    methods: tuple[str, ...] = ("none", "pi", "ntk", "dynamic", "yarn")
+    passkey_lengths: tuple[int, ...] = (4096, 10240)
+    passkey_depths: tuple[float, ...] = (0.2, 0.8)
+    passkey_trials: int = 1
+    bins: int = 32
+    chunk: int = 2048
+    search_population: int = 8
+    search_generations: int = 4
+    search_windows: int = 1
+    text: str | None = None
+    seed: int = 0
+
+    @classmethod
+    def from_preset(cls, preset: str, **overrides) -> "PretrainedConfig":
+        checks.choice("preset", preset, tuple(HF_PRESETS))
+        values = {**HF_PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None}}
+        if isinstance(values.get("methods"), str):
+            values["methods"] = parse_methods(values["methods"], HF_METHODS)
+        return cls(preset=preset, **values)
+
+    def __post_init__(self):
+        checks.positive_int("--to", self.to, minimum=2)
+        parse_methods(self.methods, HF_METHODS)
+        if not self.lengths or any(not isinstance(n, int) or not 2 <= n <= self.to for n in self.lengths):
+            raise ValueError(f"lengths must be integers in [2, --to = {self.to}], got {self.lengths}")
+        if any(not 0 <= d <= 1 for d in self.passkey_depths):
+            raise ValueError(f"passkey depths must be in [0, 1], got {self.passkey_depths}")
+        for name in ("passkey_trials", "bins", "chunk", "search_windows"):
+            checks.positive_int(name, getattr(self, name))
+        checks.positive_int("--search-population", self.search_population, minimum=4)
+        checks.positive_int("--search-generations", self.search_generations)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class ByteTokens:
+    """The smoke model's tokenizer: UTF-8 bytes."""
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i % 256 for i in ids).decode("utf-8", errors="replace")
+
+
+class HFTokens:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False).input_ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def tiny_llama(seed: int = 0, context: int = 64):
+    """A random 2-layer Llama over bytes (vocab 256), RoPE theta 10,000, ``context`` positions: built offline.
+    Weights drawn with std 0.2 (not 0.02), so attention, and so the loss, depends on positions."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, bos_token_id=0,
+                         eos_token_id=1, tie_word_embeddings=True, initializer_range=0.2)
+    return LlamaForCausalLM(config).eval()
+
+
+def load_model(config: PretrainedConfig):
+    """(model, tokens) for the config's model."""
+    if config.model == "tiny":
+        return tiny_llama(config.seed), ByteTokens()
+    model, tokenizer = hf.load(config.model)
+    if tokenizer is None:
+        raise ValueError(f"{config.model} has no tokenizer (tokenizer.json); posenc extend --hf needs one")
+    return model, HFTokens(tokenizer)
+
+
+def method_parameters(method: str, factor: float, original: int, theta: float, own: dict) -> dict:
+    """The rope_parameters of ``method``; ``none`` is the model's own (unscaled) config."""
+    if method == "none":
+        return dict(own)
+    return method_scaling(method, factor, original, base=theta)
+
+
+@torch.no_grad()
+def position_losses(model, tokens: torch.Tensor, chunk: int = 2048) -> torch.Tensor:
+    """Next-token loss (nats) at every position of one window, from hidden states in chunks.
+
+    tokens: (T,) int64. Returns (T - 1,) float32. Never holds more than chunk × vocab logits.
+    """
+    device = next(model.parameters()).device
+    hidden = model.model(input_ids=tokens[None].to(device)).last_hidden_state[0]  # (T, D)
+    losses = []
+    for start in range(0, tokens.shape[0] - 1, chunk):
+        end = min(start + chunk, tokens.shape[0] - 1)
+        logits = model.lm_head(hidden[start:end]).float()  # (chunk, V)
+        losses.append(F.cross_entropy(logits, tokens[start + 1 : end + 1].to(device), reduction="none").cpu())
+    return torch.cat(losses)
+
+
+def binned(losses: torch.Tensor, bins: int) -> dict:
+    edges = [round(i * losses.shape[0] / bins) for i in range(bins + 1)]
+    return {"bin_edges": edges, "loss": [losses[a:b].mean().item() for a, b in zip(edges[:-1], edges[1:])]}
+
+
+def read_text_tokens(config: PretrainedConfig, tokens) -> torch.Tensor:
+    corpus = text_corpus(config.text) if config.text else stdlib_corpus()
+    text = bytes(corpus.validation.tolist()).decode("utf-8", errors="replace")
+    return torch.tensor(tokens.encode(text), dtype=torch.int64)
+
+
+def run(config: PretrainedConfig, out: Path, *, resume: bool = False, log=print) -> dict:
+    out = Path(out)
+    began = time.perf_counter()
+    model, tokens = load_model(config)
+    load_s = time.perf_counter() - began
+    original = hf.original_context(model)
+    factor = config.to / original
+    theta = (model.config.rope_parameters or {}).get("rope_theta", 10000.0)
+    needs_factor = [m for m in config.methods if m not in ("none", "longrope")]
+    if needs_factor and factor <= 1:
+        raise ValueError(f"--to {config.to} is not above the model's context ({original}); methods {needs_factor} "
+                         f"need a factor > 1: pass --to > {original}")
+    text = read_text_tokens(config, tokens)
+    search_need = config.search_windows * (config.to + 1) if "longrope" in config.methods else 0
+    if text.shape[0] < config.to + 1 + search_need:
+        raise ValueError(f"not enough text: it has {text.shape[0]:,} tokens in this model's tokenizer; --to "
+                         f"{config.to} needs {config.to + 1 + search_need:,}; pass a longer --text or a smaller --to")
+    own = dict(model.config.rope_parameters or {"rope_type": "default", "rope_theta": theta})
+    parameters = {m: method_parameters(m, factor, original, theta, own) for m in config.methods if m != "longrope"}
+    for params in parameters.values():  # every dict is checked against this model before the long work
+        hf.full_rope_parameters(model, params)
+    for length in config.passkey_lengths:  # ... and every passkey length against the fixed text's size
+        passkey.make_prompt(tokens.encode, length, 0.5, "12345")
+    _pin(out, config, resume)
+    log(f"model: {config.model} ({model.config.model_type}, context {original}, rope_theta {theta:g}); "
+        f"to {config.to} (factor {factor:g}); text: {text.shape[0]:,} tokens")
+    window = text[: config.to + 1]
+    stages = {"load model": load_s}
+    if "longrope" in config.methods:
+        started = time.perf_counter()
+        parameters["longrope"] = _search(model, text[config.to + 1 :], config, factor, original, theta, out, log)
+        stages["longrope search"] = time.perf_counter() - started
+    measured = {}
+    for method, params in parameters.items():
+        started = time.perf_counter()
+        hf.apply_scaling(model, params)
+        losses = _loss_by_position(model, window, method, config, out, log)
+        keys = _passkey(model, tokens, method, config, out, log)
+        measured[method] = {"rope_parameters": hf.full_rope_parameters(model, params), "loss": losses,
+                            "passkey": keys}
+        stages[f"measure {method}"] = time.perf_counter() - started
+    results = _collect(config, model, original, factor, text, measured, stages)
+    from . import pretrained_report
+
+    pretrained_report.write_all(results, out)
+    log(pretrained_report.terminal_table(results))
+    log(f"\nwrote {out / 'results.json'}, results.md, loss_by_position.png, passkey.png, rope_parameters.json")
+    return results
+
+
+def _pin(out: Path, config: PretrainedConfig, resume: bool) -> None:
+    pinned = out / "config.json"
+    current = {"hf": config.to_dict()}
+    if pinned.exists():
+        if not resume:
+            raise ValueError(f"--out {out} already holds a run; pass --resume to continue it or choose another --out")
+        previous = storage.read_json(pinned).get("hf", {})
+        changed = sorted(k for k in ("model", "to", "text", "bins", "seed", "search_population", "search_generations",
+                                     "search_windows") if previous.get(k) != current["hf"][k])
+        if changed:
+            raise ValueError(f"--resume: {out} was run with a different config (differs in {changed})")
+    elif resume:
+        raise ValueError(f"--resume: {out} holds no posenc extend --hf run (no config.json there)")
+    else:
+        storage.write_json(pinned, current)
+
+
+def _loss_by_position(model, window, method, config, out, log) -> dict:
+    """{length: {"mean": nats, "bins": {...}}} for every length; one file per (method, length)."""
+    folder = out / "measurements"
+    results, missing = {}, []
+    for length in config.lengths:
+        path = folder / f"loss-{method}-{length}.json"
+        if path.exists():
+            results[length] = storage.read_json(path)
+        else:
+            missing.append(length)
+    one_window = method not in LENGTH_DEPENDENT  # causal + fixed frequencies: prefixes are shorter windows
+    runs = [max(config.lengths)] if one_window and missing else missing
+    for run_length in tqdm(runs, desc=f"loss {method}", disable=not runs, dynamic_ncols=True):
+        began = time.perf_counter()
+        losses = position_losses(model, window[: run_length + 1], config.chunk)
+        wall = time.perf_counter() - began
+        for length in (missing if one_window else [run_length]):
+            record = {"method": method, "length": length, "mean": losses[:length].mean().item(),
+                      "bins": binned(losses[:length], config.bins) if length == max(config.lengths) else None,
+                      "forward_length": run_length, "wall_time_s": wall,
+                      "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+            storage.write_json(folder / f"loss-{method}-{length}.json", record)
+            results[length] = record
+    log(f"  {method}: loss " + ", ".join(f"{n}: {results[n]['mean']:.3f}" for n in config.lengths))
+    return {str(n): results[n] for n in config.lengths}
+
+
+def _passkey(model, tokens, method, config, out, log) -> dict:
+    """{length: {"accuracy", "answers": [...]}}; one file per (method, length)."""
+    results = {}
+    for length in config.passkey_lengths:
+        path = out / "measurements" / f"passkey-{method}-{length}.json"
+        if path.exists():
+            results[str(length)] = storage.read_json(path)
+            continue
+        answers = []
+        keys = passkey.keys(config.seed + length, config.passkey_trials * len(config.passkey_depths))
+        cells = [(depth, trial) for depth in config.passkey_depths for trial in range(config.passkey_trials)]
+        for (depth, _), key in tqdm(list(zip(cells, keys)), desc=f"passkey {method} @ {length}", dynamic_ncols=True):
+            prompt = passkey.make_prompt(tokens.encode, length, depth, key)
+            text = passkey.answer(model, prompt, tokens.decode)
+            answers.append({"depth": depth, "key": key, "answer": text, "correct": passkey.read_answer(text) == key})
+        by_depth = {str(d): sum(a["correct"] for a in answers if a["depth"] == d) / config.passkey_trials
+                    for d in config.passkey_depths}
+        record = {"method": method, "length": length, "accuracy": by_depth, "answers": answers}
+        storage.write_json(path, record)
+        results[str(length)] = record
+    log(f"  {method}: passkey " + ", ".join(f"{n}: {r['accuracy']}" for n, r in results.items()))
+    return results
+
+
+def _search(model, text, config, factor, original, theta, out, log) -> dict:
+    """LongRoPE factors for this model at --to, on text after the measured window; returns rope_parameters."""
+    from .longrope import longrope_parameters, seed_candidates
+
+    dim = hf.head_dim(model.config)
+    windows = [text[i * (config.to + 1) : (i + 1) * (config.to + 1)] for i in range(config.search_windows)]
+
+    def objective(candidates: list[Candidate]) -> list[float]:
+        scores = []
+        for candidate in candidates:
+            hf.apply_scaling(model, longrope_parameters(candidate.factors, factor=factor, original=original, base=theta))
+            scores.append(sum(position_losses(model, w, config.chunk).mean().item() for w in windows) / len(windows))
+        return scores
+
+    search_config = SearchConfig(population=config.search_population, generations=config.search_generations,
+                                 parents=max(2, config.search_population // 4), max_factor=default_max_factor(factor),
+                                 n_hat_choices=(0,), seed=config.seed)
+    context = {"model": config.model, "to": config.to, "search_windows": config.search_windows}
+    state = search(objective, seed_candidates(dim, factor, original, theta), search_config, out / "search_log.json",
+                   context=context, log=log)
+    return longrope_parameters(state["best"]["factors"], factor=factor, original=original, base=theta)
+
+
+def _collect(config, model, original, factor, text, measured, stages) -> dict:
+    at_to = {m: r["loss"][str(config.to)]["mean"] if str(config.to) in r["loss"] else None for m, r in measured.items()}
+    scaled = {m: v for m, v in at_to.items() if m != "none" and v is not None}
+    best = min(scaled, key=scaled.get) if scaled else None
+    return {
+        "config": config.to_dict(), "model_type": model.config.model_type, "original_context": original,
+        "factor": factor, "text_tokens": int(text.shape[0]), "methods": measured, "best_method": best,
+        "best_rope_parameters": measured[best]["rope_parameters"] if best else None,
+        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "stages_s": stages, "wall_time_s": sum(stages.values()),
+        "versions": {"posenc": __version__, "torch": torch.__version__, "python": platform.python_version()},
+    }
