@@ -23,6 +23,7 @@ import dataclasses
 import platform
 import resource
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,14 +150,29 @@ def method_parameters(method: str, factor: float, original: int, theta: float, o
     return method_scaling(method, factor, original, base=theta)
 
 
+@contextmanager
+def layer_progress(model, label: str):
+    """A progress bar (with ETA) advanced by every decoder layer of one long forward pass."""
+    layers = list(getattr(model.model, "layers", []))
+    bar = tqdm(total=len(layers), desc=label, leave=False, dynamic_ncols=True)
+    hooks = [layer.register_forward_hook(lambda *_: bar.update(1)) for layer in layers]
+    try:
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
+        bar.close()
+
+
 @torch.no_grad()
-def position_losses(model, tokens: torch.Tensor, chunk: int = 2048) -> torch.Tensor:
+def position_losses(model, tokens: torch.Tensor, chunk: int = 2048, label: str = "forward") -> torch.Tensor:
     """Next-token loss (nats) at every position of one window, from hidden states in chunks.
 
     tokens: (T,) int64. Returns (T - 1,) float32. Never holds more than chunk × vocab logits.
     """
     device = next(model.parameters()).device
-    hidden = model.model(input_ids=tokens[None].to(device)).last_hidden_state[0]  # (T, D)
+    with layer_progress(model, f"{label} ({tokens.shape[0] - 1:,} tokens)"):
+        hidden = model.model(input_ids=tokens[None].to(device)).last_hidden_state[0]  # (T, D)
     losses = []
     for start in range(0, tokens.shape[0] - 1, chunk):
         end = min(start + chunk, tokens.shape[0] - 1)
@@ -255,9 +271,9 @@ def _loss_by_position(model, window, method, config, out, log) -> dict:
             missing.append(length)
     one_window = method not in LENGTH_DEPENDENT  # causal + fixed frequencies: prefixes are shorter windows
     runs = [max(config.lengths)] if one_window and missing else missing
-    for run_length in tqdm(runs, desc=f"loss {method}", disable=not runs, dynamic_ncols=True):
+    for run_length in runs:
         began = time.perf_counter()
-        losses = position_losses(model, window[: run_length + 1], config.chunk)
+        losses = position_losses(model, window[: run_length + 1], config.chunk, label=f"loss {method}")
         wall = time.perf_counter() - began
         for length in (missing if one_window else [run_length]):
             record = {"method": method, "length": length, "mean": losses[:length].mean().item(),
