@@ -155,7 +155,11 @@ def layer_progress(model, label: str):
     """A progress bar (with ETA) advanced by every decoder layer of one long forward pass."""
     layers = list(getattr(model.model, "layers", []))
     bar = tqdm(total=len(layers), desc=label, leave=False, dynamic_ncols=True)
-    hooks = [layer.register_forward_hook(lambda *_: bar.update(1)) for layer in layers]
+
+    def advance(*_) -> None:  # a forward hook that returns something replaces the layer's output
+        bar.update(1)
+
+    hooks = [layer.register_forward_hook(advance) for layer in layers]
     try:
         yield
     finally:
