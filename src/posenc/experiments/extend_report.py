@@ -13,6 +13,7 @@ from matplotlib.figure import Figure
 
 from .. import storage
 from ..plots import colours, save_figure
+from .tables import markdown_table, stage_rows, text_table
 
 
 def _method_colours(results: dict) -> dict[str, str]:
@@ -36,19 +37,13 @@ def title(results: dict) -> str:
 
 
 def terminal_table(results: dict) -> str:
-    header, body = table_rows(results)
-    widths = [max(len(line[i]) for line in [header] + body) for i in range(len(header))]
-    lines = [title(results), "  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in body]
-    return "\n".join(lines)
+    return title(results) + "\n" + text_table(*table_rows(results))
 
 
 def markdown(results: dict) -> str:
     header, body = table_rows(results)
     corpus, config = results["corpus"], results["config"]
-    lines = [f"# {title(results)}", "",
-             "| " + " | ".join(header) + " |", "| " + " | ".join(["---", "---"] + ["---:"] * (len(header) - 2)) + " |"]
-    lines += ["| " + " | ".join(line) + " |" for line in body]
+    lines = [f"# {title(results)}", ""] + markdown_table(header, body, text_columns=2)
     share = results["finetune_tokens"] / results["pretraining_tokens"]
     lines += ["", f"Fine-tuning: {config['finetune_steps']} steps × {config['finetune_batch']} windows × "
               f"{results['target_length']} tokens = {results['finetune_tokens']:,} tokens per fine-tuned row "
@@ -56,12 +51,10 @@ def markdown(results: dict) -> str:
               f"Every method runs at factor {config['factor']:g} at every length. ALiBi: {results['alibi']}."]
     if results["curves"]:
         steps = sorted({int(s) for curve in results["curves"].values() for s in curve})
-        lines += ["", f"## Bits per byte at {results['target_length']} during fine-tuning", "",
-                  "| method | " + " | ".join(f"step {s}" for s in steps) + " |",
-                  "| --- | " + " | ".join("---:" for _ in steps) + " |"]
-        for method, curve in results["curves"].items():
-            lines.append(f"| {method} | " + " | ".join(f"{curve[str(s)]:.3f}" if str(s) in curve else ""
-                                                       for s in steps) + " |")
+        body = [[method] + [f"{curve[str(s)]:.3f}" if str(s) in curve else "" for s in steps]
+                for method, curve in results["curves"].items()]
+        lines += ["", f"## Bits per byte at {results['target_length']} during fine-tuning", ""]
+        lines += markdown_table(["method"] + [f"step {s}" for s in steps], body)
     longrope = results["longrope"]
     if longrope:
         seeds = ", ".join(f"{m} {v:.4f}" for m, v in longrope["seed_losses"].items())
@@ -73,8 +66,7 @@ def markdown(results: dict) -> str:
                   + ", ".join(f"{v:.4f}" for v in longrope["best_loss_per_generation"]) + ".",
                   "", "Exported `rope_parameters` (rope_parameters.json):", "", "```json",
                   _compact_json(longrope["rope_parameters"]), "```"]
-    lines += ["", "## Wall time per stage", "", "| stage | seconds |", "| --- | ---: |"]
-    lines += [f"| {stage} | {seconds:.1f} |" for stage, seconds in results["stages_s"].items()]
+    lines += ["", "## Wall time per stage", ""] + markdown_table(["stage", "seconds"], stage_rows(results["stages_s"]))
     lines += ["", f"Corpus: {corpus['source']} (sha256 `{corpus['sha256'][:16]}`). Device: {results['device']}. "
               f"posenc {results['versions']['posenc']}, torch {results['versions']['torch']}."]
     return "\n".join(lines) + "\n"

@@ -9,6 +9,7 @@ from matplotlib.figure import Figure
 
 from .. import storage
 from ..plots import colours, save_figure
+from .tables import markdown_table, stage_rows, text_table
 
 
 def table_rows(results: dict) -> tuple[list[str], list[list[str]]]:
@@ -32,28 +33,17 @@ def title(results: dict) -> str:
 
 
 def terminal_table(results: dict) -> str:
-    lines = [title(results)]
-    for header, body in (table_rows(results), passkey_rows(results)):
-        widths = [max(len(line[i]) for line in [header] + body) for i in range(len(header))]
-        lines += ["", "  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
-        lines += ["  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in body]
-    return "\n".join(lines)
-
-
-def _markdown_table(header, body) -> list[str]:
-    return (["| " + " | ".join(header) + " |", "| " + " | ".join(["---"] + ["---:"] * (len(header) - 1)) + " |"]
-            + ["| " + " | ".join(line) + " |" for line in body])
+    return "\n\n".join([title(results), text_table(*table_rows(results)), text_table(*passkey_rows(results))])
 
 
 def markdown(results: dict) -> str:
-    lines = [f"# {title(results)}", ""] + _markdown_table(*table_rows(results))
-    lines += ["", "## Passkey retrieval (accuracy per length @ depth)", ""] + _markdown_table(*passkey_rows(results))
+    lines = [f"# {title(results)}", ""] + markdown_table(*table_rows(results))
+    lines += ["", "## Passkey retrieval (accuracy per length @ depth)", ""] + markdown_table(*passkey_rows(results))
     if results["best_method"]:
         lines += ["", f"Best method at {results['config']['to']:,} tokens: **{results['best_method']}**; its "
                   "`rope_parameters` (rope_parameters.json):", "", "```json",
                   json.dumps(results["best_rope_parameters"], indent=2), "```"]
-    lines += ["", "## Wall time per stage", "", "| stage | seconds |", "| --- | ---: |"]
-    lines += [f"| {stage} | {seconds:.1f} |" for stage, seconds in results["stages_s"].items()]
+    lines += ["", "## Wall time per stage", ""] + markdown_table(["stage", "seconds"], stage_rows(results["stages_s"]))
     lines += ["", f"Peak memory (RSS) {results['peak_rss_gib']:.2f} GiB. Text: {results['text_tokens']:,} tokens. "
               f"posenc {results['versions']['posenc']}, torch {results['versions']['torch']}."]
     return "\n".join(lines) + "\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import storage
+from . import tables
 
 
 def _cell(mean, std) -> str:
@@ -32,24 +33,13 @@ def title(results: dict) -> str:
 
 
 def terminal_table(results: dict) -> str:
-    header, body = table_rows(results)
-    widths = [max(len(line[i]) for line in [header] + body) for i in range(len(header))]
-    lines = [title(results), "  ".join(h.ljust(w) for h, w in zip(header, widths))]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in body]
-    return "\n".join(lines)
+    return title(results) + "\n" + tables.text_table(*table_rows(results))
 
 
 def markdown_table(results: dict) -> str:
     header, body = table_rows(results)
     corpus = results["corpus"]
-    lines = [
-        f"# {title(results)}",
-        "",
-        "| " + " | ".join(header) + " |",
-        "| " + " | ".join(["---"] + ["---:"] * (len(header) - 1)) + " |",
-    ]
-    lines += ["| " + " | ".join(line) + " |" for line in body]
+    lines = [f"# {title(results)}", ""] + tables.markdown_table(header, body)
     lines += [
         "",
         f"Corpus: {corpus['source']} ({corpus['files']} files, sha256 `{corpus['sha256'][:16]}`, "
