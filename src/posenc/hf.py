@@ -78,6 +78,7 @@ def load(path: str | os.PathLike, *, dtype=None):
         kwargs = {"gguf_file": source.name, "local_files_only": True}
         model = transformers.AutoModelForCausalLM.from_pretrained(source.parent, dtype=dtype, **kwargs)
         tokenizer = transformers.AutoTokenizer.from_pretrained(source.parent, **kwargs)
+        _forget_dequantized_gguf(model)
     elif source.is_dir() and (source / "config.json").exists():
         model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=True)
         has_tokenizer = any((source / name).exists() for name in ("tokenizer.json", "tokenizer_config.json"))
@@ -86,6 +87,19 @@ def load(path: str | os.PathLike, *, dtype=None):
         raise ValueError(f"{path} is neither a model directory (with config.json) nor a .gguf file")
     check_supported(model)
     return model.eval(), tokenizer
+
+
+def _forget_dequantized_gguf(model) -> None:
+    """A GGUF model whose weights transformers unpacked to plain float tensors is an ordinary float
+    model; drop the GGUF quantizer it still carries so that ``save_pretrained`` (export) accepts it."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is None or type(quantizer).__name__ != "GgufHfQuantizer":
+        return
+    kept_blocks = any(type(m).__module__.startswith("transformers.integrations") for m in model.modules())
+    if not kept_blocks and all(p.is_floating_point() for p in model.parameters()):
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
 
 
 def check_supported(model) -> None:
@@ -157,13 +171,30 @@ def rope_encoding(model) -> RoPE:
     return build("rope", head_dim=head_dim(model.config), layout="half", scaling=known)
 
 
+def check_export_folder(out_dir: Path) -> None:
+    """Refuse a folder that export would wrongly replace: one that exists, is not empty and is not an
+    earlier export."""
+    if out_dir.exists() and not (out_dir / "posenc.json").is_file() and any(out_dir.iterdir()):
+        raise ValueError(f"export folder {out_dir} exists and was not written by posenc.hf.export; "
+                         "name a new folder (an earlier export in it would be replaced)")
+
+
 def export(model, rope_parameters: dict, out_dir: str | os.PathLike, tokenizer=None) -> Path:
     """Write ``model`` with ``rope_parameters`` (safetensors + config.json, and the tokenizer if given)
-    to ``out_dir``, atomically: the folder appears complete or not at all."""
-    apply_scaling(model, rope_parameters)
+    to ``out_dir``, atomically: the folder appears complete or not at all. An earlier export in
+    ``out_dir`` is replaced; any other non-empty folder is refused."""
     out_dir = Path(out_dir)
+    check_export_folder(out_dir)
+    if getattr(model, "hf_quantizer", None) is not None:
+        raise ValueError("this model's weights are quantized "
+                         f"({model.hf_quantizer.quantization_config.quant_method}); export writes float weights "
+                         "only: load it unquantized")
+    apply_scaling(model, rope_parameters)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     temp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(temp, 0o777 & ~umask)  # mkdtemp's 0700 would make the export private to its writer
     try:
         model.save_pretrained(temp, safe_serialization=True)
         if tokenizer is not None:
