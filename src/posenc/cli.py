@@ -99,12 +99,16 @@ def _add_extend(commands) -> None:
     hf.add_argument("--to", type=int, help="longest length in tokens; factor = --to / the model's context")
     hf.add_argument("--lengths", type=_positive_ints, help="lengths at which to report mean loss (<= --to)")
     hf.add_argument("--passkey-lengths", type=_positive_ints, help="passkey prompt lengths in tokens")
+    hf.add_argument("--export", type=Path, metavar="DIR", help="also write the model with the best method's "
+                                                               "rope_parameters to DIR (from_pretrained loads it)")
     p.set_defaults(run=_run_extend)
 
 
 def _run_extend(args) -> int:
     if args.hf is not None:
         return _run_extend_hf(args)
+    if args.export is not None:
+        raise ValueError("--export writes a Hugging Face model folder: it needs --hf")
     from .experiments.extend import ExtendConfig, run
 
     overrides = {k: getattr(args, k) for k in (
@@ -138,7 +142,7 @@ def _run_extend_hf(args) -> int:
     if args.resume and args.out is None:
         raise ValueError("--resume needs --out: the run directory to continue")
     out = args.out or Path("runs") / time.strftime("extend-hf-%Y%m%d-%H%M%S")
-    run(config, out, resume=args.resume)
+    run(config, out, resume=args.resume, export=args.export)
     return 0
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from posenc.cli import main
 from posenc.experiments import passkey
-from posenc.experiments.pretrained import ByteTokens
+from posenc.experiments.pretrained import ByteTokens, PretrainedConfig, position_losses, read_text_tokens
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -42,7 +42,8 @@ def test_a_prompt_shorter_than_its_fixed_text_is_refused():
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("hf") / "run"
-    assert main(["extend", "--hf", "tiny", "--preset", "smoke", "--out", str(out)]) == 0
+    assert main(["extend", "--hf", "tiny", "--preset", "smoke", "--out", str(out),
+                 "--export", str(out.parent / "exported")]) == 0
     return out, json.loads((out / "results.json").read_text())
 
 
@@ -61,6 +62,21 @@ def test_hf_smoke_writes_every_file_method_and_length(smoke):
     assert exported["metadata"]["method"] == results["best_method"] == min(
         (m for m in means if m != "none"), key=means.get)
     assert "| none |" in (out / "results.md").read_text()
+
+
+def test_export_writes_the_best_scaling_as_a_model_from_pretrained_loads(smoke):
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    out, results = smoke
+    model = transformers.AutoModelForCausalLM.from_pretrained(out.parent / "exported", local_files_only=True)
+    assert model.config.rope_parameters == results["best_rope_parameters"]
+    # the exported model's loss over the first 512 tokens is the one the run measured for that method
+    config = PretrainedConfig.from_preset("smoke")
+    window = read_text_tokens(config, ByteTokens())[:513]
+    with torch.no_grad():
+        loss = position_losses(model, window, config.chunk).mean().item()
+    assert loss == pytest.approx(results["methods"][results["best_method"]]["loss"]["512"]["mean"], abs=1e-5)
 
 
 def test_dynamic_runs_a_window_per_length_and_static_methods_share_one(smoke):
@@ -85,6 +101,17 @@ def test_not_enough_text_says_how_many_tokens_there_are(tmp_path, capsys):
     text.write_text("x = 1\n" * 200)
     assert main(["extend", "--hf", "tiny", "--preset", "smoke", "--text", str(text), "--out", str(tmp_path / "o")]) == 2
     assert "not enough text: it has 120 tokens" in capsys.readouterr().err
+
+
+def test_export_refuses_a_folder_it_did_not_write_before_any_work(tmp_path, capsys):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    assert main(["extend", "--hf", "tiny", "--preset", "smoke", "--out", str(tmp_path / "o"),
+                 "--export", str(tmp_path / "mine")]) == 2
+    assert "exists and was not written by posenc.hf.export" in capsys.readouterr().err
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me" and not (tmp_path / "o").exists()
+    assert main(["extend", "--preset", "smoke", "--export", str(tmp_path / "x")]) == 2
+    assert "--export writes a Hugging Face model folder: it needs --hf" in capsys.readouterr().err
 
 
 def test_a_path_that_is_no_model_is_refused(tmp_path, capsys):

@@ -196,8 +196,17 @@ def read_text_tokens(config: PretrainedConfig, tokens) -> torch.Tensor:
     return torch.tensor(tokens.encode(text), dtype=torch.int64)
 
 
-def run(config: PretrainedConfig, out: Path, *, resume: bool = False, log=print) -> dict:
+def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Path | None = None,
+        log=print) -> dict:
+    """Measure every method (resumable per method and length); with ``export``, also write the model
+    with the best method's rope_parameters there as a folder ``from_pretrained`` loads."""
     out = Path(out)
+    if export is not None:
+        if Path(export).resolve() == out.resolve():
+            raise ValueError(f"--export {export} is the run directory; name another folder")
+        if all(m == "none" for m in config.methods):
+            raise ValueError("--export writes the best scaled method's model; --methods has none besides 'none'")
+        hf.check_export_folder(Path(export))
     began = time.perf_counter()
     model, tokens = load_model(config)
     load_s = time.perf_counter() - began
@@ -243,7 +252,16 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, log=print)
     pretrained_report.write_all(results, out)
     log(pretrained_report.terminal_table(results))
     log(f"\nwrote {out / 'results.json'}, results.md, loss_by_position.png, passkey.png, rope_parameters.json")
+    if export is not None:
+        _export(model, tokens, results, Path(export), log)
     return results
+
+
+def _export(model, tokens, results: dict, folder: Path, log) -> None:
+    started = time.perf_counter()
+    hf.export(model, results["best_rope_parameters"], folder, getattr(tokens, "tokenizer", None))
+    log(f"exported the model with {results['best_method']}'s rope_parameters to {folder} "
+        f"({time.perf_counter() - started:.0f} s): AutoModelForCausalLM.from_pretrained({str(folder)!r})")
 
 
 def _pin(out: Path, config: PretrainedConfig, resume: bool) -> None:
@@ -338,12 +356,13 @@ def _search(model, text, config, factor, original, theta, out, log) -> dict:
 
 
 def _collect(config, model, original, factor, text, measured, stages) -> dict:
-    at_to = {m: r["loss"][str(config.to)]["mean"] if str(config.to) in r["loss"] else None for m, r in measured.items()}
-    scaled = {m: v for m, v in at_to.items() if m != "none" and v is not None}
+    longest = max(config.lengths)  # the best method is the one with the lowest mean loss at the longest length
+    scaled = {m: r["loss"][str(longest)]["mean"] for m, r in measured.items() if m != "none"}
     best = min(scaled, key=scaled.get) if scaled else None
     return {
         "config": config.to_dict(), "model_type": model.config.model_type, "original_context": original,
-        "factor": factor, "text_tokens": int(text.shape[0]), "methods": measured, "best_method": best,
+        "factor": factor, "text_tokens": int(text.shape[0]), "methods": measured,
+        "best_method": best, "best_at": longest,
         "best_rope_parameters": measured[best]["rope_parameters"] if best else None,
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "stages_s": stages, "wall_time_s": sum(stages.values()),

@@ -40,7 +40,7 @@ def markdown(results: dict) -> str:
     lines = [f"# {title(results)}", ""] + markdown_table(*table_rows(results))
     lines += ["", "## Passkey retrieval (accuracy per length @ depth)", ""] + markdown_table(*passkey_rows(results))
     if results["best_method"]:
-        lines += ["", f"Best method at {results['config']['to']:,} tokens: **{results['best_method']}**; its "
+        lines += ["", f"Best method at {results['best_at']:,} tokens: **{results['best_method']}**; its "
                   "`rope_parameters` (rope_parameters.json):", "", "```json",
                   json.dumps(results["best_rope_parameters"], indent=2), "```"]
     lines += ["", "## Wall time per stage", ""] + markdown_table(["stage", "seconds"], stage_rows(results["stages_s"]))
@@ -102,4 +102,4 @@ def write_all(results: dict, out: Path) -> None:
         storage.write_json(out / "rope_parameters.json", {
             "rope_parameters": results["best_rope_parameters"],
             "metadata": {"method": results["best_method"], "chosen_by": f"lowest mean loss over the first "
-                         f"{results['config']['to']} tokens", "model": results["config"]["model"]}})
+                         f"{results['best_at']} tokens", "model": results["config"]["model"]}})
