@@ -39,6 +39,7 @@ from .finetune import curve_points, finetune
 from .longrope import (default_max_factor, lm_objective, longrope_parameters, method_factors, plain_frequencies,
                        seed_candidates)
 from .methods import METHODS, method_scaling, parse_methods
+from .presets import preset_values
 from .search import N_HAT_CHOICES, Candidate, SearchConfig, search
 
 EXTEND_METHODS = tuple(m for m in METHODS if m != "llama3")  # llama3's bands are set for 8k-token models
@@ -74,8 +75,7 @@ class ExtendConfig:
 
     @classmethod
     def from_preset(cls, preset: str, **overrides) -> "ExtendConfig":
-        checks.choice("preset", preset, tuple(PRESETS))
-        values = {**PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None}}
+        values = preset_values(PRESETS, preset, overrides)
         if isinstance(values.get("methods"), str):
             values["methods"] = parse_methods(values["methods"], EXTEND_METHODS)
         return cls(preset=preset, **values)

@@ -14,7 +14,6 @@ or seeds, or evaluate the same checkpoints with another protocol.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import platform
 import statistics
@@ -31,7 +30,8 @@ from ..evaluate import evaluate
 from ..model import LanguageModel, ModelConfig
 from ..train import TrainConfig, train
 from . import report
-from .rows import ROWS, Row, parse_rows
+from .presets import preset_values
+from .rows import Row, parse_rows
 
 PRESETS: dict[str, dict] = {
     # CI and tests: seconds on 2 cores.
@@ -70,8 +70,7 @@ class ExperimentConfig:
 
     @classmethod
     def from_preset(cls, preset: str, **overrides) -> "ExperimentConfig":
-        checks.choice("preset", preset, tuple(PRESETS))
-        values = {**PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None}}
+        values = preset_values(PRESETS, preset, overrides)
         return cls(preset=preset, **values)
 
     @classmethod

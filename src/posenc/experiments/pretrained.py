@@ -36,6 +36,7 @@ from ..data import stdlib_corpus, text_corpus
 from . import passkey
 from .longrope import default_max_factor
 from .methods import method_scaling, parse_methods
+from .presets import preset_values
 from .search import Candidate, SearchConfig, search
 
 HF_METHODS = ("none", "pi", "ntk", "dynamic", "yarn", "llama3", "longrope")
@@ -77,8 +78,7 @@ class PretrainedConfig:
 
     @classmethod
     def from_preset(cls, preset: str, **overrides) -> "PretrainedConfig":
-        checks.choice("preset", preset, tuple(HF_PRESETS))
-        values = {**HF_PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None}}
+        values = preset_values(HF_PRESETS, preset, overrides)
         if isinstance(values.get("methods"), str):
             values["methods"] = parse_methods(values["methods"], HF_METHODS)
         return cls(preset=preset, **values)
