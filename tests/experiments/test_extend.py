@@ -126,6 +126,7 @@ def test_a_damaged_checkpoint_in_the_run_is_named(smoke, tmp_path, capsys):
     (["--search-population", "3"], "--search-population must be an integer >= 4"),
     (["--factor", "3"], "is not a whole number of windows of [48]"),
     (["--factor", "16384"], "corpus too small"),
+    (["--to", "1024"], "--to apply to a pretrained model: they need --hf"),
 ])
 def test_bad_input_fails_before_anything_runs(tmp_path, capsys, args, message):
     assert main(["extend", "--preset", "smoke", *args, "--out", str(tmp_path / "o")]) == 2

@@ -6,6 +6,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from posenc.cli import main
 from posenc.experiments import passkey
@@ -66,7 +67,6 @@ def test_hf_smoke_writes_every_file_method_and_length(smoke):
 
 def test_export_writes_the_best_scaling_as_a_model_from_pretrained_loads(smoke):
     transformers = pytest.importorskip("transformers")
-    import torch
 
     out, results = smoke
     model = transformers.AutoModelForCausalLM.from_pretrained(out.parent / "exported", local_files_only=True)
@@ -89,10 +89,18 @@ def test_dynamic_runs_a_window_per_length_and_static_methods_share_one(smoke):
 @pytest.mark.parametrize("args, message", [
     (["--to", "64"], "--to 64 is not above the model's context (64)"),
     (["--methods", "none,rerope"], "unknown methods ['rerope']"),
+    (["--finetune-lr", "1e-3", "--from-scratch"], "--finetune-lr, --from-scratch apply to posenc's own models"),
 ])
 def test_bad_hf_input(tmp_path, capsys, args, message):
     assert main(["extend", "--hf", "tiny", "--preset", "smoke", *args, "--out", str(tmp_path / "o")]) == 2
     assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
+def test_device_cuda_without_cuda_is_refused_before_loading(tmp_path, capsys):
+    assert main(["extend", "--hf", "tiny", "--preset", "smoke", "--device", "cuda", "--out", str(tmp_path / "o")]) == 2
+    assert "--device cuda: no CUDA device is available here" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
 
@@ -111,7 +119,7 @@ def test_export_refuses_a_folder_it_did_not_write_before_any_work(tmp_path, caps
     assert "exists and was not written by posenc.hf.export" in capsys.readouterr().err
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me" and not (tmp_path / "o").exists()
     assert main(["extend", "--preset", "smoke", "--export", str(tmp_path / "x")]) == 2
-    assert "--export writes a Hugging Face model folder: it needs --hf" in capsys.readouterr().err
+    assert "--export apply to a pretrained model: they need --hf" in capsys.readouterr().err
 
 
 def test_a_path_that_is_no_model_is_refused(tmp_path, capsys):

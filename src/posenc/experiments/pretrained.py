@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 from .. import __version__, checks, hf, storage
 from ..data import stdlib_corpus, text_corpus
 from . import passkey
+from .extrapolate import Runtime
 from .longrope import default_max_factor
 from .methods import method_scaling, parse_methods
 from .presets import preset_values
@@ -197,10 +198,14 @@ def read_text_tokens(config: PretrainedConfig, tokens) -> torch.Tensor:
 
 
 def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Path | None = None,
-        log=print) -> dict:
+        device: str = "auto", log=print) -> dict:
     """Measure every method (resumable per method and length); with ``export``, also write the model
-    with the best method's rope_parameters there as a folder ``from_pretrained`` loads."""
+    with the best method's rope_parameters there as a folder ``from_pretrained`` loads.
+
+    ``device``: auto (CUDA when present), cpu or cuda. The model runs in float32 on either.
+    """
     out = Path(out)
+    runtime = Runtime.detect(device)
     if export is not None:
         if Path(export).resolve() == out.resolve():
             raise ValueError(f"--export {export} is the run directory; name another folder")
@@ -209,6 +214,7 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
         hf.check_export_folder(Path(export))
     began = time.perf_counter()
     model, tokens = load_model(config)
+    model.to(runtime.device)
     load_s = time.perf_counter() - began
     original = hf.original_context(model)
     factor = config.to / original
@@ -246,7 +252,7 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
         measured[method] = {"rope_parameters": hf.full_rope_parameters(model, params), "loss": losses,
                             "passkey": keys}
         stages[f"measure {method}"] = time.perf_counter() - started
-    results = _collect(config, model, original, factor, text, measured, stages)
+    results = {**_collect(config, model, original, factor, text, measured, stages), "device": runtime.label}
     from . import pretrained_report
 
     pretrained_report.write_all(results, out)
