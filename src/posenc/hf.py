@@ -21,6 +21,7 @@ import importlib.metadata
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from . import storage
@@ -76,17 +77,33 @@ def load(path: str | os.PathLike, *, dtype=None):
         except ImportError:
             raise ValueError(f"reading {source} needs the gguf package: {INSTALL_SMOLLM2}") from None
         kwargs = {"gguf_file": source.name, "local_files_only": True}
-        model = transformers.AutoModelForCausalLM.from_pretrained(source.parent, dtype=dtype, **kwargs)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(source.parent, **kwargs)
+        with _loading(source):
+            model = transformers.AutoModelForCausalLM.from_pretrained(source.parent, dtype=dtype, **kwargs)
+            tokenizer = transformers.AutoTokenizer.from_pretrained(source.parent, **kwargs)
         _forget_dequantized_gguf(model)
     elif source.is_dir() and (source / "config.json").exists():
-        model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=True)
         has_tokenizer = any((source / name).exists() for name in ("tokenizer.json", "tokenizer_config.json"))
-        tokenizer = transformers.AutoTokenizer.from_pretrained(source, local_files_only=True) if has_tokenizer else None
+        with _loading(source):
+            model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=True)
+            tokenizer = transformers.AutoTokenizer.from_pretrained(source, local_files_only=True) if has_tokenizer \
+                else None
     else:
         raise ValueError(f"{path} is neither a model directory (with config.json) nor a .gguf file")
     check_supported(model)
     return model.eval(), tokenizer
+
+
+@contextmanager
+def _loading(source: Path):
+    """Whatever transformers raises on a file it cannot read (a truncated GGUF raises struct.error,
+    a damaged safetensors file its own error) becomes one ValueError naming the file."""
+    try:
+        yield
+    except Exception as error:
+        kind = type(error).__name__ if type(error).__module__ == "builtins" else \
+            f"{type(error).__module__}.{type(error).__name__}"
+        raise ValueError(f"{source} could not be loaded ({kind}: {error}); if it is damaged or "
+                         "truncated, copy or download it again") from error
 
 
 def _forget_dequantized_gguf(model) -> None:

@@ -40,7 +40,7 @@ from .longrope import (default_max_factor, lm_objective, longrope_parameters, me
                        seed_candidates)
 from .methods import METHODS, method_scaling, parse_methods
 from .presets import preset_values
-from .search import N_HAT_CHOICES, Candidate, SearchConfig, search
+from .search import N_HAT_CHOICES, Candidate, SearchConfig, best_loss_per_generation, search
 
 EXTEND_METHODS = tuple(m for m in METHODS if m != "llama3")  # llama3's bands are set for 8k-token models
 
@@ -329,11 +329,11 @@ def _search(p: Plan, runtime: Runtime, log) -> None:
     seeds = {m: entry["loss"] for m, entry in zip(("pi", "ntk", "yarn"), state["generations"][0]["candidates"])}
     parameters = longrope_parameters(best.factors, factor=p.config.factor, original=base.train_length)
     wall = sum(g["wall_time_s"] for g in state["generations"])
+    evaluated = sum(g["new_evaluations"] for g in state["generations"])
     summary = {
         "best": state["best"], "loss_best_n_hat": state["best"]["loss"], "loss_n_hat_0": without_n_hat,
-        "seed_losses": seeds, "best_loss_per_generation": [g["best_loss"] for g in state["generations"]],
-        "candidates_evaluated": sum(g["new_evaluations"] for g in state["generations"]),
-        "candidates_per_s": sum(g["new_evaluations"] for g in state["generations"]) / max(wall, 1e-9),
+        "seed_losses": seeds, "best_loss_per_generation": best_loss_per_generation(state),
+        "candidates_evaluated": evaluated, "candidates_per_s": evaluated / max(wall, 1e-9),
         "wall_time_s": wall, "search_log": "search_log.json", "rope_parameters": parameters,
         "method_factors": {m: list(method_factors(m, head_dim, p.config.factor, base.train_length))
                            for m in ("pi", "ntk", "yarn")},

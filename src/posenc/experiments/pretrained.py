@@ -282,7 +282,8 @@ def _pin(out: Path, config: PretrainedConfig, resume: bool) -> None:
         if changed:
             raise ValueError(f"--resume: {out} was run with a different config (differs in {changed})")
     elif resume:
-        raise ValueError(f"--resume: {out} holds no posenc extend --hf run (no config.json there)")
+        raise ValueError(f"--resume: {out} holds no posenc extend --hf run (no config.json there); start one "
+                         f"with: posenc extend --hf {config.model} --out {out}")
     else:
         storage.write_json(pinned, current)
 
