@@ -64,7 +64,7 @@ def _run_extrapolate(args) -> int:
 
 
 def _add_extend(commands) -> None:
-    from .experiments.extend import EXTEND_METHODS, PRESETS
+    from .experiments.extend_config import EXTEND_METHODS, PRESETS
 
     p = commands.add_parser(
         "extend", help="stretch a trained RoPE model to N× its length: zero-shot, fine-tuned, LongRoPE-searched",
@@ -122,7 +122,8 @@ def _run_extend(args) -> int:
     misplaced = _flags_given(args, _HF_ONLY)
     if misplaced:
         raise ValueError(f"{', '.join(misplaced)} apply to a pretrained model: they need --hf PATH|smollm2")
-    from .experiments.extend import ExtendConfig, run
+    from .experiments.extend import run
+    from .experiments.extend_config import ExtendConfig
 
     overrides = {k: getattr(args, k) for k in (
         "factor", "methods", "finetune_steps", "finetune_batch", "finetune_lr", "search_population",

@@ -9,8 +9,7 @@ on the way) -> evaluate every row on the same validation bytes at every eval len
 
 Every method runs at one fixed config, ``factor`` = target / training length, at every
 eval length: the config a user would deploy. (``extrapolate`` instead sets the factor to
-each column's length.) Rows: plain RoPE; each method zero-shot and fine-tuned; ALiBi
-zero-shot and fine-tuned; optionally RoPE trained from scratch at the target length.
+each column's length.) The presets, config and rows are in extend_config.py.
 
 Run directory: ``config.json``, ``base/`` (when no --run), ``search_log.json``,
 ``rope_parameters.json``, ``finetune/<row>/``, ``scratch/``, ``evals/<protocol>/<row>.json``.
@@ -19,8 +18,6 @@ Each stage writes atomically and is skipped on ``--resume`` once finished.
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import platform
 import time
 from dataclasses import dataclass
@@ -28,104 +25,19 @@ from pathlib import Path
 
 import torch
 
-from .. import __version__, checks, storage
+from .. import __version__, storage
 from ..data import Corpus, eval_span
 from ..evaluate import evaluate
 from ..model import LanguageModel, ModelConfig
 from ..train import TrainConfig, train
 from . import extend_report, extrapolate
+from .extend_config import RESULT_FIELDS, ExtendConfig, ExtendRow, make_rows
 from .extrapolate import ExperimentConfig, Runtime
 from .finetune import curve_points, finetune
 from .longrope import (default_max_factor, lm_objective, longrope_parameters, method_factors, plain_frequencies,
                        seed_candidates)
-from .methods import METHODS, method_scaling, parse_methods
-from .presets import preset_values
+from .methods import method_scaling
 from .search import N_HAT_CHOICES, Candidate, SearchConfig, best_loss_per_generation, search
-
-EXTEND_METHODS = tuple(m for m in METHODS if m != "llama3")  # llama3's bands are set for 8k-token models
-
-PRESETS: dict[str, dict] = {
-    # Tests and CI: well under a minute on 2 cores.
-    "smoke": dict(base="smoke", finetune_steps=8, finetune_batch=4, finetune_lr=2e-3, finetune_warmup=2,
-                  search_population=6, search_generations=2, search_parents=2, search_windows=2),
-    # On the 2-core CPU: fine-tuning sees ~10% of the pretraining tokens.
-    "default": dict(base="default", finetune_steps=80, finetune_batch=4, finetune_lr=1e-3, finetune_warmup=8,
-                    search_population=24, search_generations=16, search_parents=6, search_windows=8),
-    "gpu": dict(base="gpu", finetune_steps=400, finetune_batch=16, finetune_lr=5e-4, finetune_warmup=40,
-                search_population=32, search_generations=16, search_parents=8, search_windows=16, from_scratch=True),
-}
-
-
-@dataclass(frozen=True)
-class ExtendConfig:
-    preset: str = "default"
-    factor: float = 8.0
-    methods: tuple[str, ...] = ("pi", "ntk", "yarn", "longrope")
-    finetune_steps: int = 80
-    finetune_batch: int = 4
-    finetune_lr: float = 1e-3
-    finetune_warmup: int = 8
-    search_population: int = 24
-    search_generations: int = 16
-    search_parents: int = 6
-    search_windows: int = 8
-    from_scratch: bool = False  # the ceiling: RoPE trained at the target length with the pretraining budget
-    eval_stride: int | None = None
-    base: str = "default"  # the extrapolate preset that trains the base models when no --run is given
-
-    @classmethod
-    def from_preset(cls, preset: str, **overrides) -> "ExtendConfig":
-        values = preset_values(PRESETS, preset, overrides)
-        if isinstance(values.get("methods"), str):
-            values["methods"] = parse_methods(values["methods"], EXTEND_METHODS)
-        return cls(preset=preset, **values)
-
-    def __post_init__(self):
-        factor = self.factor
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor < 1:
-            raise ValueError(f"--factor must be a finite number >= 1, got {factor!r}")
-        parse_methods(self.methods, EXTEND_METHODS)
-        checks.positive_int("--finetune-steps", self.finetune_steps, minimum=0)
-        checks.positive_int("--finetune-batch", self.finetune_batch)
-        checks.positive_float("--finetune-lr", self.finetune_lr)
-        checks.positive_int("finetune_warmup", self.finetune_warmup, minimum=0)
-        checks.positive_int("--search-population", self.search_population, minimum=4)
-        checks.positive_int("--search-generations", self.search_generations)
-        checks.positive_int("--search-windows", self.search_windows)
-        checks.positive_int("search_parents", self.search_parents, minimum=2)
-        if self.search_parents >= self.search_population:
-            raise ValueError(f"search_parents ({self.search_parents}) must be below --search-population "
-                             f"({self.search_population})")
-        if self.eval_stride is not None:
-            checks.positive_int("--eval-stride", self.eval_stride)
-        checks.choice("base preset", self.base, tuple(extrapolate.PRESETS))
-
-    def to_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "methods": list(self.methods)}
-
-    def target_length(self, train_length: int) -> int:
-        target = train_length * self.factor
-        if abs(target - round(target)) > 1e-9:
-            raise ValueError(f"--factor {self.factor} × the training length {train_length} = {target} is not a whole "
-                             "number of tokens; choose a factor that gives one")
-        return int(round(target))
-
-
-# Changing any of these changes a result; methods, --from-scratch and the device may change on --resume.
-RESULT_FIELDS = ("factor", "finetune_steps", "finetune_batch", "finetune_lr", "finetune_warmup", "search_population",
-                 "search_generations", "search_parents", "search_windows", "eval_stride")
-
-
-@dataclass(frozen=True)
-class ExtendRow:
-    name: str
-    trains: str  # "rope" or "alibi": which base checkpoint it starts from
-    method: str  # "rope" (no scaling), a method, "alibi", or "scratch"
-    stage: str  # "zero-shot", "fine-tuned" or "from scratch"
-
-    @property
-    def slug(self) -> str:
-        return self.name.replace(" ", "-")
 
 
 @dataclass
@@ -169,20 +81,6 @@ class Plan:
         return ModelConfig(encoding=encoding, encoding_kwargs={"scaling": scaling} if scaling else {},
                            dim=self.base.dim, num_layers=self.base.num_layers, num_heads=self.base.num_heads,
                            max_positions=max_positions or self.base.train_length)
-
-
-def make_rows(config: ExtendConfig, has_alibi: bool) -> list[ExtendRow]:
-    rows = [ExtendRow("rope", "rope", "rope", "zero-shot")]
-    rows += [ExtendRow(f"rope+{m}", "rope", m, "zero-shot") for m in config.methods]
-    if config.finetune_steps:
-        rows += [ExtendRow(f"rope+{m} fine-tuned", "rope", m, "fine-tuned") for m in config.methods]
-    if has_alibi:
-        rows.append(ExtendRow("alibi", "alibi", "alibi", "zero-shot"))
-        if config.finetune_steps:
-            rows.append(ExtendRow("alibi fine-tuned", "alibi", "alibi", "fine-tuned"))
-    if config.from_scratch:
-        rows.append(ExtendRow("rope trained at target", "rope", "scratch", "from scratch"))
-    return rows
 
 
 def plan(config: ExtendConfig, out: Path, *, run: Path | None = None, text: str | None = None,

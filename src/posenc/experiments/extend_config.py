@@ -1,0 +1,116 @@
+"""What ``posenc extend`` runs: its presets, its config (checked on construction) and its rows.
+
+Rows: plain RoPE; each method zero-shot and, with fine-tuning steps, fine-tuned; ALiBi
+zero-shot and fine-tuned when the base run has ALiBi; optionally RoPE trained from
+scratch at the target length (the ceiling).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from .. import checks
+from . import extrapolate
+from .methods import METHODS, parse_methods
+from .presets import preset_values
+
+EXTEND_METHODS = tuple(m for m in METHODS if m != "llama3")  # llama3's bands are set for 8k-token models
+
+PRESETS: dict[str, dict] = {
+    # Tests and CI: well under a minute on 2 cores.
+    "smoke": dict(base="smoke", finetune_steps=8, finetune_batch=4, finetune_lr=2e-3, finetune_warmup=2,
+                  search_population=6, search_generations=2, search_parents=2, search_windows=2),
+    # On the 2-core CPU: fine-tuning sees ~10% of the pretraining tokens.
+    "default": dict(base="default", finetune_steps=80, finetune_batch=4, finetune_lr=1e-3, finetune_warmup=8,
+                    search_population=24, search_generations=16, search_parents=6, search_windows=8),
+    "gpu": dict(base="gpu", finetune_steps=400, finetune_batch=16, finetune_lr=5e-4, finetune_warmup=40,
+                search_population=32, search_generations=16, search_parents=8, search_windows=16, from_scratch=True),
+}
+
+
+@dataclass(frozen=True)
+class ExtendConfig:
+    preset: str = "default"
+    factor: float = 8.0
+    methods: tuple[str, ...] = ("pi", "ntk", "yarn", "longrope")
+    finetune_steps: int = 80
+    finetune_batch: int = 4
+    finetune_lr: float = 1e-3
+    finetune_warmup: int = 8
+    search_population: int = 24
+    search_generations: int = 16
+    search_parents: int = 6
+    search_windows: int = 8
+    from_scratch: bool = False  # the ceiling: RoPE trained at the target length with the pretraining budget
+    eval_stride: int | None = None
+    base: str = "default"  # the extrapolate preset that trains the base models when no --run is given
+
+    @classmethod
+    def from_preset(cls, preset: str, **overrides) -> "ExtendConfig":
+        values = preset_values(PRESETS, preset, overrides)
+        if isinstance(values.get("methods"), str):
+            values["methods"] = parse_methods(values["methods"], EXTEND_METHODS)
+        return cls(preset=preset, **values)
+
+    def __post_init__(self):
+        factor = self.factor
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor < 1:
+            raise ValueError(f"--factor must be a finite number >= 1, got {factor!r}")
+        parse_methods(self.methods, EXTEND_METHODS)
+        checks.positive_int("--finetune-steps", self.finetune_steps, minimum=0)
+        checks.positive_int("--finetune-batch", self.finetune_batch)
+        checks.positive_float("--finetune-lr", self.finetune_lr)
+        checks.positive_int("finetune_warmup", self.finetune_warmup, minimum=0)
+        checks.positive_int("--search-population", self.search_population, minimum=4)
+        checks.positive_int("--search-generations", self.search_generations)
+        checks.positive_int("--search-windows", self.search_windows)
+        checks.positive_int("search_parents", self.search_parents, minimum=2)
+        if self.search_parents >= self.search_population:
+            raise ValueError(f"search_parents ({self.search_parents}) must be below --search-population "
+                             f"({self.search_population})")
+        if self.eval_stride is not None:
+            checks.positive_int("--eval-stride", self.eval_stride)
+        checks.choice("base preset", self.base, tuple(extrapolate.PRESETS))
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "methods": list(self.methods)}
+
+    def target_length(self, train_length: int) -> int:
+        target = train_length * self.factor
+        if abs(target - round(target)) > 1e-9:
+            raise ValueError(f"--factor {self.factor} × the training length {train_length} = {target} is not a whole "
+                             "number of tokens; choose a factor that gives one")
+        return int(round(target))
+
+
+# Changing any of these changes a result; methods, --from-scratch and the device may change on --resume.
+RESULT_FIELDS = ("factor", "finetune_steps", "finetune_batch", "finetune_lr", "finetune_warmup", "search_population",
+                 "search_generations", "search_parents", "search_windows", "eval_stride")
+
+
+@dataclass(frozen=True)
+class ExtendRow:
+    name: str
+    trains: str  # "rope" or "alibi": which base checkpoint it starts from
+    method: str  # "rope" (no scaling), a method, "alibi", or "scratch"
+    stage: str  # "zero-shot", "fine-tuned" or "from scratch"
+
+    @property
+    def slug(self) -> str:
+        return self.name.replace(" ", "-")
+
+
+def make_rows(config: ExtendConfig, has_alibi: bool) -> list[ExtendRow]:
+    rows = [ExtendRow("rope", "rope", "rope", "zero-shot")]
+    rows += [ExtendRow(f"rope+{m}", "rope", m, "zero-shot") for m in config.methods]
+    if config.finetune_steps:
+        rows += [ExtendRow(f"rope+{m} fine-tuned", "rope", m, "fine-tuned") for m in config.methods]
+    if has_alibi:
+        rows.append(ExtendRow("alibi", "alibi", "alibi", "zero-shot"))
+        if config.finetune_steps:
+            rows.append(ExtendRow("alibi fine-tuned", "alibi", "alibi", "fine-tuned"))
+    if config.from_scratch:
+        rows.append(ExtendRow("rope trained at target", "rope", "scratch", "from scratch"))
+    return rows
