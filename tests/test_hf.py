@@ -11,7 +11,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 import posenc
 from posenc import hf
-from posenc.experiments.pretrained import position_losses
+from posenc.experiments.pretrained.measure import position_losses
 
 HEAD_DIM, CONTEXT = 16, 32
 SCALINGS = {

@@ -16,8 +16,7 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def _add_extrapolate(commands) -> None:
-    from .experiments.extrapolate import PRESETS
-    from .experiments.rows import DEFAULT_ROWS, ROWS
+    from .experiments.extrapolate import DEFAULT_ROWS, PRESETS, ROWS
 
     p = commands.add_parser(
         "extrapolate", help="train tiny LMs at one length, report bits-per-byte at 1x..8x",
@@ -64,7 +63,7 @@ def _run_extrapolate(args) -> int:
 
 
 def _add_extend(commands) -> None:
-    from .experiments.extend_config import EXTEND_METHODS, PRESETS
+    from .experiments.extend import EXTEND_METHODS, PRESETS
 
     p = commands.add_parser(
         "extend", help="stretch a trained RoPE model to N× its length: zero-shot, fine-tuned, LongRoPE-searched",
@@ -122,8 +121,7 @@ def _run_extend(args) -> int:
     misplaced = _flags_given(args, _HF_ONLY)
     if misplaced:
         raise ValueError(f"{', '.join(misplaced)} apply to a pretrained model: they need --hf PATH|smollm2")
-    from .experiments.extend import run
-    from .experiments.extend_config import ExtendConfig
+    from .experiments.extend import ExtendConfig, run
 
     overrides = {k: getattr(args, k) for k in (
         "factor", "methods", "finetune_steps", "finetune_batch", "finetune_lr", "search_population",
@@ -210,9 +208,11 @@ def _add_plot(commands) -> None:
 
 
 def _run_plot(args) -> int:
-    from .plot_command import write_figures
+    from .experiments.extrapolate import trained_models, validation_window
+    from .figures.plot import write_figures
 
-    for path in write_figures(args.out, args.ckpt):
+    models, window = (trained_models(args.ckpt), validation_window(args.ckpt)) if args.ckpt else (None, None)
+    for path in write_figures(args.out, models, window):
         print(path)
     return 0
 

@@ -6,7 +6,7 @@ import torch
 from posenc.bench import bench_attention, bench_rope_apply, bench_training_step, saved_activation_bytes
 from posenc.bench.timing import round_robin
 from posenc.cli import main
-from posenc.model import LanguageModel, ModelConfig
+from posenc.lm.model import LanguageModel, ModelConfig
 
 
 def test_bench_rows_are_ratios_to_eager_in_the_same_run():

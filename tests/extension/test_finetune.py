@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from posenc import storage
-from posenc.experiments.finetune import curve_points, finetune
-from posenc.model import LanguageModel, ModelConfig
-from posenc.train import TrainConfig
+from posenc.extension.finetune import curve_points, finetune
+from posenc.lm.model import LanguageModel, ModelConfig
+from posenc.lm.train import TrainConfig
 
 CONFIG = TrainConfig(steps=40, batch_size=4, length=32, lr=2e-3, warmup=4, checkpoint_every=7, seed=1)
 POINTS = [0, 5, 10, 20, 40]
@@ -56,8 +56,8 @@ def test_finetune_records_the_curve_and_changes_the_model(tmp_path):
 KILLABLE = """
 import sys, time
 sys.path.insert(0, {root!r})
-from tests.experiments.test_finetune import CONFIG, POINTS, data, pretrained, probe
-from posenc.experiments.finetune import finetune
+from tests.extension.test_finetune import CONFIG, POINTS, data, pretrained, probe
+from posenc.extension.finetune import finetune
 def slow(model):
     time.sleep(0.4)
     return probe(model)

@@ -2,10 +2,10 @@ import pytest
 import torch
 
 import posenc
-from posenc.experiments.longrope import (CandidateRoPE, lm_objective, longrope_parameters, method_factors,
+from posenc.extension.longrope import (CandidateRoPE, lm_objective, longrope_parameters, method_factors,
                                          seed_candidates)
-from posenc.experiments.search import Candidate
-from posenc.model import LanguageModel, ModelConfig
+from posenc.extension.search import Candidate
+from posenc.lm.model import LanguageModel, ModelConfig
 from tests.encodings.test_scaling import HEAD_DIM, transformers_frequencies
 
 FACTORS = tuple(1.0 + 3.0 * (i / (HEAD_DIM // 2 - 1)) ** 2 for i in range(HEAD_DIM // 2))

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posenc.experiments.search import (Candidate, SearchConfig, best_loss_per_generation, constrain, crossover,
+from posenc.extension.search import (Candidate, SearchConfig, best_loss_per_generation, constrain, crossover,
                                        is_monotone, mutate, search)
 
 F = 8
@@ -87,8 +87,8 @@ def test_constrain_gives_monotone_factors_in_range(values):
 KILLABLE = """
 import sys, time
 sys.path.insert(0, {tests!r})
-from tests.experiments.test_search import SEEDS, config, synthetic
-from posenc.experiments.search import search
+from tests.extension.test_search import SEEDS, config, synthetic
+from posenc.extension.search import search
 def slow(candidates):
     time.sleep(0.05)
     return synthetic(candidates)

@@ -2,10 +2,10 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-from posenc import encoding_figures as figures
 from posenc.cli import main
-from posenc.experiments.extrapolate import ExperimentConfig, run
-from posenc.run_figures import attention_maps_figure, learned_table_figure, trained_models, validation_window
+from posenc.experiments.extrapolate import ExperimentConfig, run, trained_models, validation_window
+from posenc.figures import encodings as figures
+from posenc.figures.trained import attention_maps_figure, learned_table_figure
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -80,7 +80,7 @@ def test_plot_rejects_a_folder_without_checkpoints(tmp_path, capsys):
 def test_a_row_keeps_its_colour_in_every_figure():
     """learned has no per-position losses past 1x, so the second figure leaves it out;
     the rows after it must not shift to another colour."""
-    from posenc.plots import extrapolation_figure, position_loss_figure
+    from posenc.figures.extrapolate import extrapolation_figure, position_loss_figure
 
     rows = [{"name": name, "bits_per_byte": {"8": 2.0, "16": 2.5},
              "position_bits": None if name == "learned" else {"bin_edges": [0, 8, 16], "bits": [2.0, 2.4]}}

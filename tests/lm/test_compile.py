@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from posenc.encodings import ENCODINGS
-from posenc.model import KVCache, LanguageModel, ModelConfig
+from posenc.lm.model import KVCache, LanguageModel, ModelConfig
 
 SCALED_ROPE = {"scaling": {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 4}}
 
@@ -74,7 +74,7 @@ def test_inductor_training_step_equals_eager():
 
 def test_training_loop_with_compile_reaches_the_eager_weights(tmp_path):
     """``train(compile=True)`` (what ``posenc extrapolate --compile`` runs) follows the eager run."""
-    from posenc.train import TrainConfig, train
+    from posenc.lm.train import TrainConfig, train
 
     data = torch.randint(0, 256, (4096,), dtype=torch.uint8)
     config = TrainConfig(steps=3, batch_size=4, length=16, lr=1e-3, warmup=1, checkpoint_every=3)

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from posenc.data import check_corpus_size, stdlib_corpus, text_corpus, train_batch
-from posenc.evaluate import sliding_windows
+from posenc.lm.data import check_corpus_size, stdlib_corpus, text_corpus, train_batch
+from posenc.lm.evaluate import sliding_windows
 
 
 @pytest.fixture(scope="module")

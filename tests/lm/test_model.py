@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from posenc.model import KVCache, LanguageModel, ModelConfig
+from posenc.lm.model import KVCache, LanguageModel, ModelConfig
 
 ENCODINGS = {
     "none": {}, "sinusoidal": {}, "learned": {}, "alibi": {}, "rope": {}, "t5": {}, "shaw": {"max_distance": 4},

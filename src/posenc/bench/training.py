@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..model import LanguageModel, ModelConfig
+from ..lm.model import LanguageModel, ModelConfig
 from .timing import round_robin
 
 ENCODINGS = ("none", "sinusoidal", "learned", "rope", "alibi", "t5", "shaw", "transformer_xl")

@@ -1,1 +1,6 @@
-"""Experiments built from the library: ``extrapolate`` (train short, test long)."""
+"""The commands' experiments, one sub-package per command: ``extrapolate/``, ``extend/`` and ``pretrained/``
+(``posenc extend --hf``), each with its config, its stages and its report; beside them the pieces they share,
+``presets`` (a preset plus the user's flags) and ``tables`` (plain-text and Markdown tables). Experiments import
+the library and ``lm/``, ``extension/``, ``hf``, ``figures/``; nothing outside this folder but ``cli`` imports from
+it, and no command imports another's modules, except that ``extend`` calls ``extrapolate``'s public names.
+"""

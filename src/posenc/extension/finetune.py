@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import storage
-from ..train import TrainConfig, train
+from ..lm.train import TrainConfig, train
 
 
 def curve_points(steps: int, count: int = 6) -> list[int]:

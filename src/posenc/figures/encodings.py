@@ -10,8 +10,8 @@ import math
 import torch
 from matplotlib.figure import Figure
 
-from . import alibi_slopes, rope_frequencies, sinusoidal_table, t5_bucket
-from .encodings.scaling import yarn_ramp_bounds
+from .. import alibi_slopes, rope_frequencies, sinusoidal_table, t5_bucket
+from ..encodings.scaling import yarn_ramp_bounds
 
 # Seed 004's "position similarity" table (cosine similarity to position 0), which it
 # prints without saying which d it used; posenc computes the real values for d=512.

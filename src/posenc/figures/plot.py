@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import encoding_figures as figures
-from .plots import save_figure
-from .run_figures import attention_maps_figure, learned_table_figure, trained_models, validation_window
+import torch
+
+from ..lm.model import LanguageModel
+from . import encodings as figures
+from .style import save_figure
+from .trained import attention_maps_figure, learned_table_figure
 
 
-def write_figures(out: Path, run_dir: Path | None = None) -> list[Path]:
-    """Write the encoding figures (and, with ``run_dir``, the trained-run figures) under ``out``."""
+def write_figures(out: Path, models: dict[str, LanguageModel] | None = None,
+                  window: torch.Tensor | None = None) -> list[Path]:
+    """Write the encoding figures (and, given trained ``models`` and a (1, T) text ``window``, the
+    trained-model figures) under ``out``."""
     written = [
         save_figure(figures.sinusoidal_heatmap(), out / "sinusoidal_heatmap.png"),
         save_figure(figures.similarity_figure(), out / "sinusoidal_similarity.png"),
@@ -18,7 +23,7 @@ def write_figures(out: Path, run_dir: Path | None = None) -> list[Path]:
         save_figure(figures.rope_scalings_figure(), out / "rope_scalings.png"),
         save_figure(figures.alibi_figure(), out / "alibi.png"),
     ]
-    models = trained_models(run_dir) if run_dir is not None else {}
+    models = models or {}
     t5 = models.get("t5")
     learned = t5.encoding.table.detach() if t5 is not None else None
     bidirectional = bool(t5.encoding.bidirectional) if t5 is not None else False
@@ -27,5 +32,5 @@ def write_figures(out: Path, run_dir: Path | None = None) -> list[Path]:
     if models:
         if "learned" in models:
             written.append(save_figure(learned_table_figure(models["learned"].encoding.table), out / "learned_table.png"))
-        written.append(save_figure(attention_maps_figure(models, validation_window(run_dir)), out / "attention_maps.png"))
+        written.append(save_figure(attention_maps_figure(models, window), out / "attention_maps.png"))
     return written

@@ -1,7 +1,7 @@
-"""Figures, each a function that returns a matplotlib Figure (object-oriented API, headless).
+"""The style every figure shares: headless matplotlib, one fixed colour per row, atomic PNG saving.
 
-``save_figure`` writes a PNG atomically. The figures of ``posenc plot`` and of
-``posenc extrapolate`` both live here.
+Each figure is a function that returns a matplotlib Figure (object-oriented API); ``save_figure``
+writes it as a PNG atomically.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
 
-from . import storage  # noqa: E402
+from .. import storage  # noqa: E402
 
 
 def save_figure(figure: Figure, path: str | Path, dpi: int = 110) -> Path:
@@ -30,69 +30,3 @@ def colours(names: list[str]) -> dict[str, str]:
     """A fixed colour per name, by its place in ``names``."""
     palette = matplotlib.colormaps["tab10" if len(names) <= 10 else "tab20"].colors
     return {name: matplotlib.colors.to_hex(palette[i % len(palette)]) for i, name in enumerate(names)}
-
-
-def extrapolation_figure(results: dict) -> Figure:
-    """Bits-per-byte vs eval length (log2 x), one line per row; the training length marked."""
-    figure = Figure(figsize=(7.5, 4.8), layout="constrained")
-    ax = figure.add_subplot()
-    lengths = results["eval_lengths"]
-    colours = row_colours(results)
-    for row in results["rows"]:
-        points = [(length, row["bits_per_byte"][str(length)]) for length in lengths]
-        points = [(x, y) for x, y in points if y is not None]
-        if not points:
-            continue
-        style = "--" if "+" in row["name"] else "-"
-        ax.plot(*zip(*points), style, marker="o", label=row["name"], color=colours[row["name"]])
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(lengths, [str(length) for length in lengths])
-    ax.axvline(results["train_length"], color="grey", linewidth=0.8, linestyle=":")
-    ax.set_xlabel("evaluation length (bytes, log2 scale); dotted: training length")
-    ax.set_ylabel("bits per byte (lower is better)")
-    ax.set_title(f"Train short, test long ({results['protocol']})")
-    _cap_y(ax, results)
-    ax.legend(fontsize=8, ncol=2)
-    ax.grid(alpha=0.3)
-    return figure
-
-
-def _cap_y(ax, results: dict) -> None:
-    """Keep the interesting range visible when one row blows up."""
-    values = [v for row in results["rows"] for v in row["bits_per_byte"].values() if v is not None]
-    if values:
-        low = min(values)
-        ax.set_ylim(low * 0.95, min(max(values), low * 2.5) * 1.05)
-
-
-def position_loss_figure(results: dict) -> Figure:
-    """Loss vs position inside the longest eval windows: where each encoding breaks."""
-    figure = Figure(figsize=(7.5, 4.8), layout="constrained")
-    ax = figure.add_subplot()
-    colours = row_colours(results)
-    for row in results["rows"]:
-        position = row.get("position_bits")
-        if not position:
-            continue
-        edges = position["bin_edges"]
-        centres = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:])]
-        style = "--" if "+" in row["name"] else "-"
-        ax.plot(centres, position["bits"], style, label=row["name"], color=colours[row["name"]])
-    ax.axvline(results["train_length"], color="grey", linewidth=0.8, linestyle=":")
-    longest = max(results["eval_lengths"])
-    ax.set_xlabel(f"position inside a {longest}-byte window (dotted: training length)")
-    ax.set_ylabel("bits per byte at that position")
-    ax.set_title("Where extrapolation breaks: loss by position")
-    values = [b for row in results["rows"] if row.get("position_bits") for b in row["position_bits"]["bits"]]
-    if values:
-        low = min(values)
-        ax.set_ylim(low * 0.95, min(max(values), low * 3) * 1.05)
-        ax.legend(fontsize=8, ncol=2)
-    else:
-        ax.text(0.5, 0.5, "no per-position losses: recorded for non-overlapping windows only",
-                ha="center", va="center", transform=ax.transAxes)
-    ax.grid(alpha=0.3)
-    return figure
-
-
-__all__ = ["colours", "extrapolation_figure", "position_loss_figure", "row_colours", "save_figure"]

@@ -1,43 +1,11 @@
-"""Figures read from a finished ``posenc extrapolate`` run directory (``posenc plot --ckpt``)."""
+"""Figures of trained models: a learned absolute table, and per-head attention maps on real text."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import torch
 from matplotlib.figure import Figure
 
-from . import storage
-from .data import stdlib_corpus, text_corpus
-from .experiments.extrapolate import ExperimentConfig
-from .experiments.rows import ROWS
-from .model import LanguageModel
-
-
-def trained_models(run_dir: Path) -> dict[str, LanguageModel]:
-    """Every finished checkpoint of the run (first seed), by encoding name, in eval mode."""
-    if not (run_dir / "config.json").is_file():
-        raise ValueError(f"--ckpt {run_dir}: not a posenc extrapolate run directory (no config.json)")
-    config = ExperimentConfig.from_dict(storage.read_json(run_dir / "config.json"))
-    models = {}
-    for folder in sorted((run_dir / "checkpoints").glob("*-seed*")):
-        weights = folder / "model.safetensors"
-        name, seed = folder.name.rsplit("-seed", 1)
-        if not weights.exists() or int(seed) != config.seed or name not in ROWS:
-            continue
-        model = LanguageModel(config.model_config(ROWS[name], {}))
-        model.load_state_dict(storage.load_weights(weights))
-        models[name] = model.eval()
-    if not models:
-        raise ValueError(f"--ckpt {run_dir}: no finished checkpoints under {run_dir / 'checkpoints'}")
-    return models
-
-
-def validation_window(run_dir: Path) -> torch.Tensor:
-    """The first training-length window of the run's validation text: (1, T) int64."""
-    config = ExperimentConfig.from_dict(storage.read_json(run_dir / "config.json"))
-    corpus = text_corpus(config.text) if config.text else stdlib_corpus()
-    return corpus.validation[: config.train_length].long().unsqueeze(0)
+from ..lm.model import LanguageModel
 
 
 def learned_table_figure(table: torch.Tensor) -> Figure:

@@ -106,6 +106,13 @@ def text_corpus(path: str | os.PathLike) -> Corpus:
     return corpus
 
 
+def load_corpus(text: str | os.PathLike | None, *, train_length: int, eval_span: int) -> Corpus:
+    """``text`` (a file or folder) or, when None, the embedded stdlib corpus; checked for the windows it must supply."""
+    corpus = text_corpus(text) if text else stdlib_corpus()
+    check_corpus_size(corpus, train_length=train_length, eval_span=eval_span)
+    return corpus
+
+
 def check_corpus_size(corpus: Corpus, *, train_length: int, eval_span: int) -> None:
     """Raise before training when the corpus cannot supply the requested windows."""
     need_train = 4 * (train_length + 1)

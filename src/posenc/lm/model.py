@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import checks
-from .attention import attention, attention_weights
-from .encodings import build_for_model
-from .encodings.base import PositionedEncoding
+from .. import checks
+from ..attention import attention, attention_weights
+from ..encodings import build_for_model
+from ..encodings.base import PositionedEncoding
 
 EMBEDDING_STD = 0.02  # GPT-2's initialisation of every weight and of the token embeddings
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from . import storage
+from .. import storage
 from .data import train_batch
 
 

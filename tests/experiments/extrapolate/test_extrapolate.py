@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from posenc.cli import main
-from posenc.experiments.extrapolate import ExperimentConfig, run
-from posenc.experiments.rows import DEFAULT_ROWS
+from posenc.experiments.extrapolate import DEFAULT_ROWS, ExperimentConfig, run
 
 ENV = {**os.environ, "POSENC_FLEX_COMPILE": "0", "OMP_NUM_THREADS": "1"}
 
@@ -55,7 +54,7 @@ def test_factor_one_scalings_equal_plain_rope(smoke_run):
 
 def test_every_encoding_scores_the_same_bytes(tmp_path):
     seen = []
-    import posenc.experiments.extrapolate as extrapolate
+    import posenc.experiments.extrapolate.stages as extrapolate
 
     original = extrapolate.evaluate
 

@@ -9,35 +9,10 @@ import pytest
 import torch
 
 from posenc.cli import main
-from posenc.experiments import passkey
-from posenc.experiments.pretrained import ByteTokens, PretrainedConfig, position_losses, read_text_tokens
+from posenc.experiments.pretrained import PretrainedConfig
+from posenc.experiments.pretrained.measure import ByteTokens, position_losses, read_text_tokens
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
-@pytest.mark.parametrize("depth", [0.0, 0.3, 0.5, 1.0])
-def test_passkey_prompt_puts_the_key_at_the_asked_depth_token_exactly(depth):
-    tokens = ByteTokens()
-    prompt = passkey.make_prompt(tokens.encode, 700, depth, "52718")
-    key_ids = tokens.encode(passkey.KEY.format(key="52718"))
-    intro, question = tokens.encode(passkey.INTRO), tokens.encode(passkey.QUESTION)
-    budget = 700 - len(intro) - len(key_ids) - len(question)
-    assert len(prompt.ids) == 700
-    assert prompt.key_start == len(intro) + round(depth * budget)
-    assert prompt.ids[prompt.key_start : prompt.key_start + len(key_ids)] == key_ids
-    assert prompt.ids[-len(question):] == question and prompt.ids[: len(intro)] == intro
-
-
-def test_the_scorer_reads_the_first_number():
-    assert passkey.read_answer(" 52718. Remember it.") == "52718"
-    assert passkey.read_answer(" is 5 2718") == "5"
-    assert passkey.read_answer(" I don't know.") is None
-    assert passkey.keys(3, 4) == passkey.keys(3, 4) and all(len(k) == 5 for k in passkey.keys(3, 4))
-
-
-def test_a_prompt_shorter_than_its_fixed_text_is_refused():
-    with pytest.raises(ValueError, match="passkey length 100 is too short"):
-        passkey.make_prompt(ByteTokens().encode, 100, 0.5, "12345")
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,10 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from .. import checks
-from . import extrapolate
-from .methods import METHODS, parse_methods
-from .presets import preset_values
+from ... import checks
+from ...extension.methods import METHODS, parse_methods
+from .. import extrapolate
+from ..presets import preset_values
 
 EXTEND_METHODS = tuple(m for m in METHODS if m != "llama3")  # llama3's bands are set for 8k-token models
 

@@ -1,23 +1,11 @@
-"""Results of ``extend`` as tables (terminal, Markdown) and three figures.
-
-Colours belong to a method (plain RoPE, pi, ntk, ..., alibi), so a method's zero-shot
-row (dashed) and fine-tuned row (solid) share one, in every figure.
-"""
+"""Results of ``extend`` as tables (terminal, Markdown), files on disk and three figures (figures/extend.py)."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
-from matplotlib.figure import Figure
-
-from .. import storage
-from ..plots import colours, save_figure
-from .tables import markdown_table, stage_rows, text_table
-
-
-def _method_colours(results: dict) -> dict[str, str]:
-    return colours(list(dict.fromkeys(row["method"] for row in results["rows"])))
+from ... import storage
+from ..tables import markdown_table, stage_rows, text_table
 
 
 def table_rows(results: dict) -> tuple[list[str], list[list[str]]]:
@@ -78,71 +66,11 @@ def _compact_json(value: dict) -> str:
     return "{\n" + ",\n".join(f'  "{k}": {json.dumps(v)}' for k, v in value.items()) + "\n}"
 
 
-def extension_figure(results: dict) -> Figure:
-    """Bits per byte vs length: zero-shot dashed, fine-tuned solid, one colour per method."""
-    figure = Figure(figsize=(9.0, 4.8), layout="constrained")
-    ax = figure.add_subplot()
-    lengths, palette = results["eval_lengths"], _method_colours(results)
-    for row in results["rows"]:
-        points = [(n, row["bits_per_byte"][str(n)]) for n in lengths if row["bits_per_byte"][str(n)] is not None]
-        style = {"zero-shot": "--", "fine-tuned": "-", "from scratch": ":"}[row["stage"]]
-        ax.plot(*zip(*points), style, marker="o", label=row["name"], color=palette[row["method"]])
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(lengths, [str(n) for n in lengths])
-    ax.axvline(results["train_length"], color="grey", linewidth=0.8, linestyle=":")
-    ax.axvline(results["target_length"], color="black", linewidth=0.8, linestyle=":")
-    ax.set_xlabel("evaluation length (log2); dotted: training length (grey), target length (black)")
-    ax.set_ylabel("bits per byte (lower is better)")
-    ax.set_title(f"Extending RoPE ×{results['config']['factor']:g}: zero-shot (dashed) vs fine-tuned (solid)")
-    values = [v for row in results["rows"] for v in row["bits_per_byte"].values() if v is not None]
-    ax.set_ylim(min(values) * 0.95, min(max(values), min(values) * 2.2) * 1.05)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    ax.grid(alpha=0.3)
-    return figure
-
-
-def finetune_curve_figure(results: dict) -> Figure:
-    """Bits per byte at the target length against fine-tuning steps, per method."""
-    figure = Figure(figsize=(7.0, 4.5), layout="constrained")
-    ax = figure.add_subplot()
-    palette = _method_colours(results)
-    for method, curve in results["curves"].items():
-        steps = sorted(curve, key=int)
-        ax.plot([int(s) for s in steps], [curve[s] for s in steps], marker="o", label=method, color=palette[method])
-    ax.set_xscale("symlog", linthresh=1)
-    ax.set_xlabel(f"fine-tuning steps at {results['target_length']} tokens "
-                  f"({results['config']['finetune_batch']} windows per step; symlog)")
-    ax.set_ylabel(f"bits per byte at {results['target_length']}")
-    ax.set_title("How minimal is minimal fine-tuning?")
-    if results["curves"]:
-        ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    return figure
-
-
-def factors_figure(results: dict) -> Figure:
-    """Searched λ_i against PI, NTK and YaRN's equivalent factors, by wavelength 2π/θ_i."""
-    figure = Figure(figsize=(7.0, 4.5), layout="constrained")
-    ax = figure.add_subplot()
-    longrope = results["longrope"]
-    wavelengths = [2 * math.pi / theta for theta in longrope["inverse_frequencies"]]
-    palette = _method_colours(results)
-    for method, factors in longrope["method_factors"].items():
-        ax.plot(wavelengths, factors, "--", marker=".", label=method, color=palette.get(method))
-    ax.plot(wavelengths, longrope["best"]["factors"], "-", marker="o", label=f"searched (n̂ = {longrope['best']['n_hat']})",
-            color=palette.get("longrope"))
-    ax.axvline(results["train_length"], color="grey", linewidth=0.8, linestyle=":")
-    ax.axvline(results["target_length"], color="black", linewidth=0.8, linestyle=":")
-    ax.set_xscale("log")
-    ax.set_xlabel("wavelength 2π/θ_i in tokens (log); dotted: training and target length")
-    ax.set_ylabel("rescale factor λ_i (θ_i → θ_i / λ_i)")
-    ax.set_title("LongRoPE: searched per-frequency factors")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    return figure
-
-
 def write_all(results: dict, out: Path) -> None:
+    # matplotlib is imported only when a report is written
+    from ...figures.extend import extension_figure, factors_figure, finetune_curve_figure
+    from ...figures.style import save_figure
+
     storage.write_json(out / "results.json", results)
     storage.write_text(out / "results.md", markdown(results))
     save_figure(extension_figure(results), out / "extension.png")

@@ -9,7 +9,7 @@ on the way) -> evaluate every row on the same validation bytes at every eval len
 
 Every method runs at one fixed config, ``factor`` = target / training length, at every
 eval length: the config a user would deploy. (``extrapolate`` instead sets the factor to
-each column's length.) The presets, config and rows are in extend_config.py.
+each column's length.) The presets, config and rows are in config.py.
 
 Run directory: ``config.json``, ``base/`` (when no --run), ``search_log.json``,
 ``rope_parameters.json``, ``finetune/<row>/``, ``scratch/``, ``evals/<protocol>/<row>.json``.
@@ -25,19 +25,21 @@ from pathlib import Path
 
 import torch
 
-from .. import __version__, storage
-from ..data import Corpus, eval_span
-from ..evaluate import evaluate
-from ..model import LanguageModel, ModelConfig
-from ..train import TrainConfig, train
-from . import extend_report, extrapolate
-from .extend_config import RESULT_FIELDS, ExtendConfig, ExtendRow, make_rows
-from .extrapolate import ExperimentConfig, Runtime
-from .finetune import curve_points, finetune
-from .longrope import (default_max_factor, lm_objective, longrope_parameters, method_factors, plain_frequencies,
-                       seed_candidates)
-from .methods import method_scaling
-from .search import N_HAT_CHOICES, Candidate, SearchConfig, best_loss_per_generation, search
+from ... import __version__, storage
+from ...extension.finetune import curve_points, finetune
+from ...extension.longrope import (default_max_factor, lm_objective, longrope_parameters, method_factors,
+                                   plain_frequencies, seed_candidates)
+from ...extension.methods import method_scaling
+from ...extension.search import N_HAT_CHOICES, Candidate, SearchConfig, best_loss_per_generation, search
+from ...lm.data import Corpus, eval_span, load_corpus
+from ...lm.evaluate import evaluate
+from ...lm.model import LanguageModel, ModelConfig
+from ...lm.runtime import Runtime
+from ...lm.train import TrainConfig, train
+from .. import extrapolate
+from ..extrapolate import ExperimentConfig
+from . import report
+from .config import RESULT_FIELDS, ExtendConfig, ExtendRow, make_rows
 
 
 @dataclass
@@ -99,7 +101,7 @@ def plan(config: ExtendConfig, out: Path, *, run: Path | None = None, text: str 
     if uneven:
         raise ValueError(f"the eval span ({span} tokens) is not a whole number of windows of {uneven}; choose a "
                          "--factor whose target length divides it")
-    corpus = extrapolate.load_corpus(base)
+    corpus = load_corpus(base.text, train_length=base.train_length, eval_span=base.eval_span)
     need = span + 1 + config.search_windows * target + 1
     if "longrope" in config.methods and len(corpus.validation) < need:
         raise ValueError(f"corpus too small: the validation split has {len(corpus.validation):,} tokens; the report "
@@ -189,9 +191,9 @@ def run(config: ExtendConfig, out: Path, *, run_dir: Path | None = None, text: s
     evals = {row.name: _evaluate_row(p, row, scalings.get(row.method), tokens, runtime, log) for row in p.rows}
     stages["evaluation (all rows)"] = sum(e["wall_time_s"] for e in evals.values())
     results = _collect(p, runtime, scalings, evals, curves, longrope, stages)
-    extend_report.write_all(results, out)
+    report.write_all(results, out)
     log("")
-    log(extend_report.terminal_table(results))
+    log(report.terminal_table(results))
     log(f"\nwrote {out / 'results.json'}, results.md, extension.png, finetune_curve.png"
         + (", longrope_factors.png, rope_parameters.json" if longrope else ""))
     return results

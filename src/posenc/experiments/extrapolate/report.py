@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import storage
-from . import tables
+from ... import storage
+from .. import tables
 
 
 def _cell(mean, std) -> str:
@@ -64,7 +64,9 @@ def parameters_line(results: dict) -> str:
 
 
 def write_all(results: dict, out: Path) -> None:
-    from ..plots import extrapolation_figure, position_loss_figure, save_figure
+    # matplotlib is imported only when a report is written
+    from ...figures.extrapolate import extrapolation_figure, position_loss_figure
+    from ...figures.style import save_figure
 
     storage.write_json(out / "results.json", results)
     storage.write_text(out / "results.md", markdown_table(results))

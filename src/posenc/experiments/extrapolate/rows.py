@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .methods import method_scaling
+from ...extension.methods import method_scaling
 
 
 @dataclass(frozen=True)

@@ -13,155 +13,22 @@ or seeds, or evaluate the same checkpoints with another protocol.
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import platform
 import statistics
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
-from .. import __version__, checks, storage
-from ..data import Corpus, check_corpus_size, eval_span, stdlib_corpus, text_corpus
-from ..evaluate import evaluate
-from ..model import LanguageModel, ModelConfig
-from ..train import TrainConfig, train
+from ... import __version__, storage
+from ...lm.data import eval_span, load_corpus
+from ...lm.evaluate import evaluate
+from ...lm.model import LanguageModel
+from ...lm.runtime import Runtime
+from ...lm.train import TrainConfig, train
 from . import report
-from .presets import preset_values
-from .rows import Row, parse_rows
-
-PRESETS: dict[str, dict] = {
-    # CI and tests: seconds on 2 cores.
-    "smoke": dict(dim=32, num_layers=1, num_heads=2, train_length=16, batch_size=8, steps=20, lr=3e-3,
-                  warmup=5, eval_windows=2, checkpoint_every=5),
-    # make run: minutes on a 2-core laptop CPU.
-    "default": dict(dim=128, num_layers=4, num_heads=4, train_length=64, batch_size=32, steps=600, lr=2e-3,
-                    warmup=50, eval_windows=48),
-    # A GPU: a bigger model, longer training and windows.
-    "gpu": dict(dim=512, num_layers=8, num_heads=8, train_length=256, batch_size=64, steps=4000, lr=1e-3,
-                warmup=200, eval_windows=64),
-}
-
-
-@dataclass(frozen=True)
-class ExperimentConfig:
-    preset: str = "default"
-    encodings: str = "default"
-    dim: int = 128
-    num_layers: int = 4
-    num_heads: int = 4
-    train_length: int = 64
-    batch_size: int = 32
-    steps: int = 600
-    lr: float = 2e-3
-    warmup: int = 50
-    eval_windows: int = 48
-    eval_factors: tuple[int, ...] = (1, 2, 4, 8)
-    eval_stride: int | None = None
-    seeds: int = 1
-    seed: int = 0
-    device: str = "auto"
-    text: str | None = None
-    checkpoint_every: int = 100
-    compile: bool = False  # torch.compile the training forward pass; speed only, not a training field
-
-    @classmethod
-    def from_preset(cls, preset: str, **overrides) -> "ExperimentConfig":
-        values = preset_values(PRESETS, preset, overrides)
-        return cls(preset=preset, **values)
-
-    @classmethod
-    def from_dict(cls, values: dict) -> "ExperimentConfig":
-        """The inverse of to_dict (e.g. a run directory's config.json)."""
-        values = dict(values)
-        if "eval_factors" in values:
-            values["eval_factors"] = tuple(values["eval_factors"])
-        return cls(**values)
-
-    def __post_init__(self):
-        for name in ("dim", "num_layers", "num_heads", "train_length", "batch_size", "steps", "eval_windows", "seeds"):
-            checks.positive_int(name, getattr(self, name))
-        checks.positive_int("warmup", self.warmup, minimum=0)
-        checks.positive_float("lr", self.lr)
-        if not self.eval_factors or any(not isinstance(f, int) or f < 1 for f in self.eval_factors):
-            raise ValueError(f"eval_factors must be integers >= 1, got {self.eval_factors}")
-        if self.eval_stride is not None:
-            checks.positive_int("eval_stride", self.eval_stride)
-        checks.choice("device", self.device, ("auto", "cpu", "cuda"))
-        parse_rows(self.encodings)  # unknown names fail here, before anything runs
-
-    @property
-    def eval_lengths(self) -> list[int]:
-        return [self.train_length * f for f in sorted(set(self.eval_factors))]
-
-    @property
-    def eval_span(self) -> int:
-        return max(self.eval_lengths) * self.eval_windows
-
-    def model_config(self, row: Row, kwargs: dict) -> ModelConfig:
-        return ModelConfig(encoding=row.trains, encoding_kwargs=kwargs, dim=self.dim, num_layers=self.num_layers,
-                           num_heads=self.num_heads, max_positions=self.train_length)
-
-    def to_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "eval_factors": list(self.eval_factors)}
-
-    def training_dict(self) -> dict:
-        """The fields a checkpoint depends on: a resumed run must keep them."""
-        return {name: value for name, value in self.to_dict().items() if name in TRAINING_FIELDS}
-
-    @property
-    def eval_tag(self) -> str:
-        """Names evaluation files by protocol, so a resumed run may change how it evaluates."""
-        stride = "nonoverlap" if self.eval_stride is None else f"stride{self.eval_stride}"
-        return f"{'-'.join(map(str, self.eval_lengths))}x{self.eval_windows}-{stride}"
-
-
-# Changing any of these changes what a checkpoint is; everything else (rows, seeds,
-# eval lengths, protocol, windows, device) may change between --resume calls.
-TRAINING_FIELDS = ("dim", "num_layers", "num_heads", "train_length", "batch_size", "steps", "lr", "warmup",
-                   "text", "checkpoint_every")
-
-
-@dataclass
-class Runtime:
-    """Where this process runs: device, precision and its place in a DDP group."""
-
-    device: torch.device
-    autocast_dtype: torch.dtype | None
-    rank: int = 0
-    world_size: int = 1
-    label: str = field(default="")
-
-    @classmethod
-    def detect(cls, requested: str) -> "Runtime":
-        world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        rank = int(os.environ.get("RANK", "0"))
-        cuda = torch.cuda.is_available() and requested in ("auto", "cuda")
-        if requested == "cuda" and not torch.cuda.is_available():
-            raise ValueError("--device cuda: no CUDA device is available here; use --device cpu or auto")
-        if cuda:
-            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-            torch.cuda.set_device(device)
-        else:
-            device = torch.device("cpu")
-        if world_size > 1 and not dist.is_initialized():
-            dist.init_process_group("nccl" if cuda else "gloo")
-        name = torch.cuda.get_device_name(device) if cuda else f"cpu ({os.cpu_count()} cores)"
-        return cls(device, torch.bfloat16 if cuda else None, rank, world_size, name)
-
-    def barrier(self) -> None:
-        if self.world_size > 1:
-            dist.barrier()
-
-
-def load_corpus(config: ExperimentConfig) -> Corpus:
-    corpus = text_corpus(config.text) if config.text else stdlib_corpus()
-    check_corpus_size(corpus, train_length=config.train_length, eval_span=config.eval_span)
-    return corpus
-
+from .config import ExperimentConfig
+from .rows import parse_rows
 
 def prepare_run_dir(out: Path, config: ExperimentConfig, resume: bool) -> None:
     """Pin the training config in ``out``; refuse to resume with different training fields.
@@ -191,7 +58,8 @@ def run(config: ExperimentConfig, out: Path, *, resume: bool = False, log=print)
     runtime = Runtime.detect(config.device)
     if runtime.rank != 0:
         log = lambda *_: None  # noqa: E731 - one voice in a DDP group
-    corpus = load_corpus(config)  # fails on a bad corpus before any training
+    # A bad corpus fails here, before any training ...
+    corpus = load_corpus(config.text, train_length=config.train_length, eval_span=config.eval_span)
     for row in rows:  # ... and on sizes an encoding rejects (e.g. an odd head width for RoPE)
         LanguageModel(config.model_config(row, row.train_kwargs))
     if runtime.rank == 0:

@@ -19,182 +19,25 @@ past its switch) change frequencies with the window length and run one window pe
 
 from __future__ import annotations
 
-import dataclasses
 import platform
 import resource
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .. import __version__, checks, hf, storage
-from ..data import stdlib_corpus, text_corpus
-from . import passkey
-from .extrapolate import Runtime
-from .longrope import default_max_factor
-from .methods import method_scaling, parse_methods
-from .presets import preset_values
-from .search import Candidate, SearchConfig, search
+from ... import __version__, hf, storage
+from ...extension import passkey
+from ...extension.longrope import default_max_factor, longrope_parameters, seed_candidates
+from ...extension.search import Candidate, SearchConfig, search
+from ...lm.runtime import Runtime
+from . import report
+from .config import PretrainedConfig
+from .measure import binned, load_model, method_parameters, position_losses, read_text_tokens
 
-HF_METHODS = ("none", "pi", "ntk", "dynamic", "yarn", "llama3", "longrope")
+# Scalings whose frequencies change with the window's length: one forward per measured length.
 LENGTH_DEPENDENT = ("dynamic", "longrope")
-
-HF_PRESETS: dict[str, dict] = {
-    # A tiny random Llama built offline, byte tokens: seconds. Its answers are noise; it tests the plumbing.
-    "smoke": dict(model="tiny", to=512, lengths=(64, 128, 256, 512), methods=("none", "pi", "ntk", "dynamic", "yarn"),
-                  passkey_lengths=(320, 512), passkey_depths=(0.25, 0.75), passkey_trials=1, bins=8, chunk=64),
-    # SmolLM2-135M on the 2-core CPU: 2× its 8k context.
-    "default": dict(model="smollm2", to=16384, lengths=(4096, 8192, 12288, 16384),
-                    methods=("none", "pi", "ntk", "dynamic", "yarn"), passkey_lengths=(4096, 10240),
-                    passkey_depths=(0.2, 0.8), passkey_trials=1, bins=32, chunk=2048),
-    # A GPU: 4× the context, the full grid and a LongRoPE search.
-    "gpu": dict(model="smollm2", to=32768, lengths=(4096, 8192, 16384, 24576, 32768),
-                methods=("none", "pi", "ntk", "dynamic", "yarn", "llama3", "longrope"),
-                passkey_lengths=(4096, 8192, 16384, 24576, 32768), passkey_depths=(0.1, 0.3, 0.5, 0.7, 0.9),
-                passkey_trials=3, bins=64, chunk=4096, search_population=16, search_generations=8),
-}
-
-
-@dataclass(frozen=True)
-class PretrainedConfig:
-    preset: str = "default"
-    model: str = "smollm2"  # a path, "smollm2", or "tiny" (the smoke model)
-    to: int = 16384
-    lengths: tuple[int, ...] = (4096, 8192, 12288, 16384)
-    methods: tuple[str, ...] = ("none", "pi", "ntk", "dynamic", "yarn")
-    passkey_lengths: tuple[int, ...] = (4096, 10240)
-    passkey_depths: tuple[float, ...] = (0.2, 0.8)
-    passkey_trials: int = 1
-    bins: int = 32
-    chunk: int = 2048
-    search_population: int = 8
-    search_generations: int = 4
-    search_windows: int = 1
-    text: str | None = None
-    seed: int = 0
-
-    @classmethod
-    def from_preset(cls, preset: str, **overrides) -> "PretrainedConfig":
-        values = preset_values(HF_PRESETS, preset, overrides)
-        if isinstance(values.get("methods"), str):
-            values["methods"] = parse_methods(values["methods"], HF_METHODS)
-        return cls(preset=preset, **values)
-
-    def __post_init__(self):
-        checks.positive_int("--to", self.to, minimum=2)
-        parse_methods(self.methods, HF_METHODS)
-        if not self.lengths or any(not isinstance(n, int) or not 2 <= n <= self.to for n in self.lengths):
-            raise ValueError(f"lengths must be integers in [2, --to = {self.to}], got {self.lengths}")
-        if any(not 0 <= d <= 1 for d in self.passkey_depths):
-            raise ValueError(f"passkey depths must be in [0, 1], got {self.passkey_depths}")
-        for name in ("passkey_trials", "bins", "chunk", "search_windows"):
-            checks.positive_int(name, getattr(self, name))
-        checks.positive_int("--search-population", self.search_population, minimum=4)
-        checks.positive_int("--search-generations", self.search_generations)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-class ByteTokens:
-    """The smoke model's tokenizer: UTF-8 bytes."""
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def decode(self, ids: list[int]) -> str:
-        return bytes(i % 256 for i in ids).decode("utf-8", errors="replace")
-
-
-class HFTokens:
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False).input_ids
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-
-def tiny_llama(seed: int = 0, context: int = 64):
-    """A random 2-layer Llama over bytes (vocab 256), RoPE theta 10,000, ``context`` positions: built offline.
-    Weights drawn with std 0.2 (not 0.02), so attention, and so the loss, depends on positions."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, bos_token_id=0,
-                         eos_token_id=1, tie_word_embeddings=True, initializer_range=0.2)
-    return LlamaForCausalLM(config).eval()
-
-
-def load_model(config: PretrainedConfig):
-    """(model, tokens) for the config's model."""
-    if config.model == "tiny":
-        return tiny_llama(config.seed), ByteTokens()
-    model, tokenizer = hf.load(config.model)
-    if tokenizer is None:
-        raise ValueError(f"{config.model} has no tokenizer (tokenizer.json); posenc extend --hf needs one")
-    return model, HFTokens(tokenizer)
-
-
-def method_parameters(method: str, factor: float, original: int, theta: float, own: dict) -> dict:
-    """The rope_parameters of ``method``; ``none`` is the model's own (unscaled) config."""
-    if method == "none":
-        return dict(own)
-    return method_scaling(method, factor, original, base=theta)
-
-
-@contextmanager
-def layer_progress(model, label: str):
-    """A progress bar (with ETA) advanced by every decoder layer of one long forward pass."""
-    layers = list(getattr(model.model, "layers", []))
-    bar = tqdm(total=len(layers), desc=label, leave=False, dynamic_ncols=True)
-
-    def advance(*_) -> None:  # a forward hook that returns something replaces the layer's output
-        bar.update(1)
-
-    hooks = [layer.register_forward_hook(advance) for layer in layers]
-    try:
-        yield
-    finally:
-        for hook in hooks:
-            hook.remove()
-        bar.close()
-
-
-@torch.no_grad()
-def position_losses(model, tokens: torch.Tensor, chunk: int = 2048, label: str = "forward") -> torch.Tensor:
-    """Next-token loss (nats) at every position of one window, from hidden states in chunks.
-
-    tokens: (T,) int64. Returns (T - 1,) float32. Never holds more than chunk × vocab logits.
-    """
-    device = next(model.parameters()).device
-    with layer_progress(model, f"{label} ({tokens.shape[0] - 1:,} tokens)"):
-        hidden = model.model(input_ids=tokens[None].to(device)).last_hidden_state[0]  # (T, D)
-    losses = []
-    for start in range(0, tokens.shape[0] - 1, chunk):
-        end = min(start + chunk, tokens.shape[0] - 1)
-        logits = model.lm_head(hidden[start:end]).float()  # (chunk, V)
-        losses.append(F.cross_entropy(logits, tokens[start + 1 : end + 1].to(device), reduction="none").cpu())
-    return torch.cat(losses)
-
-
-def binned(losses: torch.Tensor, bins: int) -> dict:
-    edges = [round(i * losses.shape[0] / bins) for i in range(bins + 1)]
-    return {"bin_edges": edges, "loss": [losses[a:b].mean().item() for a, b in zip(edges[:-1], edges[1:])]}
-
-
-def read_text_tokens(config: PretrainedConfig, tokens) -> torch.Tensor:
-    corpus = text_corpus(config.text) if config.text else stdlib_corpus()
-    text = bytes(corpus.validation.tolist()).decode("utf-8", errors="replace")
-    return torch.tensor(tokens.encode(text), dtype=torch.int64)
 
 
 def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Path | None = None,
@@ -253,10 +96,8 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
                             "passkey": keys}
         stages[f"measure {method}"] = time.perf_counter() - started
     results = {**_collect(config, model, original, factor, text, measured, stages), "device": runtime.label}
-    from . import pretrained_report
-
-    pretrained_report.write_all(results, out)
-    log(pretrained_report.terminal_table(results))
+    report.write_all(results, out)
+    log(report.terminal_table(results))
     log(f"\nwrote {out / 'results.json'}, results.md, loss_by_position.png, passkey.png, rope_parameters.json")
     if export is not None:
         _export(model, tokens, results, Path(export), log)
@@ -341,8 +182,6 @@ def _passkey(model, tokens, method, config, out, log) -> dict:
 
 def _search(model, text, config, factor, original, theta, out, log) -> dict:
     """LongRoPE factors for this model at --to, on text after the measured window; returns rope_parameters."""
-    from .longrope import longrope_parameters, seed_candidates
-
     dim = hf.head_dim(model.config)
     windows = [text[i * (config.to + 1) : (i + 1) * (config.to + 1)] for i in range(config.search_windows)]
 

@@ -1,0 +1,15 @@
+"""``posenc extrapolate``: train a tiny byte LM per encoding at one length, score it at 1×…8× that length.
+
+``config`` (presets, ``ExperimentConfig``), ``rows`` (which checkpoint each table row reads and how its
+encoding changes at evaluation), ``stages`` (train, evaluate, collect; resumable), ``report`` (tables and
+files), ``checkpoints`` (reading a finished run for ``posenc plot``). It imports the library, ``lm/``,
+``extension/`` and ``figures/``, and the shared ``experiments`` modules; no other command. The names below
+are its public face: ``posenc extend`` trains its base models through ``run``.
+"""
+
+from .checkpoints import trained_models, validation_window
+from .config import PRESETS, ExperimentConfig
+from .rows import DEFAULT_ROWS, ROWS
+from .stages import run
+
+__all__ = ["DEFAULT_ROWS", "PRESETS", "ROWS", "ExperimentConfig", "run", "trained_models", "validation_window"]

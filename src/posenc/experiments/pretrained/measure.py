@@ -1,0 +1,112 @@
+"""The pretrained model and what is measured on it: loading (a local model, SmolLM2, or a tiny random Llama),
+the tokens of the text, each method's rope_parameters, and next-token loss at every position in chunks."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from ... import hf
+from ...extension.methods import method_scaling
+from ...lm.data import stdlib_corpus, text_corpus
+from .config import PretrainedConfig
+
+
+class ByteTokens:
+    """The smoke model's tokenizer: UTF-8 bytes."""
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i % 256 for i in ids).decode("utf-8", errors="replace")
+
+
+class HFTokens:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False).input_ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def tiny_llama(seed: int = 0, context: int = 64):
+    """A random 2-layer Llama over bytes (vocab 256), RoPE theta 10,000, ``context`` positions: built offline.
+    Weights drawn with std 0.2 (not 0.02), so attention, and so the loss, depends on positions."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, bos_token_id=0,
+                         eos_token_id=1, tie_word_embeddings=True, initializer_range=0.2)
+    return LlamaForCausalLM(config).eval()
+
+
+def load_model(config: PretrainedConfig):
+    """(model, tokens) for the config's model."""
+    if config.model == "tiny":
+        return tiny_llama(config.seed), ByteTokens()
+    model, tokenizer = hf.load(config.model)
+    if tokenizer is None:
+        raise ValueError(f"{config.model} has no tokenizer (tokenizer.json); posenc extend --hf needs one")
+    return model, HFTokens(tokenizer)
+
+
+def method_parameters(method: str, factor: float, original: int, theta: float, own: dict) -> dict:
+    """The rope_parameters of ``method``; ``none`` is the model's own (unscaled) config."""
+    if method == "none":
+        return dict(own)
+    return method_scaling(method, factor, original, base=theta)
+
+
+@contextmanager
+def layer_progress(model, label: str):
+    """A progress bar (with ETA) advanced by every decoder layer of one long forward pass."""
+    layers = list(getattr(model.model, "layers", []))
+    bar = tqdm(total=len(layers), desc=label, leave=False, dynamic_ncols=True)
+
+    def advance(*_) -> None:  # a forward hook that returns something replaces the layer's output
+        bar.update(1)
+
+    hooks = [layer.register_forward_hook(advance) for layer in layers]
+    try:
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
+        bar.close()
+
+
+@torch.no_grad()
+def position_losses(model, tokens: torch.Tensor, chunk: int = 2048, label: str = "forward") -> torch.Tensor:
+    """Next-token loss (nats) at every position of one window, from hidden states in chunks.
+
+    tokens: (T,) int64. Returns (T - 1,) float32. Never holds more than chunk × vocab logits.
+    """
+    device = next(model.parameters()).device
+    with layer_progress(model, f"{label} ({tokens.shape[0] - 1:,} tokens)"):
+        hidden = model.model(input_ids=tokens[None].to(device)).last_hidden_state[0]  # (T, D)
+    losses = []
+    for start in range(0, tokens.shape[0] - 1, chunk):
+        end = min(start + chunk, tokens.shape[0] - 1)
+        logits = model.lm_head(hidden[start:end]).float()  # (chunk, V)
+        losses.append(F.cross_entropy(logits, tokens[start + 1 : end + 1].to(device), reduction="none").cpu())
+    return torch.cat(losses)
+
+
+def binned(losses: torch.Tensor, bins: int) -> dict:
+    edges = [round(i * losses.shape[0] / bins) for i in range(bins + 1)]
+    return {"bin_edges": edges, "loss": [losses[a:b].mean().item() for a, b in zip(edges[:-1], edges[1:])]}
+
+
+def read_text_tokens(config: PretrainedConfig, tokens) -> torch.Tensor:
+    corpus = text_corpus(config.text) if config.text else stdlib_corpus()
+    text = bytes(corpus.validation.tolist()).decode("utf-8", errors="replace")
+    return torch.tensor(tokens.encode(text), dtype=torch.int64)
