@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: run test extend bench clean
+.PHONY: run test extend bench mutate clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -32,5 +32,11 @@ extend: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(VENV)/bin/posenc bench $(ARGS)
 
+# Mutation testing of the modules that make numbers ([tool.mutmut] in pyproject.toml); not part of CI.
+# The score and every survivor's reason are in docs/mutation.md.
+mutate: $(VENV)/.installed-test
+	$(PIP) install "mutmut>=3,<4"
+	$(VENV)/bin/mutmut run $(ARGS); $(VENV)/bin/mutmut results
+
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) runs mutants

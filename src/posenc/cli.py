@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -80,10 +81,16 @@ def _add_extend(commands) -> None:
     p.add_argument("--methods", help=f"comma list of: {', '.join(EXTEND_METHODS)} (default pi,ntk,yarn,longrope)")
     p.add_argument("--finetune-steps", type=int, help="fine-tuning steps at the target length (0: zero-shot only)")
     p.add_argument("--finetune-batch", type=int, help="windows per fine-tuning step")
-    p.add_argument("--finetune-lr", type=float, help="fine-tuning peak learning rate")
+    p.add_argument("--finetune-lrs", type=_positive_floats,
+                   help="fine-tuning peak learning rates to sweep; each row keeps the one best on dev windows "
+                        "(default 1e-4,3e-4,1e-3; one rate: no sweep)")
+    p.add_argument("--seeds", type=int, help="repeat base models, search and fine-tuning with this many seeds "
+                                             "(default 1)")
     p.add_argument("--search-population", type=int, help="LongRoPE search: candidates per generation (>= 4)")
     p.add_argument("--search-generations", type=int, help="LongRoPE search: generations")
-    p.add_argument("--search-windows", type=int, help="LongRoPE search: validation windows scoring each candidate")
+    p.add_argument("--search-windows", type=int, help="LongRoPE search: dev windows scoring each candidate")
+    p.add_argument("--sweep-windows", type=int, help="dev windows of the target length choosing the fine-tuning rate")
+    p.add_argument("--curve-windows", type=int, help="test windows of the target length scored along fine-tuning")
     p.add_argument("--from-scratch", action="store_true", default=None,
                    help="also train RoPE at the target length with the pretraining budget (the ceiling)")
     p.add_argument("--eval-stride", type=int, help="sliding-window evaluation with this stride (default: non-overlapping)")
@@ -106,8 +113,8 @@ def _add_extend(commands) -> None:
 
 # Flags of one of extend's two modes, refused in the other rather than silently ignored.
 _HF_ONLY = ("to", "lengths", "passkey_lengths", "export")
-_OWN_MODEL_ONLY = ("run_dir", "factor", "finetune_steps", "finetune_batch", "finetune_lr", "from_scratch",
-                   "eval_stride")
+_OWN_MODEL_ONLY = ("run_dir", "factor", "finetune_steps", "finetune_batch", "finetune_lrs", "from_scratch",
+                   "eval_stride", "seeds", "sweep_windows", "curve_windows")
 
 
 def _flags_given(args, names: tuple[str, ...]) -> list[str]:
@@ -124,8 +131,9 @@ def _run_extend(args) -> int:
     from .experiments.extend import ExtendConfig, run
 
     overrides = {k: getattr(args, k) for k in (
-        "factor", "methods", "finetune_steps", "finetune_batch", "finetune_lr", "search_population",
-        "search_generations", "search_windows", "from_scratch", "eval_stride")}
+        "factor", "methods", "finetune_steps", "finetune_batch", "finetune_lrs", "search_population",
+        "search_generations", "search_windows", "sweep_windows", "curve_windows", "seeds", "from_scratch",
+        "eval_stride")}
     config = ExtendConfig.from_preset(args.preset, **overrides)
     if args.resume and args.out is None:
         raise ValueError("--resume needs --out: the run directory to continue")
@@ -208,10 +216,10 @@ def _add_plot(commands) -> None:
 
 
 def _run_plot(args) -> int:
-    from .experiments.extrapolate import trained_models, validation_window
+    from .experiments.extrapolate import attention_window, trained_models
     from .figures.plot import write_figures
 
-    models, window = (trained_models(args.ckpt), validation_window(args.ckpt)) if args.ckpt else (None, None)
+    models, window = (trained_models(args.ckpt), attention_window(args.ckpt)) if args.ckpt else (None, None)
     for path in write_figures(args.out, models, window):
         print(path)
     return 0
@@ -226,6 +234,16 @@ def _shapes(text: str) -> tuple[tuple[int, int], ...]:
     if not shapes or any(len(s) != 2 or min(s) < 1 for s in shapes):
         raise argparse.ArgumentTypeError(f"expected LENGTHxBATCH[,LENGTHxBATCH...] with positive integers, got {text!r}")
     return shapes
+
+
+def _positive_floats(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        values = ()
+    if not values or min(values) <= 0 or not all(math.isfinite(v) for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers > 0, got {text!r}")
+    return values
 
 
 def _positive_ints(text: str) -> tuple[int, ...]:

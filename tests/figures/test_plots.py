@@ -3,7 +3,7 @@ import torch
 from matplotlib.figure import Figure
 
 from posenc.cli import main
-from posenc.experiments.extrapolate import ExperimentConfig, run, trained_models, validation_window
+from posenc.experiments.extrapolate import ExperimentConfig, attention_window, run, trained_models
 from posenc.figures import encodings as figures
 from posenc.figures.trained import attention_maps_figure, learned_table_figure
 
@@ -53,7 +53,7 @@ def run_dir(tmp_path_factory):
 def test_run_figures(run_dir):
     models = trained_models(run_dir)
     assert set(models) == {"learned", "alibi", "t5", "rope"}
-    tokens = validation_window(run_dir)
+    tokens = attention_window(run_dir)
     assert tokens.shape == (1, 16)
     maps = attention_maps_figure(models, tokens)
     assert len(maps.axes) == 4 * 2  # encodings × heads

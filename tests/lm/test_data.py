@@ -1,7 +1,11 @@
+import sysconfig
+from collections import Counter
+from pathlib import Path
+
 import pytest
 import torch
 
-from posenc.lm.data import check_corpus_size, stdlib_corpus, text_corpus, train_batch
+from posenc.lm.data import Split, check_corpus_size, sample_windows, split_of, stdlib_corpus, text_corpus, train_batch
 from posenc.lm.evaluate import sliding_windows
 
 
@@ -12,15 +16,34 @@ def stdlib():
 
 def test_stdlib_corpus_is_split_by_file_and_fingerprinted(stdlib):
     f = stdlib.fingerprint
-    assert f["files"] > 300 and len(stdlib.train) > 5_000_000 and len(stdlib.validation) > 100_000
+    assert f["files"] > 300 and len(stdlib.train) > 5_000_000
+    assert len(stdlib.dev) > 100_000 and len(stdlib.test) > 100_000
+    assert len(stdlib.train.files) + len(stdlib.dev.files) + len(stdlib.test.files) == f["files"]
     assert len(f["sha256"]) == 64 and f["python_version"]
     # Same bytes every time: the fingerprint is reproducible.
     assert stdlib_corpus().fingerprint["sha256"] == f["sha256"]
 
 
-def test_validation_files_never_appear_in_training(stdlib):
-    probe = bytes(stdlib.validation[1000:1200].tolist())
-    assert probe not in bytes(stdlib.train.tolist())
+def test_train_dev_and_test_hold_disjoint_files_chosen_by_their_path(stdlib):
+    train, dev, test = (set(split.files) for split in (stdlib.train, stdlib.dev, stdlib.test))
+    assert not (train & dev) and not (train & test) and not (dev & test)
+    assert all(split_of(name) == "dev" for name in dev) and all(split_of(name) == "test" for name in test)
+    assert all(split_of(name) == "train" for name in list(train)[:50])
+
+
+def test_dev_and_test_bytes_never_appear_in_training(stdlib):
+    train = bytes(stdlib.train.data.tolist())
+    for split in (stdlib.dev, stdlib.test):
+        for start in split.starts[:5]:
+            probe = bytes(split.data[start + 100 : start + 300].tolist())
+            assert len(probe) == 200 and probe not in train
+
+
+def test_each_file_starts_where_the_split_says(stdlib):
+    for name, start in list(zip(stdlib.test.files, stdlib.test.starts))[:5]:
+        assert stdlib.test.file_at(start) == name and stdlib.test.file_at(start + 1) == name
+        assert bytes(stdlib.test.data[start : start + 20].tolist()) in (Path(sysconfig.get_paths()["stdlib"])
+                                                                       / name).read_bytes()
 
 
 def test_text_corpus_errors_are_clear(tmp_path):
@@ -32,7 +55,7 @@ def test_text_corpus_errors_are_clear(tmp_path):
     tiny = tmp_path / "tiny.txt"
     tiny.write_text("hello world")
     with pytest.raises(ValueError, match="corpus too small: the train split has 9 bytes"):
-        check_corpus_size(text_corpus(tiny), train_length=64, eval_span=512)
+        check_corpus_size(text_corpus(tiny), train_length=64, window=512)
 
 
 def test_folder_corpus_splits_by_file(tmp_path):
@@ -40,13 +63,21 @@ def test_folder_corpus_splits_by_file(tmp_path):
         (tmp_path / f"doc{i:02}.txt").write_text(f"document {i} " * 50)
     corpus = text_corpus(tmp_path)
     assert corpus.fingerprint["files"] == 60
-    assert 0 < len(corpus.validation) < len(corpus.train)
+    assert 0 < len(corpus.dev) < len(corpus.train) and 0 < len(corpus.test) < len(corpus.train)
     assert corpus.fingerprint["split"].startswith("by file")
 
 
+def test_a_single_file_is_split_by_bytes_into_three(tmp_path):
+    (tmp_path / "one.txt").write_bytes(bytes(range(256)) * 40)
+    corpus = text_corpus(tmp_path / "one.txt")
+    assert (len(corpus.train), len(corpus.dev), len(corpus.test)) == (9216, 512, 512)
+    assert torch.equal(torch.cat((corpus.train.data, corpus.dev.data, corpus.test.data)),
+                       torch.tensor(list(bytes(range(256)) * 40), dtype=torch.uint8))
+
+
 def test_train_batches_are_reproducible_next_byte_pairs(stdlib):
-    x1, y1 = train_batch(stdlib.train, 32, 4, torch.Generator().manual_seed(3))
-    x2, y2 = train_batch(stdlib.train, 32, 4, torch.Generator().manual_seed(3))
+    x1, y1 = train_batch(stdlib.train.data, 32, 4, torch.Generator().manual_seed(3))
+    x2, y2 = train_batch(stdlib.train.data, 32, 4, torch.Generator().manual_seed(3))
     assert torch.equal(x1, x2) and torch.equal(y1[:, :-1], x1[:, 1:])
 
 
@@ -58,3 +89,38 @@ def test_sliding_windows_score_every_token_once(length, stride):
         assert 0 <= start and start + length <= tokens
         seen += list(range(start + first, start + length))
     assert seen == list(range(tokens))
+
+
+def _split(sizes: dict[str, int]) -> Split:
+    data, starts = bytearray(), []
+    for i, size in enumerate(sizes.values()):
+        starts.append(len(data))
+        data.extend(bytes([i]) * size)
+    return Split(torch.tensor(list(data), dtype=torch.uint8), tuple(sizes), tuple(starts))
+
+
+def test_windows_are_a_stratified_sample_of_non_overlapping_slots():
+    split = _split({"big": 600, "mid": 300, "small": 100})  # 100 slots of 10 bytes: 60 / 30 / 10
+    windows = sample_windows(split, 9, 10, seed=3)
+    assert windows.tokens.shape == (10, 10) and windows.length == 9
+    assert Counter(windows.files) == {"big": 6, "mid": 3, "small": 1}
+    assert list(windows.offsets) == sorted(windows.offsets) and len(set(windows.offsets)) == 10
+    for tokens, offset, name in zip(windows.tokens, windows.offsets, windows.files):
+        assert offset % 10 == 0 and split.file_at(offset) == name
+        assert torch.equal(tokens, split.data[offset : offset + 10].long())
+    assert sample_windows(split, 9, 10, seed=3).offsets == windows.offsets
+    assert sample_windows(split, 9, 10, seed=4).offsets != windows.offsets
+
+
+def test_largest_remainders_round_up_so_the_shares_sum_to_the_count():
+    split = _split({"a": 500, "b": 300, "c": 200})  # 100 slots: shares of 7 are 3.5 / 2.1 / 1.4
+    assert Counter(sample_windows(split, 9, 7).files) == {"a": 4, "b": 2, "c": 1}
+
+
+def test_every_slot_when_the_count_is_none_or_too_large():
+    split = _split({"a": 55, "b": 50})  # 10 whole slots of 10 bytes; the last 5 bytes belong to none
+    assert sample_windows(split, 9).offsets == tuple(range(0, 100, 10))
+    assert sample_windows(split, 9, 1000).offsets == tuple(range(0, 100, 10))
+    assert sample_windows(split, 9).files == ("a",) * 6 + ("b",) * 4
+    with pytest.raises(ValueError, match="too few for one window"):
+        sample_windows(split, 200)

@@ -1,4 +1,4 @@
-"""Plain-text and Markdown tables from a header and rows of strings, shared by every report."""
+"""Plain-text and Markdown tables from a header and rows of strings, and the cells every report shares."""
 
 from __future__ import annotations
 
@@ -21,3 +21,22 @@ def markdown_table(header: list[str], body: list[list[str]], text_columns: int =
 def stage_rows(stages: dict[str, float]) -> list[list[str]]:
     """[stage, seconds] rows for a wall-time table."""
     return [[stage, f"{seconds:.1f}"] for stage, seconds in stages.items()]
+
+
+def interval_cell(mean: float | None, interval: list[float] | None, seed_std: float | None = None) -> str:
+    """'2.253 [2.241, 2.266]' (95% interval), with '± s' when seeds vary; 'N/A' when undefined."""
+    if mean is None:
+        return "N/A"
+    text = f"{mean:.3f} [{interval[0]:.3f}, {interval[1]:.3f}]"
+    return text + (f" ± {seed_std:.3f}" if seed_std else "")
+
+
+def difference_cell(difference: dict | None) -> str:
+    """'+0.123 [+0.100, +0.140]', marked '(noise)' when the interval covers zero; 'identical' when every window
+    scores the same; '—' when undefined."""
+    if difference is None:
+        return "—"
+    if difference["low"] == difference["high"] == difference["mean"] == 0:
+        return "identical"
+    text = f"{difference['mean']:+.3f} [{difference['low']:+.3f}, {difference['high']:+.3f}]"
+    return text + (" (noise)" if difference["low"] <= 0 <= difference["high"] else "")

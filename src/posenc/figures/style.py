@@ -30,3 +30,11 @@ def colours(names: list[str]) -> dict[str, str]:
     """A fixed colour per name, by its place in ``names``."""
     palette = matplotlib.colormaps["tab10" if len(names) <= 10 else "tab20"].colors
     return {name: matplotlib.colors.to_hex(palette[i % len(palette)]) for i, name in enumerate(names)}
+
+
+def band(ax, xs: list, lows: list, highs: list, colour: str) -> None:
+    """A translucent 95%-interval band behind a line (points whose interval is None are skipped)."""
+    points = [(x, lo, hi) for x, lo, hi in zip(xs, lows, highs) if lo is not None and hi is not None]
+    if points:
+        x, lo, hi = zip(*points)
+        ax.fill_between(x, lo, hi, color=colour, alpha=0.15, linewidth=0)

@@ -1,14 +1,22 @@
-"""Corpora and windows: the embedded default corpus, the user's text, train and eval windows.
+"""Corpora and windows: the embedded default corpus, the user's text, train windows and evaluation windows.
 
 The default corpus needs no download: the Python standard library source of the
 running interpreter (tests excluded), read in sorted path order and split into
-train / validation *by file*, so no validation file is ever seen in training.
-Every corpus carries a fingerprint (sha256 of its bytes, file count, Python version).
+train / dev / test *by file* (a hash of each file's path), so no dev or test file is
+ever seen in training. Anything *chosen* (a learning rate, searched factors) is chosen on
+dev; every reported number is measured on test. Every corpus carries a fingerprint
+(sha256 of its bytes, file count, Python version).
+
+Evaluation reads ``Windows``: non-overlapping stretches of one split, a seeded sample
+stratified over its files, each labelled with the file it starts in (the unit a bootstrap
+resamples), so every row of a table scores the same bytes.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+import math
 import os
 import platform
 import sysconfig
@@ -19,42 +27,83 @@ import torch
 from torch import Tensor
 
 TEST_DIRS = {"test", "tests", "idle_test", "__pycache__", "site-packages", "dist-packages"}
-VALIDATION_EVERY = 20  # one file in 20 (by a hash of its path) goes to validation
+SPLIT_EVERY = 20  # by a hash of its path, one file in 20 goes to test and one in 20 to dev
+WINDOW_SEED = 0  # the evaluation windows' sample: fixed, so runs with other model seeds score the same bytes
+
+
+@dataclass(frozen=True)
+class Split:
+    """One split: its files' bytes concatenated (each followed by a newline), and where each file starts."""
+
+    data: Tensor  # (N,) uint8
+    files: tuple[str, ...] = ()  # relative paths, in order
+    starts: tuple[int, ...] = ()  # offset of each file in data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def file_at(self, offset: int) -> str:
+        """The file holding byte ``offset`` of ``data``."""
+        return self.files[bisect.bisect_right(self.starts, offset) - 1]
 
 
 @dataclass
 class Corpus:
-    train: Tensor  # (N_train,) uint8 bytes
-    validation: Tensor  # (N_val,) uint8 bytes
+    train: Split
+    dev: Split
+    test: Split
     fingerprint: dict
 
     def describe(self) -> str:
         f = self.fingerprint
-        return (f"{f['source']}: {f['files']} files, {len(self.train):,} train / {len(self.validation):,} "
-                f"validation bytes, sha256 {f['sha256'][:12]}")
+        return (f"{f['source']}: {f['files']} files, {len(self.train):,} train / {len(self.dev):,} dev / "
+                f"{len(self.test):,} test bytes ({len(self.dev.files)} dev, {len(self.test.files)} test files), "
+                f"sha256 {f['sha256'][:12]}")
 
 
-def _is_validation(relative_path: str) -> bool:
+def split_of(relative_path: str) -> str:
+    """'train', 'dev' or 'test' for a file, by a hash of its path (stable across machines and runs)."""
     digest = hashlib.sha256(relative_path.encode()).digest()
-    return int.from_bytes(digest[:4], "little") % VALIDATION_EVERY == 0
+    bucket = int.from_bytes(digest[:4], "little") % SPLIT_EVERY
+    return {0: "test", 1: "dev"}.get(bucket, "train")
+
+
+class _SplitBuilder:
+    def __init__(self):
+        self.data, self.files, self.starts = bytearray(), [], []
+
+    def add(self, name: str, data: bytes) -> None:
+        self.files.append(name)
+        self.starts.append(len(self.data))
+        self.data.extend(data + b"\n")
+
+    def build(self) -> Split:
+        return Split(_as_tensor(self.data), tuple(self.files), tuple(self.starts))
 
 
 def _corpus_from_files(root: Path, files: list[Path], source: str) -> Corpus:
-    train, validation, hasher = bytearray(), bytearray(), hashlib.sha256()
+    splits, hasher = {name: _SplitBuilder() for name in ("train", "dev", "test")}, hashlib.sha256()
     for path in files:
         data = path.read_bytes()
         hasher.update(data)
         relative = path.relative_to(root).as_posix() if path != root else path.name
-        (validation if _is_validation(relative) else train).extend(data + b"\n")
+        splits[split_of(relative)].add(relative, data)
     fingerprint = {
         "source": source,
         "files": len(files),
-        "bytes": len(train) + len(validation),
+        "bytes": sum(len(b.data) for b in splits.values()),
         "sha256": hasher.hexdigest(),
         "python_version": platform.python_version(),
-        "split": f"by file: sha256(path) % {VALIDATION_EVERY} == 0 is validation",
+        "split": f"by file: sha256(path) % {SPLIT_EVERY} == 0 is test, == 1 is dev, the rest train",
     }
-    return Corpus(_as_tensor(train), _as_tensor(validation), fingerprint)
+    return Corpus(splits["train"].build(), splits["dev"].build(), splits["test"].build(), fingerprint)
+
+
+def _split_by_bytes(name: str, data: bytes | bytearray) -> tuple[Split, Split, Split]:
+    """One text that cannot be split by file: the first 90% of bytes train, then 5% dev, the last 5% test."""
+    dev_start, test_start = len(data) * 90 // 100, len(data) * 95 // 100
+    parts = (data[:dev_start], data[dev_start:test_start], data[test_start:])
+    return tuple(Split(_as_tensor(part), (name,), (0,)) for part in parts)
 
 
 def _as_tensor(data: bytes | bytearray) -> Tensor:
@@ -74,7 +123,7 @@ def stdlib_corpus() -> Corpus:
 def text_corpus(path: str | os.PathLike) -> Corpus:
     """A text file, or a folder of files (read recursively, sorted).
 
-    A folder is split by file; a single file by bytes (its last 10% is validation),
+    A folder is split by file; a single file by bytes (90% train, 5% dev, 5% test),
     since one file cannot be split by file.
     """
     root = Path(path)
@@ -85,11 +134,10 @@ def text_corpus(path: str | os.PathLike) -> Corpus:
             data = root.read_bytes()
         except OSError as error:
             raise ValueError(f"--text {root}: cannot read it ({error.strerror})") from None
-        cut = len(data) * 9 // 10
         fingerprint = {"source": str(root), "files": 1, "bytes": len(data),
                        "sha256": hashlib.sha256(data).hexdigest(), "python_version": platform.python_version(),
-                       "split": "single file: last 10% of bytes is validation"}
-        return Corpus(_as_tensor(data[:cut]), _as_tensor(data[cut:]), fingerprint)
+                       "split": "single file: the first 90% of bytes train, the next 5% dev, the last 5% test"}
+        return Corpus(*_split_by_bytes(root.name, data), fingerprint)
     files = sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))
     if not files:
         raise ValueError(f"--text {root}: the folder holds no files")
@@ -97,35 +145,35 @@ def text_corpus(path: str | os.PathLike) -> Corpus:
     if unreadable:
         raise ValueError(f"--text {root}: cannot read {unreadable[0]}")
     corpus = _corpus_from_files(root, files, str(root))
-    if len(corpus.validation) == 0 or len(corpus.train) == 0:
+    if not (len(corpus.train) and len(corpus.dev) and len(corpus.test)):
         # Too few files for a by-file split: fall back to bytes, and say so.
-        data = torch.cat((corpus.train, corpus.validation))
-        cut = len(data) * 9 // 10
-        corpus = Corpus(data[:cut].clone(), data[cut:].clone(),
-                        {**corpus.fingerprint, "split": "too few files to split by file: last 10% of bytes"})
+        data = bytearray().join(path.read_bytes() + b"\n" for path in files)
+        corpus = Corpus(*_split_by_bytes(root.name, data),
+                        {**corpus.fingerprint, "split": "too few files to split by file: the first 90% of bytes "
+                                                        "train, the next 5% dev, the last 5% test"})
     return corpus
 
 
-def load_corpus(text: str | os.PathLike | None, *, train_length: int, eval_span: int) -> Corpus:
+def load_corpus(text: str | os.PathLike | None, *, train_length: int, window: int, windows: int = 1) -> Corpus:
     """``text`` (a file or folder) or, when None, the embedded stdlib corpus; checked for the windows it must supply."""
     corpus = text_corpus(text) if text else stdlib_corpus()
-    check_corpus_size(corpus, train_length=train_length, eval_span=eval_span)
+    check_corpus_size(corpus, train_length=train_length, window=window, windows=windows)
     return corpus
 
 
-def check_corpus_size(corpus: Corpus, *, train_length: int, eval_span: int) -> None:
-    """Raise before training when the corpus cannot supply the requested windows."""
+def check_corpus_size(corpus: Corpus, *, train_length: int, window: int, windows: int = 1) -> None:
+    """Raise before training when the corpus cannot supply training windows and ``windows`` test windows."""
     need_train = 4 * (train_length + 1)
     if len(corpus.train) < need_train:
         raise ValueError(
             f"corpus too small: the train split has {len(corpus.train):,} bytes, training windows of "
             f"{train_length} need at least {need_train:,}; use more text or a smaller --train-length"
         )
-    if len(corpus.validation) < eval_span + 1:
+    if len(corpus.test) // (window + 1) < windows:
         raise ValueError(
-            f"corpus too small: the validation split has {len(corpus.validation):,} bytes, evaluation needs "
-            f"{eval_span + 1:,} (longest eval length × --eval-windows, plus one); use more text, fewer "
-            f"--eval-windows or shorter --eval-factors"
+            f"corpus too small: the test split has {len(corpus.test):,} bytes, {windows} evaluation windows of "
+            f"{window} bytes (plus one) need {windows * (window + 1):,}; use more text, fewer --eval-windows or "
+            "shorter --eval-factors"
         )
 
 
@@ -136,6 +184,49 @@ def train_batch(data: Tensor, length: int, batch: int, generator: torch.Generato
     return windows[:, :-1], windows[:, 1:]
 
 
-def eval_span(validation: Tensor, span: int) -> Tensor:
-    """The first ``span`` + 1 validation bytes: the text every eval length and encoding scores."""
-    return validation[: span + 1].long()
+@dataclass(frozen=True)
+class Windows:
+    """Non-overlapping stretches of one split, ``length`` + 1 bytes each: inputs and their next-byte targets."""
+
+    tokens: Tensor  # (N, length + 1) int64
+    files: tuple[str, ...]  # the file each window starts in: the unit a bootstrap resamples
+    offsets: tuple[int, ...]  # where each window starts in the split's data
+
+    @property
+    def length(self) -> int:
+        return self.tokens.shape[1] - 1
+
+    def head(self, count: int) -> "Windows":
+        return Windows(self.tokens[:count], self.files[:count], self.offsets[:count])
+
+
+def sample_windows(split: Split, length: int, count: int | None = None, *, seed: int = WINDOW_SEED) -> Windows:
+    """``count`` windows of ``length`` + 1 bytes of ``split`` (every one when ``count`` is None or too large).
+
+    The split is cut into consecutive slots of ``length`` + 1 bytes (no byte in two slots); each slot belongs to
+    the file it starts in. The sample is stratified over files: each file gets a share of ``count`` proportional
+    to its slots (largest remainders round up, so the shares sum to ``count``), drawn without replacement with a
+    seeded generator, and the windows come back in split order. Raises ValueError when no window fits.
+    """
+    slot = length + 1
+    slots = len(split) // slot
+    if slots == 0:
+        raise ValueError(f"the split has {len(split):,} bytes: too few for one window of {length} (+1)")
+    owners = [split.file_at(i * slot) for i in range(slots)]
+    if count is None or count >= slots:
+        chosen = list(range(slots))
+    else:
+        by_file: dict[str, list[int]] = {}
+        for index, owner in enumerate(owners):
+            by_file.setdefault(owner, []).append(index)
+        groups = list(by_file.values())
+        exact = [count * len(group) / slots for group in groups]
+        quotas = [math.floor(q) for q in exact]
+        by_remainder = sorted(range(len(groups)), key=lambda g: quotas[g] - exact[g])  # largest remainder first
+        for g in by_remainder[: count - sum(quotas)]:
+            quotas[g] += 1
+        generator = torch.Generator().manual_seed(seed)
+        chosen = sorted(group[i] for group, quota in zip(groups, quotas)
+                        for i in torch.randperm(len(group), generator=generator)[:quota].tolist())
+    tokens = torch.stack([split.data[i * slot : (i + 1) * slot] for i in chosen]).long()
+    return Windows(tokens, tuple(owners[i] for i in chosen), tuple(i * slot for i in chosen))

@@ -1,11 +1,13 @@
-"""Bits-per-byte at many lengths, on text every encoding shares.
+"""Bits-per-byte at many lengths, on windows every encoding shares.
 
-Two protocols (ALiBi paper, App. B):
-  - non-overlapping (default): the eval span is cut into windows of length W;
-    early tokens of each window see little context (the "early-token curse").
-  - sliding (stride S): windows of length W advance by S; every token is scored
+The text is a stack of N windows of C + 1 bytes (``data.sample_windows``); C is a multiple of
+every evaluated length W. Two protocols (ALiBi paper, App. B), each applied inside every window:
+  - non-overlapping (default): the window is cut into C / W pieces of length W;
+    early tokens of each piece see little context (the "early-token curse").
+  - sliding (stride S): pieces of length W advance by S; every token is scored
     once, with up to W tokens of context.
-For every W the same bytes are scored, so columns compare like with like.
+For every W the same bytes are scored, so columns compare like with like, and every
+window gets its own score at every W: the unit of the intervals and paired differences.
 """
 
 from __future__ import annotations
@@ -49,54 +51,63 @@ def sliding_windows(num_tokens: int, length: int, stride: int) -> list[tuple[int
 @torch.no_grad()
 def evaluate(
     model: nn.Module,
-    tokens: Tensor,
+    windows: Tensor,
     lengths: list[int],
     *,
     stride: int | None = None,
-    batch: int = 8,
+    tokens_per_batch: int = 4096,
     bins: int = 32,
     autocast_dtype: torch.dtype | None = None,
     label: str = "eval",
 ) -> dict:
-    """Bits-per-byte of ``model`` at each window length.
+    """Bits-per-byte of ``model`` at each length, in all and per window.
 
     Args:
-        tokens: (S + 1,) int64 bytes; S must be a multiple of max(lengths).
-        lengths: window lengths W.
-        stride: None for non-overlapping windows, else the sliding stride.
+        windows: (N, C + 1) int64 bytes; C must be a multiple of every length.
+        lengths: lengths W.
+        stride: None for non-overlapping pieces, else the sliding stride.
+        tokens_per_batch: pieces go through the model in batches of about this many tokens.
     Returns:
-        {"bits_per_byte": {W: float or None}, "errors": {W: message},
-         "position_bits": {"length": W_max, "bin_edges": [...], "bits": [...]} or None}
+        {"bits_per_byte": {W: float or None}, "window_bits": {W: [N floats] or None}, "errors": {W: message},
+         "position_bits": {"length": W_max, "bin_edges": [...], "bits": [...], "window_bits": [N × bins]} or None}
         A length the model cannot run (a learned table too short) gets None and its error.
     """
     model.eval()
-    span = tokens.shape[0] - 1
-    results, errors, position = {}, {}, None
+    count, span = windows.shape[0], windows.shape[1] - 1
+    uneven = [length for length in lengths if span % length]
+    if uneven:
+        raise ValueError(f"windows of {span} bytes are not a whole number of lengths {uneven}")
+    results, per_window, errors, position = {}, {}, {}, None
     for length in lengths:
+        batch = max(1, tokens_per_batch // length)
         try:
             if stride is None:
-                inputs = tokens[:span].view(-1, length)
-                targets = tokens[1 : span + 1].view(-1, length)
-                losses = _window_losses(model, inputs, targets, batch, autocast_dtype, label)  # (N, W)
-                total = losses.sum().item()
+                inputs = windows[:, :-1].reshape(-1, length)  # window-major: pieces of one window are adjacent
+                targets = windows[:, 1:].reshape(-1, length)
+                losses = _window_losses(model, inputs, targets, batch, autocast_dtype, label)  # (N * C/W, W)
+                sums = losses.view(count, span).sum(1)
                 if length == max(lengths):
-                    position = _binned(losses.mean(0), bins)
+                    position = _binned(losses.view(count, span // length, length).mean(1), bins)
             else:
-                windows = sliding_windows(span, length, min(stride, length))
-                inputs = torch.stack([tokens[s : s + length] for s, _ in windows])
-                targets = torch.stack([tokens[s + 1 : s + length + 1] for s, _ in windows])
+                pieces = sliding_windows(span, length, min(stride, length))
+                inputs = torch.stack([windows[:, s : s + length] for s, _ in pieces], 1).reshape(-1, length)
+                targets = torch.stack([windows[:, s + 1 : s + length + 1] for s, _ in pieces], 1).reshape(-1, length)
                 losses = _window_losses(model, inputs, targets, batch, autocast_dtype, label)
-                total = sum(losses[i, first:].sum().item() for i, (_, first) in enumerate(windows))
-            results[length] = total / span / math.log(2)
+                losses = losses.view(count, len(pieces), length)
+                sums = sum(losses[:, i, first:].sum(1) for i, (_, first) in enumerate(pieces))
+            bits = sums.double() / span / math.log(2)  # (N,)
+            per_window[length] = bits.tolist()
+            results[length] = bits.mean().item()
         except ValueError as error:  # e.g. positions beyond a learned table
-            results[length], errors[length] = None, str(error)
-    return {"bits_per_byte": results, "errors": errors, "position_bits": position}
+            results[length], per_window[length], errors[length] = None, None, str(error)
+    return {"bits_per_byte": results, "window_bits": per_window, "errors": errors, "position_bits": position}
 
 
 def _binned(per_position: Tensor, bins: int) -> dict:
-    """Mean loss (bits) over equal bins of positions. per_position: (W,) nats."""
-    length = per_position.shape[0]
+    """Mean loss (bits) over equal bins of positions, in all and per window. per_position: (N, W) nats."""
+    length = per_position.shape[1]
     bins = min(bins, length)
     edges = [round(i * length / bins) for i in range(bins + 1)]
-    bits = [(per_position[a:b].mean() / math.log(2)).item() for a, b in zip(edges[:-1], edges[1:])]
-    return {"length": length, "bin_edges": edges, "bits": bits}
+    per_window = torch.stack([per_position[:, a:b].mean(1) for a, b in zip(edges[:-1], edges[1:])], 1) / math.log(2)
+    return {"length": length, "bin_edges": edges, "bits": per_window.mean(0).tolist(),
+            "window_bits": per_window.tolist()}

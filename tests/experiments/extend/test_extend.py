@@ -25,33 +25,124 @@ def smoke(tmp_path_factory):
     return out, json.loads((out / "results.json").read_text())
 
 
+FINE_TUNED = ["rope fine-tuned", "rope+pi fine-tuned", "rope+ntk fine-tuned", "rope+dynamic fine-tuned",
+              "rope+yarn fine-tuned", "rope+longrope fine-tuned", "alibi fine-tuned"]
+
+
 def test_smoke_writes_every_file_row_and_column(smoke):
     out, results = smoke
     for name in ("results.json", "results.md", "extension.png", "finetune_curve.png", "longrope_factors.png",
-                 "rope_parameters.json", "search_log.json"):
+                 "rope_parameters.json", "search_log-seed0.json", "longrope-seed0.json"):
         assert (out / name).stat().st_size > 0, name
     assert (out / "extension.png").read_bytes()[:4] == b"\x89PNG"
     names = [row["name"] for row in results["rows"]]
-    assert names == ["rope", "rope+pi", "rope+ntk", "rope+yarn", "rope+longrope", "rope+pi fine-tuned",
-                     "rope+ntk fine-tuned", "rope+yarn fine-tuned", "rope+longrope fine-tuned", "alibi",
-                     "alibi fine-tuned"]
+    assert names == ["rope", "rope+pi", "rope+ntk", "rope+dynamic", "rope+yarn", "rope+longrope"] + FINE_TUNED[:-1] + [
+        "alibi", "alibi fine-tuned"]
     assert results["eval_lengths"] == [16, 32, 64, 128] and results["target_length"] == 128
     for row in results["rows"]:
         assert list(row["bits_per_byte"]) == LENGTHS
         assert all(math.isfinite(v) and 0 < v < 9 for v in row["bits_per_byte"].values()), row["name"]
+        for n in LENGTHS:
+            low, high = row["interval"][n]
+            assert low <= row["bits_per_byte"][n] <= high
+            assert len(row["window_bits"][n]) == results["windows"]["count"] == 4
+            assert row["bits_per_byte"][n] == pytest.approx(sum(row["window_bits"][n]) / 4, abs=1e-9)
     rows = {row["name"]: row for row in results["rows"]}
-    for method in ("rope+pi", "rope+ntk", "rope+yarn", "rope+longrope", "alibi"):
-        zero, tuned = rows[method]["bits_per_byte"], rows[f"{method} fine-tuned"]["bits_per_byte"]
-        assert all(abs(zero[n] - tuned[n]) > 1e-3 for n in LENGTHS), method
-        assert rows[f"{method} fine-tuned"]["extra_tokens"] == 8 * 4 * 128
-    assert set(results["curves"]) == {"pi", "ntk", "yarn", "longrope", "alibi"}
-    for method, curve in results["curves"].items():  # step 0 is the zero-shot model at the target length
-        name = "alibi" if method == "alibi" else f"rope+{method}"
-        assert curve["0"] == pytest.approx(rows[name]["bits_per_byte"]["128"], abs=1e-6)
-        assert curve["8"] == pytest.approx(rows[f"{name} fine-tuned"]["bits_per_byte"]["128"], abs=1e-6)
+    for name in ("rope", "rope+pi", "rope+ntk", "rope+yarn", "rope+longrope", "alibi"):
+        zero, tuned = rows[name]["bits_per_byte"], rows[f"{name} fine-tuned"]["bits_per_byte"]
+        assert all(abs(zero[n] - tuned[n]) > 1e-3 for n in LENGTHS), name
     markdown = (out / "results.md").read_text()
     assert "| rope+yarn fine-tuned | fine-tuned |" in markdown and "## LongRoPE search" in markdown
-    assert "## Wall time per stage" in markdown and "n̂" in markdown
+    assert "## Wall time per stage" in markdown and "n̂" in markdown and "## Paired comparisons" in markdown
+
+
+def test_the_control_and_every_fine_tuned_row_see_the_same_tokens(smoke):
+    _, results = smoke
+    rows = {row["name"]: row for row in results["rows"]}
+    assert rows["rope fine-tuned"]["scaling"] is None and rows["rope fine-tuned"]["method"] == "rope"
+    assert {rows[name]["extra_tokens"] for name in FINE_TUNED} == {8 * 4 * 128} == {results["finetune_tokens"]}
+    control = [c for c in results["comparisons"] if c["b"] == "rope fine-tuned"]
+    assert {c["a"] for c in control} == set(FINE_TUNED[1:-1])
+
+
+def test_from_scratch_trains_on_exactly_the_pretraining_plus_fine_tuning_tokens(smoke, tmp_path):
+    out, _ = smoke
+    assert main(["extend", "--preset", "smoke", "--run", str(out / "base"), "--methods", "pi", "--from-scratch",
+                 "--out", str(tmp_path / "scratch")]) == 0
+    results = json.loads((tmp_path / "scratch" / "results.json").read_text())
+    assert results["pretraining_tokens"] == 20 * 8 * 16 and results["finetune_tokens"] == 8 * 4 * 128
+    assert results["scratch_tokens"] == results["pretraining_tokens"] + results["finetune_tokens"]
+    trained = json.loads((tmp_path / "scratch" / "scratch" / "seed0" / "train.json").read_text())
+    assert trained["tokens"] == results["scratch_tokens"]
+    rows = {row["name"]: row for row in results["rows"]}
+    assert rows["rope trained at target"]["extra_tokens"] == results["scratch_tokens"]
+    assert any(c["a"] == "rope trained at target" and c["b"] == "rope fine-tuned" for c in results["comparisons"])
+
+
+def test_comparisons_are_paired_differences_of_the_rows(smoke):
+    _, results = smoke
+    rows = {row["name"]: row for row in results["rows"]}
+    for comparison in results["comparisons"]:
+        for n in LENGTHS:
+            a, b = rows[comparison["a"]]["window_bits"][n], rows[comparison["b"]]["window_bits"][n]
+            difference = comparison["difference"][n]
+            assert difference["mean"] == pytest.approx(sum(a) / len(a) - sum(b) / len(b), abs=1e-9)
+            assert difference["low"] <= difference["mean"] <= difference["high"]
+    for row in results["rows"]:
+        assert row["change_from_1x"]["16"]["mean"] == 0
+        change = row["change_from_1x"]["128"]["mean"]
+        assert change == pytest.approx(row["bits_per_byte"]["128"] - row["bits_per_byte"]["16"], abs=1e-9)
+
+
+def test_each_rate_is_swept_and_the_best_on_dev_is_kept(smoke):
+    out, results = smoke
+    for name in FINE_TUNED:
+        sweep = results["sweep"][name]
+        assert list(sweep["dev_bits"]) == ["0.0003", "0.002"]
+        assert sweep["chosen"] == [float(min(sweep["dev_bits"], key=sweep["dev_bits"].get))]
+        selection = json.loads((out / "finetune" / name.replace(" ", "-") / "seed0" / "selection.json").read_text())
+        assert selection["lr"] == sweep["chosen"][0]
+        rows = {row["name"]: row for row in results["rows"]}
+        assert rows[name]["learning_rates"] == sweep["chosen"]
+
+
+def test_curves_start_at_the_zero_shot_row_and_end_at_the_fine_tuned_row(smoke):
+    _, results = smoke
+    rows = {row["name"]: row for row in results["rows"]}
+    assert set(results["curves"]) == set(FINE_TUNED)
+    for name, curve in results["curves"].items():  # the smoke's curve windows are its report windows at 128
+        zero_shot = name.removesuffix(" fine-tuned")
+        assert curve["0"]["mean"] == pytest.approx(rows[zero_shot]["bits_per_byte"]["128"], abs=1e-6)
+        assert curve["8"]["mean"] == pytest.approx(rows[name]["bits_per_byte"]["128"], abs=1e-6)
+        assert curve["8"]["low"] <= curve["8"]["mean"] <= curve["8"]["high"]
+
+
+def test_the_search_and_the_rate_sweep_read_dev_and_the_curves_read_test(smoke, tmp_path, monkeypatch):
+    from posenc.experiments.extend import searching, tuning
+    from posenc.lm.data import stdlib_corpus
+
+    seen = {"search": [], "dev": [], "curve": []}
+    objective, evaluate = searching.lm_objective, tuning.evaluate
+
+    def objective_spy(model, windows, **kwargs):
+        seen["search"].append(windows.clone())
+        return objective(model, windows, **kwargs)
+
+    def evaluate_spy(model, windows, lengths, **kwargs):
+        seen["dev" if kwargs["label"].startswith("dev") else "curve"].append(windows.clone())
+        return evaluate(model, windows, lengths, **kwargs)
+
+    monkeypatch.setattr(searching, "lm_objective", objective_spy)
+    monkeypatch.setattr(tuning, "evaluate", evaluate_spy)
+    out, _ = smoke
+    assert main(["extend", "--preset", "smoke", "--run", str(out / "base"), "--methods", "longrope",
+                 "--out", str(tmp_path / "spied")]) == 0
+    corpus = stdlib_corpus()
+    dev, test = bytes(corpus.dev.data.tolist()), bytes(corpus.test.data.tolist())
+    assert all(seen.values())
+    for purpose, split, other in (("search", dev, test), ("dev", dev, test), ("curve", test, dev)):
+        rows = [bytes(row.tolist()) for windows in seen[purpose] for row in windows]
+        assert all(row in split and row not in other for row in rows), purpose
 
 
 def test_exported_rope_parameters_load_in_posenc_and_transformers(smoke):
@@ -60,9 +151,9 @@ def test_exported_rope_parameters_load_in_posenc_and_transformers(smoke):
     params, metadata = exported["rope_parameters"], exported["metadata"]
     assert params["rope_type"] == "longrope" and params["factor"] == 8.0
     assert params["original_max_position_embeddings"] == 16 and len(params["long_factor"]) == 8
-    assert "no field in transformers' longrope format" in metadata["n_hat_note"]
-    assert params == results["rows"][4]["scaling"]
-    log = json.loads((out / "search_log.json").read_text())
+    assert "no field in transformers' longrope format" in metadata["n_hat_note"] and metadata["n_hat"] == 0
+    assert params == {row["name"]: row for row in results["rows"]}["rope+longrope"]["scaling"]
+    log = json.loads((out / "search_log-seed0.json").read_text())
     assert params["long_factor"] == log["best"]["factors"]
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -90,7 +181,7 @@ def test_extend_from_a_finished_run_reuses_its_checkpoints(smoke, tmp_path, caps
                  "--finetune-steps", "0", "--out", str(tmp_path / "again")]) == 0
     again = json.loads((tmp_path / "again" / "results.json").read_text())
     assert [r["name"] for r in again["rows"]] == ["rope", "rope+pi", "alibi"]
-    assert again["rows"][1]["bits_per_byte"] == results["rows"][1]["bits_per_byte"]  # same weights, same bytes
+    assert again["rows"][1]["bits_per_byte"] == results["rows"][1]["bits_per_byte"]  # same weights, same windows
     assert "trained in" not in capsys.readouterr().out
     assert not (tmp_path / "again" / "longrope_factors.png").exists()
 
@@ -124,7 +215,9 @@ def test_a_damaged_checkpoint_in_the_run_is_named(smoke, tmp_path, capsys):
     (["--methods", "pi,rerope"], "unknown methods ['rerope']"),
     (["--finetune-steps", "-1"], "--finetune-steps must be an integer >= 0"),
     (["--search-population", "3"], "--search-population must be an integer >= 4"),
-    (["--factor", "3"], "is not a whole number of windows of [48]"),
+    (["--factor", "5"], "share no evaluation window of a sensible size"),
+    (["--seeds", "0"], "--seeds must be an integer >= 1"),
+    (["--sweep-windows", "0"], "--sweep-windows must be an integer >= 1"),
     (["--factor", "16384"], "corpus too small"),
     (["--to", "1024"], "--to apply to a pretrained model: they need --hf"),
 ])
@@ -138,6 +231,13 @@ def test_not_a_number_factor_is_an_argument_error(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["extend", "--preset", "smoke", "--factor", "eight", "--out", str(tmp_path / "o")])
     assert "invalid float value: 'eight'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("rates", ["0", "1e-3,-1", "fast", ""])
+def test_bad_learning_rates_are_an_argument_error(tmp_path, capsys, rates):
+    with pytest.raises(SystemExit):
+        main(["extend", "--preset", "smoke", "--finetune-lrs", rates, "--out", str(tmp_path / "o")])
+    assert "expected comma-separated numbers > 0" in capsys.readouterr().err
 
 
 def test_resume_refuses_a_changed_config_and_a_folder_without_a_run(smoke, tmp_path, capsys):
@@ -155,11 +255,11 @@ def test_a_damaged_search_log_is_named(smoke, tmp_path, capsys):
     out, _ = smoke
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
-    for name in ("longrope.json", "rope_parameters.json"):
+    for name in ("longrope-seed0.json", "rope_parameters.json"):
         (copy / name).unlink()
-    (copy / "search_log.json").write_text('{"config": ')
+    (copy / "search_log-seed0.json").write_text('{"config": ')
     assert main(["extend", "--preset", "smoke", "--out", str(copy), "--resume"]) == 2
-    assert f"search log {copy / 'search_log.json'} is damaged or truncated" in capsys.readouterr().err
+    assert f"search log {copy / 'search_log-seed0.json'} is damaged or truncated" in capsys.readouterr().err
 
 
 def _cli(*args):
@@ -174,13 +274,13 @@ def test_sigkill_then_resume_loses_no_finished_stage(smoke, tmp_path):
     killed = tmp_path / "killed"
     process = subprocess.Popen(_cli(*args, "--out", str(killed)), env=ENV, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
-    marker = killed / "finetune" / "rope+ntk-fine-tuned" / "curve.json"
+    marker = killed / "finetune" / "rope+ntk-fine-tuned" / "seed0" / "lr0.0003" / "curve.json"
     deadline = time.time() + 120
     while not marker.exists() and time.time() < deadline and process.poll() is None:
         time.sleep(0.005)
     process.send_signal(signal.SIGKILL)
     process.wait()
-    finished = killed / "finetune" / "rope+pi-fine-tuned" / "model.safetensors"
+    finished = killed / "finetune" / "rope+pi-fine-tuned" / "seed0" / "lr0.002" / "model.safetensors"
     stamp = finished.stat().st_mtime_ns if finished.exists() else None
     subprocess.run(_cli(*args, "--out", str(killed), "--resume"), env=ENV, check=True, capture_output=True,
                    timeout=300)
@@ -191,8 +291,10 @@ def test_sigkill_then_resume_loses_no_finished_stage(smoke, tmp_path):
     assert got["longrope"]["best"] == want["longrope"]["best"]
     for a, b in zip(got["rows"], want["rows"]):
         assert a["bits_per_byte"] == pytest.approx(b["bits_per_byte"], abs=1e-4), a["name"]
-    for method, curve in want["curves"].items():
-        assert got["curves"][method] == pytest.approx(curve, abs=1e-4), method
+    for name, curve in want["curves"].items():
+        assert {s: v["mean"] for s, v in got["curves"][name].items()} == pytest.approx(
+            {s: v["mean"] for s, v in curve.items()}, abs=1e-4), name
+    assert got["sweep"] == want["sweep"]
 
 
 @pytest.mark.skipif(shutil.which("torchrun") is None and not Path(sys.executable).with_name("torchrun").exists(),

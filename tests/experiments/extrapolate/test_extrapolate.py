@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from posenc.cli import main
 from posenc.experiments.extrapolate import DEFAULT_ROWS, ExperimentConfig, run
@@ -47,9 +48,65 @@ def test_smoke_run_writes_every_file_row_and_column(smoke_run):
 def test_factor_one_scalings_equal_plain_rope(smoke_run):
     _, results = smoke_run
     rows = {row["name"]: row for row in results["rows"]}
-    for name in ("rope+pi", "rope+ntk", "rope+dynamic", "rope+yarn"):
+    for name in ("rope+pi", "rope+ntk", "rope+dynamic", "rope+dynamic1", "rope+yarn"):
         assert rows[name]["bits_per_byte"]["16"] == pytest.approx(rows["rope"]["bits_per_byte"]["16"], abs=1e-6)
     assert rows["rope+pi"]["bits_per_byte"]["128"] != rows["rope"]["bits_per_byte"]["128"]
+    # factor 1 grows the base less than factor = the column's: the two dynamic rows differ past 1x
+    assert rows["rope+dynamic1"]["bits_per_byte"]["128"] != rows["rope+dynamic"]["bits_per_byte"]["128"]
+
+
+def test_dynamic_rows_scale_by_length_with_their_own_factor():
+    from posenc.experiments.extrapolate import ROWS
+
+    assert ROWS["rope+dynamic1"].eval_kwargs(4.0, 64)["scaling"]["factor"] == 1.0
+    assert ROWS["rope+dynamic"].eval_kwargs(4.0, 64)["scaling"]["factor"] == 4.0
+
+
+def test_every_cell_has_an_interval_and_the_comparisons_are_paired(smoke_run):
+    out, results = smoke_run
+    assert results["windows"]["split"] == "test" and results["windows"]["count"] == 4
+    rows = {row["name"]: row for row in results["rows"]}
+    for row in results["rows"]:
+        for n in map(str, results["eval_lengths"]):
+            if row["bits_per_byte"][n] is None:
+                assert row["interval"][n] is None and row["vs_best"][n] is None
+                continue
+            low, high = row["interval"][n]
+            assert low <= row["bits_per_byte"][n] <= high
+            versus = row["vs_best"][n]
+            best = rows[versus["best"]]
+            assert versus["mean"] == pytest.approx(row["bits_per_byte"][n] - best["bits_per_byte"][n], abs=1e-9)
+            assert best["bits_per_byte"][n] == min(r["bits_per_byte"][n] for r in rows.values()
+                                                   if r["bits_per_byte"][n] is not None)
+    markdown = (out / "results.md").read_text()
+    assert "## Change from the row's own 1× score" in markdown and "`rope+dynamic1`: " in markdown
+    position = rows["rope"]["position_bits"]
+    assert len(position["low"]) == len(position["bits"]) == len(position["high"])
+
+
+def test_the_scored_windows_are_a_sample_of_the_test_files(tmp_path):
+    from posenc.lm.data import sample_windows, stdlib_corpus
+
+    seen = []
+    import posenc.experiments.extrapolate.stages as extrapolate
+
+    original = extrapolate.evaluate
+
+    def spy(model, tokens, lengths, **kwargs):
+        seen.append(tokens.clone())
+        return original(model, tokens, lengths, **kwargs)
+
+    extrapolate.evaluate = spy
+    try:
+        results = run(ExperimentConfig.from_preset("smoke", encodings="none", steps=1, eval_windows=12),
+                      tmp_path / "r", log=lambda *_: None)
+    finally:
+        extrapolate.evaluate = original
+    test = stdlib_corpus().test
+    expected = sample_windows(test, 128, 12)
+    assert all(torch.equal(tokens, expected.tokens) for tokens in seen)
+    assert len(set(expected.files)) >= 10 and set(expected.files) <= set(test.files)
+    assert results["windows"]["files"] == len(set(expected.files))
 
 
 def test_every_encoding_scores_the_same_bytes(tmp_path):
@@ -96,7 +153,7 @@ def test_too_small_corpus_fails_before_training(tmp_path, capsys):
     tiny.write_text("x" * 2000)
     code = main(["extrapolate", "--preset", "smoke", "--text", str(tiny), "--out", str(tmp_path / "o")])
     assert code == 2
-    assert "corpus too small: the validation split has 200 bytes" in capsys.readouterr().err
+    assert "corpus too small: the test split has 100 bytes" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
 

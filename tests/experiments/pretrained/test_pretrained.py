@@ -64,7 +64,7 @@ def test_dynamic_runs_a_window_per_length_and_static_methods_share_one(smoke):
 @pytest.mark.parametrize("args, message", [
     (["--to", "64"], "--to 64 is not above the model's context (64)"),
     (["--methods", "none,rerope"], "unknown methods ['rerope']"),
-    (["--finetune-lr", "1e-3", "--from-scratch"], "--finetune-lr, --from-scratch apply to posenc's own models"),
+    (["--finetune-lrs", "1e-3", "--from-scratch"], "--finetune-lrs, --from-scratch apply to posenc's own models"),
 ])
 def test_bad_hf_input(tmp_path, capsys, args, message):
     assert main(["extend", "--hf", "tiny", "--preset", "smoke", *args, "--out", str(tmp_path / "o")]) == 2
@@ -83,7 +83,7 @@ def test_not_enough_text_says_how_many_tokens_there_are(tmp_path, capsys):
     text = tmp_path / "short.txt"
     text.write_text("x = 1\n" * 200)
     assert main(["extend", "--hf", "tiny", "--preset", "smoke", "--text", str(text), "--out", str(tmp_path / "o")]) == 2
-    assert "not enough text: it has 120 tokens" in capsys.readouterr().err
+    assert "not enough text: its test split has 60 tokens" in capsys.readouterr().err
 
 
 def test_export_refuses_a_folder_it_did_not_write_before_any_work(tmp_path, capsys):

@@ -1,8 +1,9 @@
 """What ``posenc extend`` runs: its presets, its config (checked on construction) and its rows.
 
-Rows: plain RoPE; each method zero-shot and, with fine-tuning steps, fine-tuned; ALiBi
-zero-shot and fine-tuned when the base run has ALiBi; optionally RoPE trained from
-scratch at the target length (the ceiling).
+Rows: plain RoPE and each method zero-shot; with fine-tuning steps, each of them fine-tuned,
+plain RoPE fine-tuned without scaling being the control (what fine-tuning alone buys); ALiBi
+zero-shot and fine-tuned when the base run has ALiBi; optionally RoPE trained from scratch at
+the target length on the pretraining plus fine-tuning tokens (the ceiling).
 """
 
 from __future__ import annotations
@@ -20,13 +21,16 @@ EXTEND_METHODS = tuple(m for m in METHODS if m != "llama3")  # llama3's bands ar
 
 PRESETS: dict[str, dict] = {
     # Tests and CI: well under a minute on 2 cores.
-    "smoke": dict(base="smoke", finetune_steps=8, finetune_batch=4, finetune_lr=2e-3, finetune_warmup=2,
-                  search_population=6, search_generations=2, search_parents=2, search_windows=2),
-    # On the 2-core CPU: fine-tuning sees ~10% of the pretraining tokens.
-    "default": dict(base="default", finetune_steps=80, finetune_batch=4, finetune_lr=1e-3, finetune_warmup=8,
-                    search_population=24, search_generations=16, search_parents=6, search_windows=8),
-    "gpu": dict(base="gpu", finetune_steps=400, finetune_batch=16, finetune_lr=5e-4, finetune_warmup=40,
-                search_population=32, search_generations=16, search_parents=8, search_windows=16, from_scratch=True),
+    "smoke": dict(base="smoke", finetune_steps=8, finetune_batch=4, finetune_lrs=(3e-4, 2e-3), finetune_warmup=2,
+                  search_population=6, search_generations=2, search_parents=2, search_windows=2, sweep_windows=4,
+                  curve_windows=4),
+    # On the 2-core CPU: fine-tuning sees ~13% of the pretraining tokens, at the best of three rates.
+    "default": dict(base="default", finetune_steps=80, finetune_batch=4, finetune_lrs=(1e-4, 3e-4, 1e-3),
+                    finetune_warmup=8, search_population=24, search_generations=16, search_parents=6, search_windows=8,
+                    sweep_windows=64, curve_windows=64),
+    "gpu": dict(base="gpu", finetune_steps=400, finetune_batch=16, finetune_lrs=(1e-4, 3e-4, 1e-3),
+                finetune_warmup=40, search_population=32, search_generations=16, search_parents=8, search_windows=16,
+                sweep_windows=128, curve_windows=128, from_scratch=True),
 }
 
 
@@ -34,16 +38,19 @@ PRESETS: dict[str, dict] = {
 class ExtendConfig:
     preset: str = "default"
     factor: float = 8.0
-    methods: tuple[str, ...] = ("pi", "ntk", "yarn", "longrope")
+    methods: tuple[str, ...] = ("pi", "ntk", "dynamic", "yarn", "longrope")
     finetune_steps: int = 80
     finetune_batch: int = 4
-    finetune_lr: float = 1e-3
+    finetune_lrs: tuple[float, ...] = (1e-4, 3e-4, 1e-3)  # each fine-tuned row keeps the rate best on dev
     finetune_warmup: int = 8
     search_population: int = 24
     search_generations: int = 16
     search_parents: int = 6
-    search_windows: int = 8
-    from_scratch: bool = False  # the ceiling: RoPE trained at the target length with the pretraining budget
+    search_windows: int = 8  # dev windows of the target length scoring each LongRoPE candidate
+    sweep_windows: int = 64  # dev windows of the target length choosing each row's fine-tuning rate
+    curve_windows: int = 64  # test windows of the target length scored along the fine-tuning curve
+    seeds: int = 1  # base models, LongRoPE search and fine-tuning order, each repeated per seed
+    from_scratch: bool = False  # the ceiling: RoPE trained at the target length on pretraining + fine-tuning tokens
     eval_stride: int | None = None
     base: str = "default"  # the extrapolate preset that trains the base models when no --run is given
 
@@ -52,6 +59,7 @@ class ExtendConfig:
         values = preset_values(PRESETS, preset, overrides)
         if isinstance(values.get("methods"), str):
             values["methods"] = parse_methods(values["methods"], EXTEND_METHODS)
+        values["finetune_lrs"] = tuple(values["finetune_lrs"])
         return cls(preset=preset, **values)
 
     def __post_init__(self):
@@ -61,11 +69,15 @@ class ExtendConfig:
         parse_methods(self.methods, EXTEND_METHODS)
         checks.positive_int("--finetune-steps", self.finetune_steps, minimum=0)
         checks.positive_int("--finetune-batch", self.finetune_batch)
-        checks.positive_float("--finetune-lr", self.finetune_lr)
+        if not self.finetune_lrs:
+            raise ValueError("--finetune-lrs needs at least one learning rate")
+        for lr in self.finetune_lrs:
+            checks.positive_float("--finetune-lrs", lr)
         checks.positive_int("finetune_warmup", self.finetune_warmup, minimum=0)
         checks.positive_int("--search-population", self.search_population, minimum=4)
         checks.positive_int("--search-generations", self.search_generations)
-        checks.positive_int("--search-windows", self.search_windows)
+        for name in ("--search-windows", "--sweep-windows", "--curve-windows", "--seeds"):
+            checks.positive_int(name, getattr(self, name.lstrip("-").replace("-", "_")))
         checks.positive_int("search_parents", self.search_parents, minimum=2)
         if self.search_parents >= self.search_population:
             raise ValueError(f"search_parents ({self.search_parents}) must be below --search-population "
@@ -75,7 +87,7 @@ class ExtendConfig:
         checks.choice("base preset", self.base, tuple(extrapolate.PRESETS))
 
     def to_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "methods": list(self.methods)}
+        return {**dataclasses.asdict(self), "methods": list(self.methods), "finetune_lrs": list(self.finetune_lrs)}
 
     def target_length(self, train_length: int) -> int:
         target = train_length * self.factor
@@ -85,9 +97,10 @@ class ExtendConfig:
         return int(round(target))
 
 
-# Changing any of these changes a result; methods, --from-scratch and the device may change on --resume.
-RESULT_FIELDS = ("factor", "finetune_steps", "finetune_batch", "finetune_lr", "finetune_warmup", "search_population",
-                 "search_generations", "search_parents", "search_windows", "eval_stride")
+# Changing any of these changes a result; methods, seeds, --from-scratch and the device may change on --resume.
+RESULT_FIELDS = ("factor", "finetune_steps", "finetune_batch", "finetune_lrs", "finetune_warmup", "search_population",
+                 "search_generations", "search_parents", "search_windows", "sweep_windows", "curve_windows",
+                 "eval_stride")
 
 
 @dataclass(frozen=True)
@@ -106,6 +119,7 @@ def make_rows(config: ExtendConfig, has_alibi: bool) -> list[ExtendRow]:
     rows = [ExtendRow("rope", "rope", "rope", "zero-shot")]
     rows += [ExtendRow(f"rope+{m}", "rope", m, "zero-shot") for m in config.methods]
     if config.finetune_steps:
+        rows.append(ExtendRow("rope fine-tuned", "rope", "rope", "fine-tuned"))  # the control: no scaling
         rows += [ExtendRow(f"rope+{m} fine-tuned", "rope", m, "fine-tuned") for m in config.methods]
     if has_alibi:
         rows.append(ExtendRow("alibi", "alibi", "alibi", "zero-shot"))

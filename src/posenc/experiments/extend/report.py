@@ -5,23 +5,42 @@ from __future__ import annotations
 from pathlib import Path
 
 from ... import storage
-from ..tables import markdown_table, stage_rows, text_table
+from ..tables import difference_cell, interval_cell, markdown_table, stage_rows, text_table
+
+
+def _lengths(results: dict) -> list[str]:
+    train_length = results["train_length"]
+    return [f"{n / train_length:g}× ({n})" for n in results["eval_lengths"]]
 
 
 def table_rows(results: dict) -> tuple[list[str], list[list[str]]]:
-    train_length = results["train_length"]
-    header = ["row", "stage"] + [f"{length / train_length:g}× ({length})" for length in results["eval_lengths"]]
-    body = []
-    for row in results["rows"]:
-        cells = ["N/A" if row["bits_per_byte"][str(n)] is None else f"{row['bits_per_byte'][str(n)]:.3f}"
-                 for n in results["eval_lengths"]]
-        body.append([row["name"], row["stage"]] + cells)
-    return header, body
+    """Each row's bits per byte with its 95% interval (and the spread over seeds)."""
+    body = [[row["name"], row["stage"]] + [interval_cell(row["bits_per_byte"][str(n)], row["interval"][str(n)],
+                                                         row["bits_per_byte_std"][str(n)])
+                                           for n in results["eval_lengths"]]
+            for row in results["rows"]]
+    return ["row", "stage"] + _lengths(results), body
+
+
+def change_rows(results: dict) -> tuple[list[str], list[list[str]]]:
+    body = [[row["name"]] + [difference_cell(row["change_from_1x"][str(n)]) for n in results["eval_lengths"][1:]]
+            for row in results["rows"]]
+    return ["row"] + _lengths(results)[1:], body
+
+
+def comparison_rows(results: dict) -> tuple[list[str], list[list[str]]]:
+    body = [[f"{c['a']} − {c['b']}", c["question"]] + [difference_cell(c["difference"][str(n)])
+                                                        for n in results["eval_lengths"]]
+            for c in results["comparisons"]]
+    return ["a − b", "question"] + _lengths(results), body
 
 
 def title(results: dict) -> str:
+    seeds, windows = len(results["seeds"]), results["windows"]
     return (f"Bits per byte (lower is better): RoPE trained at {results['train_length']}, extended to "
-            f"{results['target_length']} (factor {results['config']['factor']:g}), {results['protocol']}")
+            f"{results['target_length']} (factor {results['config']['factor']:g}), {results['protocol']}, "
+            f"{windows['count']} test windows, {seeds} seed{'s' if seeds > 1 else ''}: mean [95% interval]"
+            f"{' ± std over seeds' if seeds > 1 else ''}")
 
 
 def terminal_table(results: dict) -> str:
@@ -29,34 +48,54 @@ def terminal_table(results: dict) -> str:
 
 
 def markdown(results: dict) -> str:
-    header, body = table_rows(results)
-    corpus, config = results["corpus"], results["config"]
-    lines = [f"# {title(results)}", ""] + markdown_table(header, body, text_columns=2)
+    corpus, config, windows = results["corpus"], results["config"], results["windows"]
+    lines = [f"# {title(results)}", ""] + markdown_table(*table_rows(results), text_columns=2)
     share = results["finetune_tokens"] / results["pretraining_tokens"]
-    lines += ["", f"Fine-tuning: {config['finetune_steps']} steps × {config['finetune_batch']} windows × "
-              f"{results['target_length']} tokens = {results['finetune_tokens']:,} tokens per fine-tuned row "
-              f"({share:.0%} of the {results['pretraining_tokens']:,} pretraining tokens), lr {config['finetune_lr']:g}. "
-              f"Every method runs at factor {config['factor']:g} at every length. ALiBi: {results['alibi']}."]
+    rates = ", ".join(f"{lr:g}" for lr in config["finetune_lrs"])
+    lines += ["", f"Scored on the test split: {windows['count']} windows of {windows['length']} bytes "
+              f"({windows['bytes']:,} bytes from {windows['files']} of its {windows['split_files']} files), the same "
+              f"for every row; intervals: {windows['interval']}. Fine-tuning: {config['finetune_steps']} steps × "
+              f"{config['finetune_batch']} windows × {results['target_length']} tokens = "
+              f"{results['finetune_tokens']:,} tokens per fine-tuned row ({share:.0%} of the "
+              f"{results['pretraining_tokens']:,} pretraining tokens), from the train split, at the rate of "
+              f"{{{rates}}} that scores best on {config['sweep_windows']} dev windows. Every method runs at factor "
+              f"{config['factor']:g} at every length. ALiBi: {results['alibi']}."]
+    if results["scratch_tokens"]:
+        lines += ["", f"`rope trained at target`: {results['scratch_tokens']:,} tokens at the target length, the "
+                  "pretraining plus one fine-tuning's tokens."]
+    lines += ["", "## Paired comparisons (a − b on the same windows; negative: a is better; '(noise)': the "
+              "interval covers 0)", ""] + markdown_table(*comparison_rows(results), text_columns=2)
+    lines += ["", "## Change from the row's own 1× score", ""] + markdown_table(*change_rows(results))
+    if results["sweep"]:
+        lines += ["", f"## Fine-tuning rate, chosen on dev (bits at {results['target_length']} on "
+                  f"{config['sweep_windows']} dev windows)", ""]
+        body = [[name] + [f"{v:.3f}" for v in sweep["dev_bits"].values()]
+                + [", ".join(f"{lr:g}" for lr in sweep["chosen"])] for name, sweep in results["sweep"].items()]
+        lines += markdown_table(["row"] + [f"lr {lr:g}" for lr in config["finetune_lrs"]] + ["chosen"], body)
     if results["curves"]:
         steps = sorted({int(s) for curve in results["curves"].values() for s in curve})
-        body = [[method] + [f"{curve[str(s)]:.3f}" if str(s) in curve else "" for s in steps]
-                for method, curve in results["curves"].items()]
-        lines += ["", f"## Bits per byte at {results['target_length']} during fine-tuning", ""]
-        lines += markdown_table(["method"] + [f"step {s}" for s in steps], body)
+        body = [[name] + [interval_cell(curve[str(s)]["mean"], [curve[str(s)]["low"], curve[str(s)]["high"]],
+                                        curve[str(s)]["seed_std"]) if str(s) in curve else "" for s in steps]
+                for name, curve in results["curves"].items()]
+        lines += ["", f"## Bits per byte at {results['target_length']} during fine-tuning, at the chosen rate "
+                  f"({config['curve_windows']} test windows)", ""]
+        lines += markdown_table(["row"] + [f"step {s}" for s in steps], body)
     longrope = results["longrope"]
     if longrope:
         seeds = ", ".join(f"{m} {v:.4f}" for m, v in longrope["seed_losses"].items())
         lines += ["", "## LongRoPE search", "",
-                  f"Best loss on the search windows {longrope['loss_best_n_hat']:.4f} nats with n̂ = "
-                  f"{longrope['best']['n_hat']}; the exported factors (n̂ = 0, transformers has no field for n̂) "
-                  f"score {longrope['loss_n_hat_0']:.4f}. Seeds: {seeds}. {longrope['candidates_evaluated']} "
-                  f"candidates at {longrope['candidates_per_s']:.2f}/s; best loss per generation: "
-                  + ", ".join(f"{v:.4f}" for v in longrope["best_loss_per_generation"]) + ".",
-                  "", "Exported `rope_parameters` (rope_parameters.json):", "", "```json",
+                  f"Exported: seed {longrope['exported_seed']}'s factors. Its search scored candidates on "
+                  f"{longrope['windows']} dev windows: best {longrope['loss_best_n_hat']:.4f} nats with n̂ = "
+                  f"{longrope['best']['n_hat']}; the same factors with n̂ = 0 (what transformers can hold, what the "
+                  f"`rope+longrope` rows run and what is exported) score {longrope['loss_n_hat_0']:.4f}. Seeds: "
+                  f"{seeds}. {longrope['candidates_evaluated']} candidates at {longrope['candidates_per_s']:.2f}/s; "
+                  "best loss per generation: " + ", ".join(f"{v:.4f}" for v in longrope["best_loss_per_generation"])
+                  + ".", "", "Exported `rope_parameters` (rope_parameters.json):", "", "```json",
                   _compact_json(longrope["rope_parameters"]), "```"]
     lines += ["", "## Wall time per stage", ""] + markdown_table(["stage", "seconds"], stage_rows(results["stages_s"]))
-    lines += ["", f"Corpus: {corpus['source']} (sha256 `{corpus['sha256'][:16]}`). Device: {results['device']}. "
-              f"posenc {results['versions']['posenc']}, torch {results['versions']['torch']}."]
+    lines += ["", f"Corpus: {corpus['source']} (sha256 `{corpus['sha256'][:16]}`, split {corpus['split']}). "
+              f"Device: {results['device']}. posenc {results['versions']['posenc']}, "
+              f"torch {results['versions']['torch']}."]
     return "\n".join(lines) + "\n"
 
 

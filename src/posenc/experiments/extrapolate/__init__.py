@@ -7,9 +7,9 @@ files), ``checkpoints`` (reading a finished run for ``posenc plot``). It imports
 are its public face: ``posenc extend`` trains its base models through ``run``.
 """
 
-from .checkpoints import trained_models, validation_window
+from .checkpoints import attention_window, trained_models
 from .config import PRESETS, ExperimentConfig
 from .rows import DEFAULT_ROWS, ROWS
 from .stages import run
 
-__all__ = ["DEFAULT_ROWS", "PRESETS", "ROWS", "ExperimentConfig", "run", "trained_models", "validation_window"]
+__all__ = ["DEFAULT_ROWS", "PRESETS", "ROWS", "ExperimentConfig", "attention_window", "run", "trained_models"]

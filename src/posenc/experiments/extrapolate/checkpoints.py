@@ -35,8 +35,8 @@ def trained_models(run_dir: Path) -> dict[str, LanguageModel]:
     return models
 
 
-def validation_window(run_dir: Path) -> torch.Tensor:
-    """The first training-length window of the run's validation text: (1, T) int64."""
+def attention_window(run_dir: Path) -> torch.Tensor:
+    """The first training-length window of the run's test text: (1, T) int64."""
     config = ExperimentConfig.from_dict(storage.read_json(run_dir / "config.json"))
     corpus = text_corpus(config.text) if config.text else stdlib_corpus()
-    return corpus.validation[: config.train_length].long().unsqueeze(0)
+    return corpus.test.data[: config.train_length].long().unsqueeze(0)

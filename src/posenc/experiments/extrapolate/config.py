@@ -7,6 +7,7 @@ while rows, seeds, evaluation lengths and protocol may change between ``--resume
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from ... import checks
@@ -17,13 +18,13 @@ from .rows import Row, parse_rows
 PRESETS: dict[str, dict] = {
     # CI and tests: seconds on 2 cores.
     "smoke": dict(dim=32, num_layers=1, num_heads=2, train_length=16, batch_size=8, steps=20, lr=3e-3,
-                  warmup=5, eval_windows=2, checkpoint_every=5),
-    # make run: minutes on a 2-core laptop CPU.
+                  warmup=5, eval_windows=4, checkpoint_every=5),
+    # make run: minutes on a 2-core laptop CPU; 480 test windows of 512 bytes, ~40% of the test split.
     "default": dict(dim=128, num_layers=4, num_heads=4, train_length=64, batch_size=32, steps=600, lr=2e-3,
-                    warmup=50, eval_windows=48),
+                    warmup=50, eval_windows=480),
     # A GPU: a bigger model, longer training and windows.
     "gpu": dict(dim=512, num_layers=8, num_heads=8, train_length=256, batch_size=64, steps=4000, lr=1e-3,
-                warmup=200, eval_windows=64),
+                warmup=200, eval_windows=640),
 }
 
 
@@ -39,7 +40,7 @@ class ExperimentConfig:
     steps: int = 600
     lr: float = 2e-3
     warmup: int = 50
-    eval_windows: int = 48
+    eval_windows: int = 480  # windows of the longest length, a seeded sample stratified over the test files
     eval_factors: tuple[int, ...] = (1, 2, 4, 8)
     eval_stride: int | None = None
     seeds: int = 1
@@ -71,6 +72,9 @@ class ExperimentConfig:
             raise ValueError(f"eval_factors must be integers >= 1, got {self.eval_factors}")
         if self.eval_stride is not None:
             checks.positive_int("eval_stride", self.eval_stride)
+        if self.window_length > 4 * max(self.eval_lengths):
+            raise ValueError(f"eval_factors {self.eval_factors}: evaluation windows must hold a whole number of every "
+                             f"eval length, here {self.window_length} bytes; choose factors that divide the largest")
         checks.choice("device", self.device, ("auto", "cpu", "cuda"))
         parse_rows(self.encodings)  # unknown names fail here, before anything runs
 
@@ -79,8 +83,9 @@ class ExperimentConfig:
         return [self.train_length * f for f in sorted(set(self.eval_factors))]
 
     @property
-    def eval_span(self) -> int:
-        return max(self.eval_lengths) * self.eval_windows
+    def window_length(self) -> int:
+        """The length of each evaluation window: the least common multiple of the eval lengths."""
+        return math.lcm(*self.eval_lengths)
 
     def model_config(self, row: Row, kwargs: dict) -> ModelConfig:
         return ModelConfig(encoding=row.trains, encoding_kwargs=kwargs, dim=self.dim, num_layers=self.num_layers,

@@ -8,28 +8,44 @@ from ... import storage
 from .. import tables
 
 
-def _cell(mean, std) -> str:
-    if mean is None:
-        return "N/A"
-    return f"{mean:.3f}" if not std else f"{mean:.3f} ± {std:.3f}"
+def _header(results: dict, first: str) -> list[str]:
+    train_length = results["train_length"]
+    return [first] + [f"{length // train_length}× ({length})" for length in results["eval_lengths"]]
 
 
 def table_rows(results: dict) -> tuple[list[str], list[list[str]]]:
-    train_length = results["train_length"]
-    header = ["encoding"] + [f"{length // train_length}× ({length})" for length in results["eval_lengths"]]
+    """Each row's bits per byte with its 95% interval (and the spread over seeds)."""
+    body = [[row["name"]] + [tables.interval_cell(row["bits_per_byte"][str(n)], row["interval"][str(n)],
+                                                  row["bits_per_byte_std"][str(n)]) for n in results["eval_lengths"]]
+            for row in results["rows"]]
+    return _header(results, "encoding"), body
+
+
+def change_rows(results: dict) -> tuple[list[str], list[list[str]]]:
+    """Each row's change from its own 1× score, paired over the same windows."""
+    body = [[row["name"]] + [tables.difference_cell(row["change_from_1x"][str(n)]) for n in results["eval_lengths"][1:]]
+            for row in results["rows"]]
+    header = _header(results, "encoding")
+    return [header[0]] + header[2:], body
+
+
+def versus_best_rows(results: dict) -> tuple[list[str], list[list[str]]]:
+    """Each row minus the best row of its column, paired; the best row itself reads 'best'."""
     body = []
     for row in results["rows"]:
-        cells = [_cell(row["bits_per_byte"][str(length)], row["bits_per_byte_std"][str(length)])
-                 for length in results["eval_lengths"]]
+        cells = []
+        for n in map(str, results["eval_lengths"]):
+            versus = row["vs_best"][n]
+            cells.append("best" if versus and versus["best"] == row["name"] else tables.difference_cell(versus))
         body.append([row["name"]] + cells)
-    return header, body
+    return _header(results, "encoding"), body
 
 
 def title(results: dict) -> str:
-    seeds = results["config"]["seeds"]
-    return (f"Bits per byte (lower is better), trained at {results['train_length']} bytes, "
-            f"{results['protocol']}, {seeds} seed{'s' if seeds > 1 else ''}"
-            f"{' (mean ± std)' if seeds > 1 else ''}")
+    seeds, windows = results["config"]["seeds"], results["windows"]
+    return (f"Bits per byte (lower is better), trained at {results['train_length']} bytes, {results['protocol']}, "
+            f"{windows['count']} test windows of {windows['length']} bytes from {windows['files']} files, "
+            f"{seeds} seed{'s' if seeds > 1 else ''}: mean [95% interval]{' ± std over seeds' if seeds > 1 else ''}")
 
 
 def terminal_table(results: dict) -> str:
@@ -37,10 +53,19 @@ def terminal_table(results: dict) -> str:
 
 
 def markdown_table(results: dict) -> str:
-    header, body = table_rows(results)
-    corpus = results["corpus"]
-    lines = [f"# {title(results)}", ""] + tables.markdown_table(header, body)
+    corpus, windows = results["corpus"], results["windows"]
+    lines = [f"# {title(results)}", ""] + tables.markdown_table(*table_rows(results))
+    lines += ["", "## Change from the row's own 1× score (paired over the same windows)", ""]
+    lines += tables.markdown_table(*change_rows(results))
+    lines += ["", "## Difference to the best row of each column (paired; '(noise)': the interval covers 0)", ""]
+    lines += tables.markdown_table(*versus_best_rows(results))
+    lines += ["", "## Rows", ""] + [f"- `{row['name']}`: {row['description']}" for row in results["rows"]]
     lines += [
+        "",
+        f"Scored on the {windows['split']} split: {windows['count']} windows of {windows['length']} bytes "
+        f"({windows['bytes']:,} bytes, a seeded sample stratified over {windows['files']} of its "
+        f"{windows['split_files']} files, {windows['split_bytes']:,} bytes), the same windows for every row and "
+        f"column; intervals: {windows['interval']}.",
         "",
         f"Corpus: {corpus['source']} ({corpus['files']} files, sha256 `{corpus['sha256'][:16]}`, "
         f"split {corpus['split']}). Device: {results['device']}, {results['processes']} process(es), "

@@ -18,32 +18,40 @@ from ...extension.methods import method_scaling
 class Row:
     name: str
     trains: str  # the encoding trained (one checkpoint per trained encoding and seed)
+    description: str
     train_kwargs: dict = field(default_factory=dict)
     eval_kwargs: Callable[[float, int], dict] = lambda factor, train_length: {}
 
 
-def _rope_scaling(method: str) -> Callable[[float, int], dict]:
-    return lambda factor, train_length: {"scaling": method_scaling(method, factor, train_length)}
+def _rope_scaling(method: str, fixed_factor: float | None = None) -> Callable[[float, int], dict]:
+    """The scaling of ``method`` at each column's factor, or at ``fixed_factor`` whatever the column."""
+    return lambda factor, train_length: {"scaling": method_scaling(method, fixed_factor or factor, train_length)}
 
 
 ROWS: dict[str, Row] = {row.name: row for row in [
-    Row("none", "none"),
-    Row("sinusoidal", "sinusoidal"),
-    Row("learned", "learned"),
-    Row("learned+interpolate", "learned", eval_kwargs=lambda factor, train_length: {"beyond": "interpolate"}),
-    Row("alibi", "alibi"),
-    Row("rope", "rope"),
-    Row("rope+pi", "rope", eval_kwargs=_rope_scaling("pi")),
-    Row("rope+ntk", "rope", eval_kwargs=_rope_scaling("ntk")),
-    Row("rope+dynamic", "rope", eval_kwargs=_rope_scaling("dynamic")),
-    Row("rope+yarn", "rope", eval_kwargs=_rope_scaling("yarn")),
-    Row("t5", "t5"),
-    Row("shaw", "shaw"),
-    Row("transformer_xl", "transformer_xl"),
+    Row("none", "none", "no positional encoding (NoPE)"),
+    Row("sinusoidal", "sinusoidal", "sinusoidal table added to the input"),
+    Row("learned", "learned", "learned table added to the input; no rows past the training length"),
+    Row("learned+interpolate", "learned", "the learned checkpoint, its table resampled to the eval length",
+        eval_kwargs=lambda factor, train_length: {"beyond": "interpolate"}),
+    Row("alibi", "alibi", "ALiBi score bias"),
+    Row("rope", "rope", "RoPE, no scaling"),
+    Row("rope+pi", "rope", "the RoPE checkpoint with position interpolation, factor = the column's",
+        eval_kwargs=_rope_scaling("pi")),
+    Row("rope+ntk", "rope", "the RoPE checkpoint with static NTK, factor = the column's",
+        eval_kwargs=_rope_scaling("ntk")),
+    Row("rope+dynamic", "rope", "the RoPE checkpoint with dynamic NTK, factor = the column's: base raised by "
+        "(f² − f + 1)^(d/(d−2)) at length f·L, a larger NTK", eval_kwargs=_rope_scaling("dynamic")),
+    Row("rope+dynamic1", "rope", "the RoPE checkpoint with dynamic NTK, factor 1: pure length-driven NTK, base "
+        "raised by f^(d/(d−2)) at length f·L", eval_kwargs=_rope_scaling("dynamic", fixed_factor=1.0)),
+    Row("rope+yarn", "rope", "the RoPE checkpoint with YaRN, factor = the column's", eval_kwargs=_rope_scaling("yarn")),
+    Row("t5", "t5", "T5 bucketed relative bias"),
+    Row("shaw", "shaw", "Shaw et al. relative keys and values"),
+    Row("transformer_xl", "transformer_xl", "Transformer-XL relative terms"),
 ]}
 
 DEFAULT_ROWS = ("none", "sinusoidal", "learned", "learned+interpolate", "alibi",
-                "rope", "rope+pi", "rope+ntk", "rope+dynamic", "rope+yarn")
+                "rope", "rope+pi", "rope+ntk", "rope+dynamic", "rope+dynamic1", "rope+yarn")
 
 
 def parse_rows(spec: str) -> list[Row]:

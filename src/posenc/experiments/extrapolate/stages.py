@@ -21,11 +21,12 @@ from pathlib import Path
 import torch
 
 from ... import __version__, storage
-from ...lm.data import eval_span, load_corpus
+from ...lm.data import Windows, load_corpus, sample_windows
 from ...lm.evaluate import evaluate
 from ...lm.model import LanguageModel
 from ...lm.runtime import Runtime
 from ...lm.train import TrainConfig, train
+from .. import intervals
 from . import report
 from .config import ExperimentConfig
 from .rows import parse_rows
@@ -59,7 +60,8 @@ def run(config: ExperimentConfig, out: Path, *, resume: bool = False, log=print)
     if runtime.rank != 0:
         log = lambda *_: None  # noqa: E731 - one voice in a DDP group
     # A bad corpus fails here, before any training ...
-    corpus = load_corpus(config.text, train_length=config.train_length, eval_span=config.eval_span)
+    corpus = load_corpus(config.text, train_length=config.train_length, window=config.window_length,
+                         windows=config.eval_windows)
     for row in rows:  # ... and on sizes an encoding rejects (e.g. an odd head width for RoPE)
         LanguageModel(config.model_config(row, row.train_kwargs))
     if runtime.rank == 0:
@@ -67,7 +69,7 @@ def run(config: ExperimentConfig, out: Path, *, resume: bool = False, log=print)
         log(f"corpus: {corpus.describe()}")
         log(f"device: {runtime.label}; processes: {runtime.world_size}; run directory: {out}")
     runtime.barrier()
-    tokens = eval_span(corpus.validation, config.eval_span)
+    windows = sample_windows(corpus.test, config.window_length, config.eval_windows)  # every row scores these
     started = time.perf_counter()
     trainings: dict[str, dict] = {}
     for seed in range(config.seed, config.seed + config.seeds):
@@ -75,11 +77,11 @@ def run(config: ExperimentConfig, out: Path, *, resume: bool = False, log=print)
             trainings[f"{trained}-seed{seed}"] = _train_one(config, rows, trained, seed, corpus, out, runtime, log)
             if runtime.rank == 0:
                 for row in (r for r in rows if r.trains == trained):
-                    _evaluate_row(config, row, seed, tokens, out, runtime, log)
+                    _evaluate_row(config, row, seed, windows, out, runtime, log)
             runtime.barrier()
     if runtime.rank != 0:
         return {}
-    results = _collect(config, rows, corpus, out, runtime, trainings, time.perf_counter() - started)
+    results = _collect(config, rows, corpus, windows, out, runtime, trainings, time.perf_counter() - started)
     report.write_all(results, out)
     log("")
     log(report.terminal_table(results))
@@ -98,7 +100,7 @@ def _train_one(config, rows, trained, seed, corpus, out, runtime, log) -> dict:
     model = LanguageModel(config.model_config(row, row.train_kwargs))
     train_config = TrainConfig(steps=config.steps, batch_size=config.batch_size, length=config.train_length,
                                lr=config.lr, warmup=config.warmup, checkpoint_every=config.checkpoint_every, seed=seed)
-    metrics = train(model, corpus.train, train_config, checkpoint=folder / "last.pt", device=runtime.device,
+    metrics = train(model, corpus.train.data, train_config, checkpoint=folder / "last.pt", device=runtime.device,
                     autocast_dtype=runtime.autocast_dtype, rank=runtime.rank, world_size=runtime.world_size,
                     label=f"train {trained} (seed {seed})", compile=config.compile)
     metrics["parameters"] = model.parameter_counts()
@@ -112,53 +114,68 @@ def _train_one(config, rows, trained, seed, corpus, out, runtime, log) -> dict:
     return metrics
 
 
-def _evaluate_row(config, row, seed, tokens, out, runtime, log) -> None:
+def _evaluate_row(config, row, seed, windows: Windows, out, runtime, log) -> None:
     path = out / "evals" / config.eval_tag / f"{row.name}-seed{seed}.json"
     if path.exists():
         return
     weights = storage.load_weights(out / "checkpoints" / f"{row.trains}-seed{seed}" / "model.safetensors")
     began = time.perf_counter()
-    bits, errors, position = {}, {}, None
+    bits, window_bits, errors, position = {}, {}, {}, None
     for length in config.eval_lengths:
         kwargs = {**row.train_kwargs, **row.eval_kwargs(length / config.train_length, config.train_length)}
         model = LanguageModel(config.model_config(row, kwargs))
         model.load_state_dict(weights)
         model.to(runtime.device)
-        result = evaluate(model, tokens, [length], stride=config.eval_stride, autocast_dtype=runtime.autocast_dtype,
-                          label=f"eval {row.name} @ {length}")
+        result = evaluate(model, windows.tokens, [length], stride=config.eval_stride,
+                          autocast_dtype=runtime.autocast_dtype, label=f"eval {row.name} @ {length}")
         bits[str(length)] = result["bits_per_byte"][length]
+        window_bits[str(length)] = result["window_bits"][length]
         errors.update({str(k): v for k, v in result["errors"].items()})
         if length == max(config.eval_lengths):
-            position = result["position_bits"]
-    storage.write_json(path, {"row": row.name, "seed": seed, "bits_per_byte": bits, "errors": errors,
-                              "position_bits": position, "wall_time_s": time.perf_counter() - began})
+            position = intervals.position_bands(result["position_bits"], windows.files)
+    storage.write_json(path, {"row": row.name, "seed": seed, "bits_per_byte": bits, "window_bits": window_bits,
+                              "errors": errors, "position_bits": position,
+                              "wall_time_s": time.perf_counter() - began})
     shown = ", ".join(f"{k}: {'N/A' if v is None else f'{v:.3f}'}" for k, v in bits.items())
     log(f"  {row.name}: {shown}")
 
 
-def _collect(config, rows, corpus, out, runtime, trainings, wall) -> dict:
+def _versus(best: str | None, own: list, per_seed: dict, length: str, groups: list[int]) -> dict | None:
+    """This row minus the column's best row, paired over the same windows and seeds."""
+    difference = intervals.paired(own, per_seed[best][length], groups) if best else None
+    return difference and {"best": best, **difference}
+
+
+def _collect(config, rows, corpus, windows: Windows, out, runtime, trainings, wall) -> dict:
+    groups, unit = intervals.units(windows.files)
+    lengths = [str(n) for n in config.eval_lengths]
+    seeds = range(config.seed, config.seed + config.seeds)
+    evals = {row.name: [storage.read_json(out / "evals" / config.eval_tag / f"{row.name}-seed{s}.json") for s in seeds]
+             for row in rows}
+    per_seed = {name: {n: [e["window_bits"][n] for e in runs] for n in lengths} for name, runs in evals.items()}
+    cells = {name: {n: intervals.cell(values[n], groups) for n in lengths} for name, values in per_seed.items()}
+    best = {n: min((name for name in cells if cells[name][n]), key=lambda name: cells[name][n]["mean"], default=None)
+            for n in lengths}
     table = []
     for row in rows:
-        evals = [storage.read_json(out / "evals" / config.eval_tag / f"{row.name}-seed{s}.json")
-                 for s in range(config.seed, config.seed + config.seeds)]
-        mean, std = {}, {}
-        for length in map(str, config.eval_lengths):
-            values = [e["bits_per_byte"][length] for e in evals]
-            defined = None not in values
-            mean[length] = statistics.fmean(values) if defined else None
-            std[length] = (statistics.stdev(values) if len(values) > 1 else 0.0) if defined else None
-        train_runs = [trainings[f"{row.trains}-seed{s}"] for s in range(config.seed, config.seed + config.seeds)]
+        runs, own, cell = evals[row.name], per_seed[row.name], cells[row.name]
+        train_runs = [trainings[f"{row.trains}-seed{s}"] for s in seeds]
         table.append({
             "name": row.name,
+            "description": row.description,
             "trained_encoding": row.trains,
-            "bits_per_byte": mean,
-            "bits_per_byte_std": std,
-            "per_seed": [e["bits_per_byte"] for e in evals],
-            "errors": evals[0]["errors"],
-            "position_bits": evals[0]["position_bits"],
+            "bits_per_byte": {n: cell[n] and cell[n]["mean"] for n in lengths},
+            "interval": {n: cell[n] and [cell[n]["low"], cell[n]["high"]] for n in lengths},
+            "bits_per_byte_std": {n: cell[n] and cell[n]["seed_std"] for n in lengths},
+            "change_from_1x": {n: intervals.paired(own[n], own[lengths[0]], groups) for n in lengths},
+            "vs_best": {n: _versus(best[n], own[n], per_seed, n, groups) for n in lengths},
+            "window_bits": {n: intervals.seed_mean(own[n]) for n in lengths},
+            "per_seed": [e["bits_per_byte"] for e in runs],
+            "errors": runs[0]["errors"],
+            "position_bits": runs[0]["position_bits"],
             "parameters": train_runs[0]["parameters"],
             "train_wall_time_s": statistics.fmean(t["wall_time_s"] for t in train_runs),
-            "eval_wall_time_s": statistics.fmean(e["wall_time_s"] for e in evals),
+            "eval_wall_time_s": statistics.fmean(e["wall_time_s"] for e in runs),
         })
     protocol = ("non-overlapping windows" if config.eval_stride is None
                 else f"sliding windows, stride {config.eval_stride}")
@@ -168,6 +185,10 @@ def _collect(config, rows, corpus, out, runtime, trainings, wall) -> dict:
         "eval_lengths": config.eval_lengths,
         "protocol": protocol,
         "corpus": corpus.fingerprint,
+        "windows": {"split": "test", "count": len(windows.files), "length": windows.length,
+                    "bytes": len(windows.files) * windows.length, "files": len(set(windows.files)),
+                    "split_files": len(corpus.test.files), "split_bytes": len(corpus.test),
+                    "interval": f"95% bootstrap over {unit}, {intervals.RESAMPLES} resamples"},
         "versions": {"posenc": __version__, "torch": torch.__version__, "python": platform.python_version()},
         "device": runtime.label,
         "processes": runtime.world_size,

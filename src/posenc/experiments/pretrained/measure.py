@@ -106,7 +106,8 @@ def binned(losses: torch.Tensor, bins: int) -> dict:
     return {"bin_edges": edges, "loss": [losses[a:b].mean().item() for a, b in zip(edges[:-1], edges[1:])]}
 
 
-def read_text_tokens(config: PretrainedConfig, tokens) -> torch.Tensor:
+def read_text_tokens(config: PretrainedConfig, tokens, split: str = "test") -> torch.Tensor:
+    """The ``split`` ("dev" or "test") of the corpus (``--text`` or the embedded one) in the model's tokens: (T,)."""
     corpus = text_corpus(config.text) if config.text else stdlib_corpus()
-    text = bytes(corpus.validation.tolist()).decode("utf-8", errors="replace")
+    text = bytes(getattr(corpus, split).data.tolist()).decode("utf-8", errors="replace")
     return torch.tensor(tokens.encode(text), dtype=torch.int64)

@@ -2,10 +2,10 @@
 
 For the unscaled model and each method (factor = ``--to`` / the model's original context):
   - loss by position: mean next-token loss per position bin, and mean loss at each length, on
-    the text (default: the embedded stdlib corpus's validation split, in the model's tokens);
+    the text (default: the embedded stdlib corpus's test split, in the model's tokens);
   - passkey retrieval: accuracy per (length, depth) of greedy answers;
   - optionally a LongRoPE search (``search.search``, the tiny-model code) whose objective is the
-    model's loss at ``--to`` on windows after the measured ones.
+    model's loss at ``--to`` on windows of the dev split (the measured window is test).
 Each (method, length) measurement is a file under ``measurements/``, written atomically, so a
 killed run resumed with ``--resume`` loses no finished measurement. Outputs: results.json,
 results.md, loss_by_position.png, passkey.png, rope_parameters.json (the best method at ``--to``).
@@ -67,10 +67,14 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
         raise ValueError(f"--to {config.to} is not above the model's context ({original}); methods {needs_factor} "
                          f"need a factor > 1: pass --to > {original}")
     text = read_text_tokens(config, tokens)
-    search_need = config.search_windows * (config.to + 1) if "longrope" in config.methods else 0
-    if text.shape[0] < config.to + 1 + search_need:
-        raise ValueError(f"not enough text: it has {text.shape[0]:,} tokens in this model's tokenizer; --to "
-                         f"{config.to} needs {config.to + 1 + search_need:,}; pass a longer --text or a smaller --to")
+    if text.shape[0] < config.to + 1:
+        raise ValueError(f"not enough text: its test split has {text.shape[0]:,} tokens in this model's tokenizer; "
+                         f"--to {config.to} needs {config.to + 1:,}; pass a longer --text or a smaller --to")
+    dev = read_text_tokens(config, tokens, "dev") if "longrope" in config.methods else None
+    if dev is not None and dev.shape[0] < config.search_windows * (config.to + 1):
+        raise ValueError(f"not enough text: its dev split has {dev.shape[0]:,} tokens in this model's tokenizer; "
+                         f"the LongRoPE search needs {config.search_windows * (config.to + 1):,}; pass a longer "
+                         "--text or a smaller --to")
     own = dict(model.config.rope_parameters or {"rope_type": "default", "rope_theta": theta})
     parameters = {m: method_parameters(m, factor, original, theta, own) for m in config.methods if m != "longrope"}
     for params in parameters.values():  # every dict is checked against this model before the long work
@@ -84,7 +88,7 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
     stages = {"load model": load_s}
     if "longrope" in config.methods:
         started = time.perf_counter()
-        parameters["longrope"] = _search(model, text[config.to + 1 :], config, factor, original, theta, out, log)
+        parameters["longrope"] = _search(model, dev, config, factor, original, theta, out, log)
         stages["longrope search"] = time.perf_counter() - started
     measured = {}
     for method, params in parameters.items():
@@ -181,7 +185,7 @@ def _passkey(model, tokens, method, config, out, log) -> dict:
 
 
 def _search(model, text, config, factor, original, theta, out, log) -> dict:
-    """LongRoPE factors for this model at --to, on text after the measured window; returns rope_parameters."""
+    """LongRoPE factors for this model at --to, on windows of the dev split's text; returns rope_parameters."""
     dim = hf.head_dim(model.config)
     windows = [text[i * (config.to + 1) : (i + 1) * (config.to + 1)] for i in range(config.search_windows)]
 

@@ -1,0 +1,85 @@
+"""Intervals: the bootstrap on cases with known answers, paired differences, clustering by file."""
+
+import math
+
+import pytest
+import torch
+
+from posenc.experiments import intervals
+
+
+def test_a_constant_has_a_zero_width_interval():
+    low, high = intervals.bootstrap_interval([2.5] * 40, list(range(40)))
+    assert low == high == 2.5
+
+
+def test_the_interval_of_a_mean_matches_the_normal_theory_width():
+    """n iid draws: the bootstrap's 95% interval of the mean is mean ± 1.96·σ/√n to within a few percent."""
+    values = torch.randn(2000, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 3 + 1
+    low, high = intervals.bootstrap_interval(values, list(range(2000)), resamples=4000)
+    expected = 1.96 * values.std(unbiased=False).item() / math.sqrt(2000)
+    assert (high - low) / 2 == pytest.approx(expected, rel=0.08)
+    assert (low + high) / 2 == pytest.approx(values.mean().item(), abs=0.02)
+
+
+def test_two_values_give_the_exact_bootstrap_distribution():
+    """Values 0 and 1, one each: the resampled mean is 0, 0.5 or 1 with probability 1/4, 1/2, 1/4."""
+    low, high = intervals.bootstrap_interval([0.0, 1.0], [0, 1], resamples=4000)
+    assert (low, high) == (0.0, 1.0)
+    low, high = intervals.bootstrap_interval([0.0, 1.0], [0, 1], resamples=4000, level=0.4)
+    assert low == high == 0.5
+
+
+def test_resampling_files_widens_the_interval_of_correlated_windows():
+    """Ten windows per file that share the file's level: by file, the interval reflects 20 files, not 200 windows."""
+    generator = torch.Generator().manual_seed(0)
+    levels = torch.randn(20, generator=generator, dtype=torch.float64)
+    values = levels.repeat_interleave(10) + 0.01 * torch.randn(200, generator=generator, dtype=torch.float64)
+    files = [f"f{i // 10}" for i in range(200)]
+    by_file, unit = intervals.units(files)
+    assert unit == "files" and by_file[:11] == [0] * 10 + [1]
+    low_f, high_f = intervals.bootstrap_interval(values, by_file)
+    low_w, high_w = intervals.bootstrap_interval(values, list(range(200)))
+    assert (high_f - low_f) > 2.5 * (high_w - low_w)
+
+
+def test_few_files_fall_back_to_windows():
+    groups, unit = intervals.units(["a", "a", "b", "c"])
+    assert unit == "windows" and groups == [0, 1, 2, 3]
+
+
+def test_the_paired_difference_is_the_difference_of_the_means_with_a_tighter_interval():
+    generator = torch.Generator().manual_seed(2)
+    shared = torch.randn(300, generator=generator, dtype=torch.float64) * 2  # window difficulty, common to both rows
+    a = shared + 0.10 + 0.05 * torch.randn(300, generator=generator, dtype=torch.float64)
+    b = shared + 0.05 * torch.randn(300, generator=generator, dtype=torch.float64)
+    groups = list(range(300))
+    difference = intervals.paired_difference(a, b, groups)
+    assert difference["mean"] == pytest.approx(a.mean().item() - b.mean().item(), abs=1e-12)
+    assert difference["low"] > 0.09 - 0.02 and difference["high"] < 0.11 + 0.02
+    low_a, high_a = intervals.bootstrap_interval(a, groups)
+    assert difference["high"] - difference["low"] < (high_a - low_a) / 5
+    assert not intervals.covers_zero(difference)
+
+
+def test_paired_refuses_different_windows():
+    with pytest.raises(ValueError, match="the same windows"):
+        intervals.paired_difference([1.0, 2.0], [1.0], [0, 1])
+
+
+def test_cells_average_seeds_per_window_and_report_their_spread():
+    seeds = [[1.0, 2.0, 3.0, 4.0], [3.0, 4.0, 5.0, 6.0]]
+    cell = intervals.cell(seeds, [0, 1, 2, 3])
+    assert cell["mean"] == pytest.approx(3.5)
+    assert cell["seed_std"] == pytest.approx(math.sqrt(2))  # seed means 2.5 and 4.5
+    assert intervals.cell([[1.0], None], [0]) is None
+    assert intervals.paired(seeds, [[0.0] * 4, [1.0] * 4], [0, 1, 2, 3])["mean"] == pytest.approx(3.0)
+
+
+def test_position_bands_bracket_each_bin_mean():
+    position = {"length": 4, "bin_edges": [0, 2, 4], "bits": [1.5, 3.0],
+                "window_bits": [[1.0, 2.0], [2.0, 4.0], [1.5, 3.0]]}
+    bands = intervals.position_bands(position, ["a", "b", "c"])
+    assert bands["bits"] == [1.5, 3.0]
+    assert all(lo <= mean <= hi for lo, mean, hi in zip(bands["low"], bands["bits"], bands["high"]))
+    assert bands["low"][0] >= 1.0 and bands["high"][1] <= 4.0
