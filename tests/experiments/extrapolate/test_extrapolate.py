@@ -84,48 +84,37 @@ def test_every_cell_has_an_interval_and_the_comparisons_are_paired(smoke_run):
     assert len(position["low"]) == len(position["bits"]) == len(position["high"])
 
 
-def test_the_scored_windows_are_a_sample_of_the_test_files(tmp_path):
+@pytest.fixture
+def scored(monkeypatch):
+    """Every windows tensor the extrapolate stages hand to evaluate(), in call order."""
+    import posenc.experiments.extrapolate.stages as stages
+
+    seen, evaluate = [], stages.evaluate
+
+    def spy(model, windows, lengths, **kwargs):
+        seen.append(windows.clone())
+        return evaluate(model, windows, lengths, **kwargs)
+
+    monkeypatch.setattr(stages, "evaluate", spy)
+    return seen
+
+
+def test_the_scored_windows_are_a_sample_of_the_test_files(tmp_path, scored):
     from posenc.lm.data import sample_windows, stdlib_corpus
 
-    seen = []
-    import posenc.experiments.extrapolate.stages as extrapolate
-
-    original = extrapolate.evaluate
-
-    def spy(model, tokens, lengths, **kwargs):
-        seen.append(tokens.clone())
-        return original(model, tokens, lengths, **kwargs)
-
-    extrapolate.evaluate = spy
-    try:
-        results = run(ExperimentConfig.from_preset("smoke", encodings="none", steps=1, eval_windows=12),
-                      tmp_path / "r", log=lambda *_: None)
-    finally:
-        extrapolate.evaluate = original
+    results = run(ExperimentConfig.from_preset("smoke", encodings="none", steps=1, eval_windows=12),
+                  tmp_path / "r", log=lambda *_: None)
     test = stdlib_corpus().test
     expected = sample_windows(test, 128, 12)
-    assert all(torch.equal(tokens, expected.tokens) for tokens in seen)
+    assert scored and all(torch.equal(tokens, expected.tokens) for tokens in scored)
     assert len(set(expected.files)) >= 10 and set(expected.files) <= set(test.files)
     assert results["windows"]["files"] == len(set(expected.files))
 
 
-def test_every_encoding_scores_the_same_bytes(tmp_path):
-    seen = []
-    import posenc.experiments.extrapolate.stages as extrapolate
-
-    original = extrapolate.evaluate
-
-    def spy(model, tokens, lengths, **kwargs):
-        seen.append(tokens.clone())
-        return original(model, tokens, lengths, **kwargs)
-
-    extrapolate.evaluate = spy
-    try:
-        run(ExperimentConfig.from_preset("smoke", encodings="none,alibi,t5", steps=2), tmp_path / "r", log=lambda *_: None)
-    finally:
-        extrapolate.evaluate = original
-    assert len(seen) == 3 * 4
-    assert all(t.equal(seen[0]) for t in seen)
+def test_every_encoding_scores_the_same_bytes(tmp_path, scored):
+    run(ExperimentConfig.from_preset("smoke", encodings="none,alibi,t5", steps=2), tmp_path / "r", log=lambda *_: None)
+    assert len(scored) == 3 * 4
+    assert all(t.equal(scored[0]) for t in scored)
 
 
 def test_seeds_report_mean_and_std(tmp_path):

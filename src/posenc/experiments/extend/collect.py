@@ -73,7 +73,8 @@ def collect(p: Plan, runtime, seeds: dict[int, dict], windows: Windows, longrope
         "windows": {"split": "test", "count": len(windows.files), "length": windows.length,
                     "bytes": len(windows.files) * windows.length, "files": len(set(windows.files)),
                     "split_files": len(p.corpus.test.files), "split_bytes": len(p.corpus.test),
-                    "interval": f"95% bootstrap over {unit}, {intervals.RESAMPLES} resamples"},
+                    "interval": f"95% bootstrap over {unit}, {intervals.RESAMPLES} resamples",
+                    "window_files": list(windows.files)},  # with each row's window_bits: any pair can be compared
         "pretraining_tokens": p.base.steps * p.base.batch_size * p.base.train_length,
         "finetune_tokens": tokens_per_finetune,
         "scratch_tokens": tuning.scratch_tokens(p) if p.config.from_scratch else None,

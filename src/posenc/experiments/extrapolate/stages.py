@@ -188,7 +188,8 @@ def _collect(config, rows, corpus, windows: Windows, out, runtime, trainings, wa
         "windows": {"split": "test", "count": len(windows.files), "length": windows.length,
                     "bytes": len(windows.files) * windows.length, "files": len(set(windows.files)),
                     "split_files": len(corpus.test.files), "split_bytes": len(corpus.test),
-                    "interval": f"95% bootstrap over {unit}, {intervals.RESAMPLES} resamples"},
+                    "interval": f"95% bootstrap over {unit}, {intervals.RESAMPLES} resamples",
+                    "window_files": list(windows.files)},  # with each row's window_bits: any pair can be compared
         "versions": {"posenc": __version__, "torch": torch.__version__, "python": platform.python_version()},
         "device": runtime.label,
         "processes": runtime.world_size,
