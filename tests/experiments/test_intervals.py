@@ -83,3 +83,54 @@ def test_position_bands_bracket_each_bin_mean():
     assert bands["bits"] == [1.5, 3.0]
     assert all(lo <= mean <= hi for lo, mean, hi in zip(bands["low"], bands["bits"], bands["high"]))
     assert bands["low"][0] >= 1.0 and bands["high"][1] <= 4.0
+
+
+def test_exactly_min_files_files_are_resampled_by_file():
+    groups, unit = intervals.units([f"f{i}" for i in range(intervals.MIN_FILES)])
+    assert unit == "files" and groups == list(range(intervals.MIN_FILES))
+
+
+def test_means_are_taken_in_float64():
+    """1e8 ± 0.25 is not representable in float32: a float32 mean would lose the 0.5."""
+    values = [1e8 + 0.25, 1e8 + 0.75]
+    assert intervals.summary(values, [0, 1])["mean"] == 1e8 + 0.5
+    assert intervals.paired_difference(values, [1e8, 1e8], [0, 1])["mean"] == 0.5
+    assert intervals.paired_difference([1e8, 1e8], values, [0, 1])["mean"] == -0.5
+    assert intervals.seed_mean([values, values]) == values
+    assert intervals.cell([values], [0, 1])["mean"] == 1e8 + 0.5
+
+
+def test_the_bootstrap_is_deterministic_for_a_seed_and_checks_its_input():
+    values = torch.randn(50, generator=torch.Generator().manual_seed(4)).tolist()
+    first = intervals.bootstrap_interval(values, list(range(50)))
+    torch.manual_seed(123)  # the global generator must not matter
+    assert intervals.bootstrap_interval(values, list(range(50))) == first
+    assert intervals.bootstrap_interval(values, list(range(50)), seed=1) != first
+    assert intervals.bootstrap_interval([3.0], [0]) == (3.0, 3.0)
+    for bad_values, bad_groups in (([1.0, 2.0], [0]), ([[1.0], [2.0]], [0, 1]), ([], [])):
+        with pytest.raises(ValueError, match="equal-length 1-D sequences"):
+            intervals.bootstrap_interval(bad_values, bad_groups)
+
+
+@pytest.mark.parametrize("low, high, covers", [(0.0, 0.0, True), (0.0, 0.2, True), (-0.2, 0.0, True),
+                                               (0.5, 2.0, False), (-2.0, -0.5, False), (0.001, 0.2, False)])
+def test_covers_zero_at_its_edges(low, high, covers):
+    assert intervals.covers_zero({"low": low, "high": high}) is covers
+
+
+def test_one_seed_has_no_spread_and_a_missing_seed_no_cell():
+    assert intervals.cell([[1.0, 2.0, 4.0]], [0, 1, 2])["seed_std"] == 0.0
+    assert intervals.paired([[1.0]], [None], [0]) is None
+    assert intervals.paired([None], [[1.0]], [0]) is None
+
+
+def test_the_spread_over_seeds_is_taken_in_float64():
+    cell = intervals.cell([[1e8 + 0.25], [1e8 + 0.75]], [0])
+    assert cell["seed_std"] == pytest.approx(0.5 / math.sqrt(2), rel=1e-9)
+
+
+def test_position_bands_keep_the_bins_they_describe():
+    position = {"length": 4, "bin_edges": [0, 2, 4], "bits": [1.0, 2.0], "window_bits": [[1.0, 2.0]]}
+    bands = intervals.position_bands(position, ["a"])
+    assert bands == {"length": 4, "bin_edges": [0, 2, 4], "bits": [1.0, 2.0], "low": [1.0, 2.0], "high": [1.0, 2.0]}
+    assert intervals.position_bands(None, ["a"]) is None

@@ -31,3 +31,20 @@ def test_the_scorer_reads_the_first_number():
 def test_a_prompt_shorter_than_its_fixed_text_is_refused():
     with pytest.raises(ValueError, match="passkey length 100 is too short"):
         passkey.make_prompt(byte_ids, 100, 0.5, "12345")
+
+
+def test_the_prompt_records_its_key_and_depth_and_refuses_a_depth_outside_0_1():
+    prompt = passkey.make_prompt(byte_ids, 700, 0.3, "52718")
+    assert prompt.key == "52718" and prompt.depth == 0.3
+    for depth in (-0.1, 1.5):
+        with pytest.raises(ValueError, match=f"passkey depth must be in \\[0, 1\\], got {depth}"):
+            passkey.make_prompt(byte_ids, 700, depth, "52718")
+
+
+def test_a_prompt_with_exactly_one_filler_token_is_built():
+    fixed = len(byte_ids(passkey.INTRO)) + len(byte_ids(passkey.KEY.format(key="12345"))) + len(
+        byte_ids(passkey.QUESTION))
+    assert len(passkey.make_prompt(byte_ids, fixed + 1, 0.5, "12345").ids) == fixed + 1
+    for length in (fixed, fixed - 5):
+        with pytest.raises(ValueError, match=f"too short: the fixed text alone takes {fixed} tokens"):
+            passkey.make_prompt(byte_ids, length, 0.5, "12345")

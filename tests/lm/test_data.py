@@ -113,8 +113,8 @@ def test_windows_are_a_stratified_sample_of_non_overlapping_slots():
 
 
 def test_largest_remainders_round_up_so_the_shares_sum_to_the_count():
-    split = _split({"a": 500, "b": 300, "c": 200})  # 100 slots: shares of 7 are 3.5 / 2.1 / 1.4
-    assert Counter(sample_windows(split, 9, 7).files) == {"a": 4, "b": 2, "c": 1}
+    split = _split({"a": 300, "b": 500, "c": 200})  # 100 slots: shares of 7 are 2.1 / 3.5 / 1.4
+    assert Counter(sample_windows(split, 9, 7).files) == {"a": 2, "b": 4, "c": 1}
 
 
 def test_every_slot_when_the_count_is_none_or_too_large():
@@ -124,3 +124,109 @@ def test_every_slot_when_the_count_is_none_or_too_large():
     assert sample_windows(split, 9).files == ("a",) * 6 + ("b",) * 4
     with pytest.raises(ValueError, match="too few for one window"):
         sample_windows(split, 200)
+
+
+def test_split_assignment_is_pinned_to_the_path_hash():
+    """sha256(path)[:4] read little-endian, mod 20: 0 is test, 1 is dev. Pinned, so no change reshuffles the splits."""
+    import hashlib
+
+    for name in ("ast.py", "json/decoder.py", "email/parser.py", "asyncio/tasks.py", "re/_parser.py", "a", "b", "c"):
+        bucket = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little") % 20
+        assert split_of(name) == {0: "test", 1: "dev"}.get(bucket, "train"), name
+    assert [split_of(f"doc{i:02}.txt") for i in range(60)].count("train") < 60
+    # pinned by name: these would land elsewhere if the hash were read big-endian or over 5 bytes
+    assert [split_of(n) for n in ("ast.py", "asyncio/log.py", "bz2.py", "asyncio/taskgroups.py")] == ["test"] * 4
+    assert split_of("asyncio/exceptions.py") == "dev"
+
+
+def test_a_folder_corpus_keeps_each_files_bytes_name_and_start(tmp_path):
+    for i in range(60):
+        (tmp_path / f"doc{i:02}.txt").write_text(f"document {i} " * 50)
+    corpus = text_corpus(tmp_path)
+    for split in (corpus.train, corpus.dev, corpus.test):
+        assert len(split.files) == len(split.starts) > 0 and split.starts[0] == 0
+        for name, start in zip(split.files, split.starts):
+            content = (tmp_path / name).read_bytes() + b"\n"
+            assert bytes(split.data[start : start + len(content)].tolist()) == content
+        assert sum(len((tmp_path / n).read_bytes()) + 1 for n in split.files) == len(split)
+
+
+def test_a_single_file_split_names_its_file(tmp_path):
+    (tmp_path / "one.txt").write_bytes(b"x" * 1000)
+    corpus = text_corpus(tmp_path / "one.txt")
+    for split in (corpus.train, corpus.dev, corpus.test):
+        assert split.files == ("one.txt",) and split.starts == (0,) and split.file_at(len(split) - 1) == "one.txt"
+
+
+def test_an_empty_split_is_an_empty_byte_tensor(tmp_path):
+    (tmp_path / "only.txt").write_text("one file: every split but train is empty, then split by bytes")
+    corpus = text_corpus(tmp_path)
+    assert corpus.fingerprint["split"].startswith("too few files")
+    from posenc.lm.data import _as_tensor
+
+    empty = _as_tensor(b"")
+    assert empty.shape == (0,) and empty.dtype == torch.uint8
+
+
+def test_the_stdlib_corpus_leaves_out_tests():
+    from posenc.lm.data import TEST_DIRS
+
+    stdlib = stdlib_corpus()  # not the module's fixture: each call must run the code under test
+    names = stdlib.train.files + stdlib.dev.files + stdlib.test.files
+    assert not [n for n in names if n.rsplit("/", 1)[-1].startswith("test_") or TEST_DIRS & set(n.split("/")[:-1])]
+    assert stdlib.fingerprint["source"].startswith("python") and "json/decoder.py" in names
+
+
+def test_a_single_file_corpus_fingerprint(tmp_path):
+    import hashlib
+    import platform
+
+    (tmp_path / "one.txt").write_bytes(b"abc" * 100)
+    assert text_corpus(tmp_path / "one.txt").fingerprint == {
+        "source": str(tmp_path / "one.txt"), "files": 1, "bytes": 300,
+        "sha256": hashlib.sha256(b"abc" * 100).hexdigest(), "python_version": platform.python_version(),
+        "split": "single file: the first 90% of bytes train, the next 5% dev, the last 5% test"}
+
+
+def test_a_folder_skips_hidden_files_reads_subfolders_and_fingerprints_itself(tmp_path):
+    (tmp_path / "sub").mkdir()
+    for i in range(200):
+        (tmp_path / "sub" / f"doc{i:03}.txt").write_text(f"document {i} " * 20)
+    (tmp_path / ".hidden").write_text("secret")
+    corpus = text_corpus(tmp_path)
+    names = corpus.train.files + corpus.dev.files + corpus.test.files
+    assert len(names) == 200 and all(n.startswith("sub/doc") for n in names)
+    f = corpus.fingerprint
+    assert f["source"] == str(tmp_path) and f["files"] == 200 and f["split"].startswith("by file")
+    assert f["bytes"] == len(corpus.train) + len(corpus.dev) + len(corpus.test) == sum(
+        len(f"document {i} " * 20) + 1 for i in range(200))
+
+
+def test_a_folder_without_dev_files_falls_back_to_bytes(tmp_path):
+    """ast.py hashes to test, a.txt and b.txt to train: no dev file, so the split is by bytes."""
+    for name in ("ast.py", "a.txt", "b.txt"):
+        (tmp_path / name).write_text(name * 100)
+    corpus = text_corpus(tmp_path)
+    assert corpus.fingerprint["split"].startswith("too few files to split by file")
+    total = sum(len(name * 100) + 1 for name in ("a.txt", "ast.py", "b.txt"))
+    assert len(corpus.train) + len(corpus.dev) + len(corpus.test) == total and len(corpus.dev) > 0
+    assert corpus.dev.files == (tmp_path.name,)
+
+
+def _corpus(train: int, test: int):
+    from posenc.lm.data import Corpus
+
+    def split(n):
+        return Split(torch.zeros(n, dtype=torch.uint8), ("f",), (0,))
+
+    return Corpus(split(train), split(10), split(test), {})
+
+
+def test_corpus_size_checks_sit_exactly_at_what_is_needed():
+    check_corpus_size(_corpus(4 * 17, 3 * 33), train_length=16, window=32, windows=3)  # exactly enough
+    with pytest.raises(ValueError, match="the train split has 67 bytes, training windows of 16 need at least 68"):
+        check_corpus_size(_corpus(4 * 17 - 1, 3 * 33), train_length=16, window=32, windows=3)
+    with pytest.raises(ValueError, match="the test split has 98 bytes, 3 evaluation windows of 32 bytes "
+                                         r"\(plus one\) need 99; use more text, fewer --eval-windows or shorter"):
+        check_corpus_size(_corpus(4 * 17, 3 * 33 - 1), train_length=16, window=32, windows=3)
+    check_corpus_size(_corpus(4 * 17, 33), train_length=16, window=32)  # one window by default

@@ -86,3 +86,35 @@ def test_position_bins_hold_each_windows_values(windows):
 def test_lengths_must_divide_the_window(windows):
     with pytest.raises(ValueError, match="not a whole number of lengths"):
         evaluate(Bigram(), windows, [8, 12])
+
+
+class Linear(nn.Module):
+    """Embedding then a linear layer: a bfloat16 autocast would move its losses by ~1e-2."""
+
+    def __init__(self):
+        super().__init__()
+        generator = torch.Generator().manual_seed(3)
+        self.embed = nn.Parameter(torch.randn(256, 64, generator=generator))
+        self.out = nn.Linear(64, 256)
+
+    def forward(self, tokens):
+        return self.out(self.embed[tokens])
+
+
+def test_small_batches_and_no_autocast_give_the_exact_float32_losses(windows):
+    model = Linear()
+    with torch.no_grad():
+        log_probs = torch.log_softmax(model.out(model.embed), -1)
+    expected = (-log_probs[windows[:, :-1], windows[:, 1:]]).mean(1) / math.log(2)
+    for tokens_per_batch in (16, 4096):  # 2 pieces of 8 per forward, or all at once
+        result = evaluate(model, windows, [8, 32], tokens_per_batch=tokens_per_batch)
+        for length in (8, 32):
+            assert result["window_bits"][length] == pytest.approx(expected.tolist(), abs=1e-5)
+
+
+def test_position_bins_are_bits_by_closed_form(windows):
+    model = Positional()
+    position = evaluate(model, windows, [32], bins=4)["position_bits"]
+    nats = -torch.log_softmax(model.table, -1)[torch.arange(32), windows[:, 1:]]  # (N, 32)
+    expected = [(nats[:, a : a + 8].mean() / math.log(2)).item() for a in (0, 8, 16, 24)]
+    assert position["bits"] == pytest.approx(expected, abs=1e-5)

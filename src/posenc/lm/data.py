@@ -86,7 +86,7 @@ def _corpus_from_files(root: Path, files: list[Path], source: str) -> Corpus:
     for path in files:
         data = path.read_bytes()
         hasher.update(data)
-        relative = path.relative_to(root).as_posix() if path != root else path.name
+        relative = path.relative_to(root).as_posix()
         splits[split_of(relative)].add(relative, data)
     fingerprint = {
         "source": source,
@@ -195,9 +195,6 @@ class Windows:
     @property
     def length(self) -> int:
         return self.tokens.shape[1] - 1
-
-    def head(self, count: int) -> "Windows":
-        return Windows(self.tokens[:count], self.files[:count], self.offsets[:count])
 
 
 def sample_windows(split: Split, length: int, count: int | None = None, *, seed: int = WINDOW_SEED) -> Windows:
