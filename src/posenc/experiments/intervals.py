@@ -103,3 +103,14 @@ def position_bands(position: dict | None, files: list[str] | tuple[str, ...]) ->
     per_bin = [summary(column, groups) for column in zip(*position["window_bits"])]
     return {"length": position["length"], "bin_edges": position["bin_edges"], "bits": position["bits"],
             "low": [b["low"] for b in per_bin], "high": [b["high"] for b in per_bin]}
+
+
+def describe_windows(windows, split, name: str = "test") -> dict:
+    """What a results file says about the windows its cells score (``windows`` from ``split``): how many, how
+    long, from how many files, and how the intervals were made. Each window's file is kept, so that with each
+    row's per-window scores any two rows can be compared later."""
+    _, unit = units(windows.files)
+    return {"split": name, "count": len(windows.files), "length": windows.length,
+            "bytes": len(windows.files) * windows.length, "files": len(set(windows.files)),
+            "split_files": len(split.files), "split_bytes": len(split),
+            "interval": f"95% bootstrap over {unit}, {RESAMPLES} resamples", "window_files": list(windows.files)}

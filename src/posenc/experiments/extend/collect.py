@@ -38,7 +38,7 @@ def comparisons(rows: list[ExtendRow]) -> list[tuple[str, str, str]]:
 
 
 def collect(p: Plan, runtime, seeds: dict[int, dict], windows: Windows, longrope: dict | None, stages: dict) -> dict:
-    groups, unit = intervals.units(windows.files)
+    groups, _ = intervals.units(windows.files)
     lengths = [str(n) for n in p.eval_lengths]
     per_seed = {row.name: {n: [seeds[s]["evals"][row.name]["window_bits"][n] for s in seeds] for n in lengths}
                 for row in p.rows}
@@ -70,11 +70,7 @@ def collect(p: Plan, runtime, seeds: dict[int, dict], windows: Windows, longrope
         "config": p.config.to_dict(), "base_config": p.base.to_dict(), "run": str(p.run_dir), "seeds": p.seeds,
         "train_length": p.base.train_length, "target_length": p.target, "eval_lengths": p.eval_lengths,
         "protocol": protocol, "corpus": p.corpus.fingerprint,
-        "windows": {"split": "test", "count": len(windows.files), "length": windows.length,
-                    "bytes": len(windows.files) * windows.length, "files": len(set(windows.files)),
-                    "split_files": len(p.corpus.test.files), "split_bytes": len(p.corpus.test),
-                    "interval": f"95% bootstrap over {unit}, {intervals.RESAMPLES} resamples",
-                    "window_files": list(windows.files)},  # with each row's window_bits: any pair can be compared
+        "windows": intervals.describe_windows(windows, p.corpus.test),
         "pretraining_tokens": p.base.steps * p.base.batch_size * p.base.train_length,
         "finetune_tokens": tokens_per_finetune,
         "scratch_tokens": tuning.scratch_tokens(p) if p.config.from_scratch else None,

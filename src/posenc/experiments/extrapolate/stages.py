@@ -147,7 +147,7 @@ def _versus(best: str | None, own: list, per_seed: dict, length: str, groups: li
 
 
 def _collect(config, rows, corpus, windows: Windows, out, runtime, trainings, wall) -> dict:
-    groups, unit = intervals.units(windows.files)
+    groups, _ = intervals.units(windows.files)
     lengths = [str(n) for n in config.eval_lengths]
     seeds = range(config.seed, config.seed + config.seeds)
     evals = {row.name: [storage.read_json(out / "evals" / config.eval_tag / f"{row.name}-seed{s}.json") for s in seeds]
@@ -185,11 +185,7 @@ def _collect(config, rows, corpus, windows: Windows, out, runtime, trainings, wa
         "eval_lengths": config.eval_lengths,
         "protocol": protocol,
         "corpus": corpus.fingerprint,
-        "windows": {"split": "test", "count": len(windows.files), "length": windows.length,
-                    "bytes": len(windows.files) * windows.length, "files": len(set(windows.files)),
-                    "split_files": len(corpus.test.files), "split_bytes": len(corpus.test),
-                    "interval": f"95% bootstrap over {unit}, {intervals.RESAMPLES} resamples",
-                    "window_files": list(windows.files)},  # with each row's window_bits: any pair can be compared
+        "windows": intervals.describe_windows(windows, corpus.test),
         "versions": {"posenc": __version__, "torch": torch.__version__, "python": platform.python_version()},
         "device": runtime.label,
         "processes": runtime.world_size,
