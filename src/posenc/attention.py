@@ -8,8 +8,11 @@ biases (ALiBi, T5) are added unscaled as in the ALiBi paper.
 Backends (every one agrees with ``eager``; the tests say so for every encoding):
   - ``eager``: the reference; materializes logits, computes in float32 (float64 for
     float64 inputs), serves every encoding.
-  - ``sdpa``: ``scaled_dot_product_attention`` with biases folded into a float mask;
-    cannot serve a value-side term (Shaw).
+  - ``sdpa``: ``scaled_dot_product_attention``. Score terms that factor into query
+    and key sides (causal ALiBi, Transformer-XL) ride along q and k as extra channels
+    (``score_channels``), so the fused causal path runs them with no bias tensor,
+    wherever that stays within ``verify``'s tolerance; other biases are folded into
+    a float mask. Cannot serve a value-side term (Shaw).
   - ``flex``: FlexAttention; the bias is a ``score_mod`` and the masks a block mask,
     so no H×Tq×Tk tensor is built; serves the input, rotation and bias doors. It is
     compiled on CUDA (``POSENC_FLEX_COMPILE=1`` compiles on CPU too, with the system
@@ -29,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import checks
+from .kernels.channels import sdpa_with_channels
 from .encodings.base import NoPE, PositionalEncoding, PositionedEncoding
 from .positions import default_positions
 
@@ -220,6 +224,11 @@ def _sdpa(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) ->
     gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
     if not (encoding.has_relative_logits or encoding.has_bias) and plain_causal and mask is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, **gqa)
+    if at.channels_serve(q.dtype):
+        q, k = at.score_channels(q, k, scale)
+        if plain_causal and mask is None:
+            return sdpa_with_channels(q, k, v, scale=scale, is_causal=True)
+        return sdpa_with_channels(q, k, v, scale=scale, attn_mask=_allowed(at.q_pos, at.k_pos, causal, mask))
     if encoding.has_relative_logits:
         additive = scale * at.relative_logits(q, k)
         if encoding.has_bias:

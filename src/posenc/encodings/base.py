@@ -7,6 +7,11 @@
 | score bias             | ``bias_at(offset, head)``        | ALiBi, T5                |
 | content-position terms | ``relative_logits`` / ``relative_values`` | Shaw, Transformer-XL |
 
+A score term that factors into query-side times key-side numbers may also offer
+``score_channels``: q and k widened by extra channels whose dot product *is* the term,
+so a fused kernel that takes no bias (SDPA's causal path) runs it exactly (ALiBi,
+Transformer-XL). The bias or content-position door stays the reference it must equal.
+
 The base class is NoPE: every hook is the identity or absent. A scheme overrides
 only its own doors and sets the matching ``has_*`` flag, so ``attention()`` and
 the model compose whatever a scheme offers without asking which scheme it is.
@@ -88,6 +93,13 @@ class PositionedEncoding:
     def relative_values(self, probs: Tensor) -> Tensor:
         return self.encoding.relative_values(probs, self.q_pos, self.k_pos)
 
+    def channels_serve(self, dtype: torch.dtype) -> bool:
+        return self.memo(("channels_serve", dtype), lambda: self.encoding.has_score_channels and
+                         self.encoding.channels_serve(self.q_pos, self.k_pos, dtype, self.contiguous))
+
+    def score_channels(self, q: Tensor, k: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+        return self.encoding.score_channels(q, k, self.q_pos, self.k_pos, scale)
+
 
 class PositionalEncoding(nn.Module):
     """NoPE (no positional encoding); the base of every scheme."""
@@ -97,6 +109,10 @@ class PositionalEncoding(nn.Module):
     has_bias = False
     has_relative_logits = False
     has_relative_values = False
+    #: the score terms can also ride along q and k as extra channels (``score_channels``)
+    has_score_channels = False
+    #: keys from which ``score_channels`` is the faster form on CPU (see ``channels_from_keys``)
+    cpu_channels_from_keys = 0
     #: heads this encoding was built for; None when it works with any count.
     num_heads: int | None = None
     #: the q/k rotation depends on the context length (dynamic NTK, LongRoPE), so a key
@@ -151,6 +167,18 @@ class PositionalEncoding(nn.Module):
         """Content-position values: Σ_j probs_ij a_{i-j}. probs: (B, H, Tq, Tk) -> (B, H, Tq, Dh)."""
         raise NotImplementedError(f"{type(self).__name__} has no content-position values")
 
+    def score_channels(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, scale: float
+                       ) -> tuple[Tensor, Tensor]:
+        """q (B, H, Tq, Dh) and k (B, Hkv, Tk, Dh), already rotated, widened to (…, Dh + C) so that
+        ``scale · q'·k'ᵀ`` equals ``scale · (q·kᵀ + relative_logits) + score_bias`` up to a constant per
+        query row (which the softmax ignores)."""
+        raise NotImplementedError(f"{type(self).__name__} has no score channels")
+
+    def channels_serve(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype, contiguous: bool) -> bool:
+        """Whether ``score_channels`` at these positions, in ``dtype``, stays within ``posenc verify``'s
+        tolerance of the reference door (and is the faster form, where that depends on the shape)."""
+        return False
+
     @property
     def doors(self) -> tuple[str, ...]:
         """Names of the doors this encoding uses, for reports and error messages."""
@@ -162,6 +190,17 @@ class PositionalEncoding(nn.Module):
             "relative_values": self.has_relative_values,
         }
         return tuple(name for name, used in flags.items() if used)
+
+
+def channels_from_keys(encoding: PositionalEncoding, device: torch.device) -> int:
+    """Key count from which an encoding's channel form beats its reference door on ``device``.
+
+    On CPU, SDPA's flash kernel runs an explicit bias nearly as fast as its causal path at a few
+    hundred keys, while the channels widen every head; past a measured length (per encoding,
+    ``cpu_channels_from_keys``) skipping the masked blocks wins. Elsewhere (CUDA), fused kernels
+    take no bias at all, so the channels always serve.
+    """
+    return encoding.cpu_channels_from_keys if device.type == "cpu" else 0
 
 
 class NoPE(PositionalEncoding):

@@ -23,7 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from .. import checks
-from .base import PositionalEncoding
+from ..kernels.channels import widen
+from .base import PositionalEncoding, channels_from_keys
 
 
 def t5_bucket(
@@ -185,6 +186,9 @@ class TransformerXL(PositionalEncoding):
     """
 
     has_relative_logits = True
+    has_score_channels = True
+    #: keys from which the channel form is the faster on CPU (measured: benchmarks/README.md)
+    cpu_channels_from_keys = 512
 
     def __init__(self, head_dim: int, num_heads: int, base: float = 10000.0):
         super().__init__()
@@ -196,7 +200,8 @@ class TransformerXL(PositionalEncoding):
         self.content_bias = nn.Parameter(torch.randn(num_heads, head_dim) * 0.02)  # u: (H, Dh)
         self.position_bias = nn.Parameter(torch.randn(num_heads, head_dim) * 0.02)  # v: (H, Dh)
 
-    def relative_logits(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    def _position_factors(self, q: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        """(Q (B, H, Tq, R), K (B or 1, 1, Tk, R)) with Q_i · K_j = (q_i + v) · W_R r_{i−j}."""
         exponent = torch.arange(0, self.r_width, 2, dtype=torch.float64, device=q.device) / self.r_width
         inv_freq = self.base**-exponent  # (R/2,), the frequencies of ``sinusoid``
         q_angles = (q_pos.to(torch.float64)[..., None] * inv_freq).unsqueeze(1)  # (B or 1, 1, Tq, R/2)
@@ -208,9 +213,24 @@ class TransformerXL(PositionalEncoding):
         y_sin, y_cos = y[..., 0::2], y[..., 1::2]  # coefficients of sin and cos channels of r
         query_terms = torch.cat((y_sin * q_sin + y_cos * q_cos, y_cos * q_sin - y_sin * q_cos), dim=-1)  # (B, H, Tq, R)
         key_terms = torch.cat((k_angles.cos(), k_angles.sin()), dim=-1).to(q.dtype)  # (B or 1, 1, Tk, R)
+        return query_terms, key_terms
+
+    def relative_logits(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        query_terms, key_terms = self._position_factors(q, q_pos, k_pos)
         position_terms = query_terms @ key_terms.transpose(-1, -2)  # (B, H, Tq, Tk)
         content_terms = torch.einsum("hd,bhkd->bhk", self.content_bias.to(q.dtype), k)  # (B, H, Tk)
         return position_terms + content_terms[:, :, None, :]
+
+    def score_channels(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, scale: float
+                       ) -> tuple[Tensor, Tensor]:
+        """q' = [q + u, Q] and k' = [k, K] (width Dh + R): q'·k' = q·k + u·k + (q + v)·W_R r, the whole logit,
+        so one SDPA call with no mask tensor runs it and gradients reach u, v and W_R through q'."""
+        query_terms, key_terms = self._position_factors(q, q_pos, k_pos)
+        content = q + self.content_bias.to(q.dtype)[None, :, None, :]  # (B, H, Tq, Dh)
+        return torch.cat((content, query_terms), dim=-1), widen(k, key_terms)
+
+    def channels_serve(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype, contiguous: bool) -> bool:
+        return k_pos.shape[-1] >= channels_from_keys(self, k_pos.device)
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, num_heads={self.num_heads}"
