@@ -7,6 +7,7 @@ Each kernel here has a plain formula elsewhere in the package that it must equal
 import functools
 import importlib.util
 
+from . import rope_cpu
 from .rope import rope_angles, rope_cos_sin, rotate_pairs, rotate_pairs_
 
 
@@ -22,4 +23,4 @@ def rope_qk_triton(*args, **kwargs):
     return kernel(*args, **kwargs)
 
 
-__all__ = ["rope_angles", "rope_cos_sin", "rope_qk_triton", "rotate_pairs", "rotate_pairs_", "triton_available"]
+__all__ = ["rope_angles", "rope_cos_sin", "rope_cpu", "rope_qk_triton", "rotate_pairs", "rotate_pairs_", "triton_available"]

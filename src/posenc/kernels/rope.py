@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import rope_cpu
+
 
 def rope_angles(positions: Tensor, inv_freq: Tensor) -> Tensor:
     """Angles position · inv_freq in float64, exact for positions far beyond 2^20.
@@ -57,8 +59,13 @@ def _pairs(x: Tensor, pairs: int, layout: str) -> tuple[Tensor, Tensor]:
     return x[..., 0 : 2 * pairs : 2], x[..., 1 : 2 * pairs : 2]
 
 
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
-    """(x1, x2) -> (x1 cos − x2 sin, x2 cos + x1 sin) on every pair; other channels copied."""
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor, layout: str, inverse: bool = False) -> Tensor:
+    """(x1, x2) -> (x1 cos − x2 sin, x2 cos + x1 sin) on every pair (sin negated when ``inverse``);
+    other channels copied. On CPU by the C++ kernel where it serves."""
+    if rope_cpu.serves(x, cos, sin):
+        return rope_cpu.rotate_into(x, torch.empty_like(x), cos, sin, layout, inverse)
+    if inverse:
+        sin = -sin
     source = x if x.dtype == cos.dtype else x.to(cos.dtype)
     pairs = cos.shape[-1]
     x1, x2 = _pairs(source, pairs, layout)
@@ -93,7 +100,7 @@ class _RotatePairs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         cos, sin = ctx.saved_tensors
-        return _rotate(grad, cos, -sin, ctx.layout), None, None, None
+        return _rotate(grad, cos, sin, ctx.layout, inverse=True), None, None, None
 
 
 class _RotatePairsInPlace(_RotatePairs):
@@ -101,6 +108,8 @@ class _RotatePairsInPlace(_RotatePairs):
 
     @staticmethod
     def forward(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
+        if rope_cpu.serves(x, cos, sin):
+            return rope_cpu.rotate_into(x, x, cos, sin, layout)
         x1, x2 = _pairs(x, cos.shape[-1], layout)
         y1 = x1 * cos  # (B, H, T, F) temporaries in the math dtype, one per pair member
         y1.addcmul_(x2, sin, value=-1.0)
