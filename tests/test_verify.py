@@ -13,7 +13,8 @@ def test_verify_passes_in_float64_and_covers_every_claim():
     for expected in ("permutation equivariant", "permutation changes outputs", "dog bites man != man bites dog",
                      "scores depend only on offsets (shift 2^20, relative)", "norms preserved (relative)",
                      "interleaved = permuted half", "sdpa agrees with eager", "flex agrees with eager",
-                     "KV-cache decoding = full pass (eager)", "frequencies and attention factor = transformers"):
+                     "KV-cache decoding = full pass (eager)", "frequencies and attention factor = transformers",
+                     "channel form = bias form (offset 0)", "channel form = bias form (offset 2^20)"):
         assert expected in checks
     encodings = {row.encoding for row in rows}
     assert {"none", "rope", "alibi", "t5", "shaw", "transformer_xl", "sinusoidal", "learned"} <= encodings

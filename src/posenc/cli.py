@@ -258,10 +258,12 @@ def _add_bench(commands) -> None:
 
     p = commands.add_parser("bench", help="speed and memory per encoding, as ratios to a baseline in the same run",
                             description="Time attention() per encoding and backend (ratio to eager), a training step "
-                                        "per encoding (ratio to NoPE), RoPE apply (ratio to copy_ of the same bytes) "
-                                        "and count activation memory (ratio to NoPE). Timings are round-robin.")
+                                        "per encoding (ratio to NoPE), RoPE apply (ratio to copy_ of the same bytes), "
+                                        "score terms as a bias vs as q/k channels (ratio to NoPE) and count "
+                                        "activation memory (ratio to NoPE). Every table names the CPU, its cores "
+                                        "and the torch version. Timings are round-robin.")
     _add_device_dtype_json(p)
-    p.add_argument("--tables", default="attention,training,rope,memory",
+    p.add_argument("--tables", default="attention,training,rope,forms,memory",
                    help=f"comma list of: {', '.join(TABLES)} (default: all)")
     p.add_argument("--lengths", type=_positive_ints, default=(256, 1024), help="attention lengths (default 256,1024)")
     p.add_argument("--train-shapes", type=_shapes, default=((64, 32), (512, 8)),
@@ -293,14 +295,14 @@ def _run_bench(args) -> int:
         + (bench.bench_training_step(args.device, args.train_shapes, rounds=args.rounds, compile=True)
            if args.compile else []),
         "rope": lambda: bench.bench_rope_apply(args.device, dtype, args.rope_shape, rounds=args.rounds),
+        "forms": lambda: bench.bench_score_forms(args.device, rounds=args.rounds),
         "memory": lambda: bench.bench_activation_memory(args.device, args.train_shapes),
     }
-    meta = {"device": args.device, "dtype": args.dtype, "torch": torch.__version__, "machine": platform.machine(),
-            "threads": torch.get_num_threads()}
+    meta = {**bench.describe(args.device), "dtype": args.dtype, "machine": platform.machine()}
     results = {}
     for name in tables:
         results[name] = run[name]()
-        print(bench.plain(name, results[name]) + "\n", flush=True)
+        print(bench.plain(name, results[name], bench.one_line(meta)) + "\n", flush=True)
         _write_bench_files(args, meta, results)  # after every table: an interrupted bench keeps what it measured
     return 0
 
@@ -311,8 +313,9 @@ def _write_bench_files(args, meta: dict, results: dict) -> None:
     if args.json:
         storage.write_json(args.json, {**meta, "tables": results})
     if args.markdown:
-        text = f"Measured with torch {meta['torch']} on {meta['device']} ({meta['threads']} threads), {args.dtype}.\n\n"
-        storage.write_text(args.markdown, text + "\n".join(bench.markdown(n, rows) for n, rows in results.items()))
+        machine = bench.one_line(meta)
+        text = f"Measured on {machine}, {args.dtype}.\n\n"
+        storage.write_text(args.markdown, text + "\n".join(bench.markdown(n, rows, machine) for n, rows in results.items()))
 
 
 def build_parser() -> argparse.ArgumentParser:

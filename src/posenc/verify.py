@@ -13,6 +13,7 @@ Oracles here are written from the formulas, independently of the code they check
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import asdict, dataclass
 
@@ -22,6 +23,7 @@ from . import attention, build, rope_frequencies, sinusoidal_table
 from .attention import serves
 from .encodings import build_for_model
 from .encodings.rotary import apply_rope
+from .kernels.channels import sdpa_with_channels
 
 BASE_TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-4, torch.bfloat16: 5e-2}
 HEADS, HEAD_DIM, LENGTH = 4, 16, 12
@@ -192,6 +194,30 @@ def check_backends_and_cache(device, dtype) -> list[Check]:
     return rows
 
 
+@torch.no_grad()
+def check_score_channels(device, dtype) -> list[Check]:
+    """ALiBi and Transformer-XL carried as extra q/k channels (the form ``attention()`` takes past
+    a length on CPU, always on CUDA) = their bias form in float64, near 0 and at offset 2^20."""
+    rows = []
+    for name in ("alibi", "transformer_xl"):
+        enc = _encoding(name, device, dtype)
+        reference_encoding = copy.deepcopy(enc).double()
+        q, k, v = _qkv(device, dtype)
+        for start in (0, 2**20):
+            positions = torch.arange(start, start + LENGTH, device=device)[None]
+            if not enc.channels_exact(positions, positions, dtype, contiguous=True):
+                continue
+            reference = attention(q.double(), k.double(), v.double(), reference_encoding, q_positions=positions,
+                                  k_positions=positions, backend="eager")
+            at = enc.at(positions, positions, contiguous=True)
+            scale = HEAD_DIM**-0.5
+            channels = sdpa_with_channels(*at.score_channels(q, k, scale), v, scale=scale, is_causal=True)
+            error = (channels.double() - reference).abs().max().item()
+            rows.append(_within(f"channel form = bias form (offset {'2^20' if start else 0})", name, error,
+                                tolerance(dtype, start + LENGTH)))
+    return rows
+
+
 def check_transformers() -> list[Check]:
     """RoPE frequencies and attention factors equal transformers' for every scaling type."""
     try:
@@ -225,7 +251,8 @@ def run_checks(device: str = "cpu", dtype: torch.dtype = torch.float32, seed: in
     torch.manual_seed(seed)
     device = torch.device(device)
     return (check_permutation(device, dtype) + check_dog_bites_man(device, dtype) + check_rope(device, dtype)
-            + check_sinusoid_shift() + check_backends_and_cache(device, dtype) + check_transformers())
+            + check_sinusoid_shift() + check_backends_and_cache(device, dtype) + check_score_channels(device, dtype)
+            + check_transformers())
 
 
 def format_table(rows: list[Check]) -> str:

@@ -1,9 +1,13 @@
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
 
-from posenc.bench import bench_attention, bench_rope_apply, bench_training_step, saved_activation_bytes
+from posenc.bench import (bench_attention, bench_rope_apply, bench_score_forms, bench_training_step, describe,
+                          one_line, saved_activation_bytes)
+from posenc.bench.machine import cpu_model
 from posenc.bench.timing import round_robin
 from posenc.cli import main
 from posenc.lm.model import LanguageModel, ModelConfig
@@ -47,13 +51,38 @@ def test_rope_training_step_keeps_no_more_activations_than_nope_but_cos_sin():
     assert nope > 0 and rope - nope == 2 * 16 * 4 * 4  # cos and sin: T=16 x F=4 float32, shared by layers
 
 
-def test_bench_cli_writes_json_and_markdown(tmp_path, capsys):
+def test_bench_cli_writes_json_and_markdown_naming_the_machine(tmp_path, capsys):
     args = ["bench", "--tables", "attention,memory", "--lengths", "16", "--train-shapes", "8x2", "--rounds", "2",
             "--json", str(tmp_path / "b.json"), "--markdown", str(tmp_path / "b.md")]
     assert main(args) == 0
-    assert "time / eager" in capsys.readouterr().out
-    assert set(json.loads((tmp_path / "b.json").read_text())["tables"]) == {"attention", "memory"}
-    assert "| encoding |" in (tmp_path / "b.md").read_text()
+    out = capsys.readouterr().out
+    machine = one_line(describe("cpu"))
+    assert "time / eager" in out and out.count(f"on {machine}") == 2  # under each table's title
+    saved = json.loads((tmp_path / "b.json").read_text())
+    assert set(saved["tables"]) == {"attention", "memory"}
+    assert saved["cpu"] == cpu_model() and saved["cores"] == os.cpu_count() and saved["torch"] == torch.__version__
+    markdown = (tmp_path / "b.md").read_text()
+    assert "| encoding |" in markdown and markdown.count(f"On {machine}.") == 2
+
+
+def test_cpu_model_is_read_from_proc_cpuinfo(tmp_path, monkeypatch):
+    from posenc.bench import machine
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9B14\n")
+    monkeypatch.setattr(machine, "Path", lambda path: cpuinfo if path == "/proc/cpuinfo" else Path(path))
+    assert machine.cpu_model() == "AMD EPYC 9B14"
+    facts = {"cpu": "AMD EPYC 9B14", "cores": 2, "threads": 2, "cpu_capability": "AVX512", "torch": "2.13.0",
+             "device": "cpu"}
+    assert machine.one_line(facts) == "AMD EPYC 9B14 (2 cores, 2 threads, AVX512), torch 2.13.0, device cpu"
+
+
+def test_score_forms_table_times_bias_and_channels_against_nope():
+    rows = bench_score_forms(lengths=(16,), rounds=2)
+    forms = {(r["encoding"], r["form"]) for r in rows}
+    assert forms == {("none", "(causal)"), ("alibi", "bias"), ("alibi", "channels"), ("transformer_xl", "bias"),
+                     ("transformer_xl", "channels")}
+    assert rows[0]["ratio"] == 1.0 and all(r["batch"] == 4096 // 16 and r["ms"] > 0 for r in rows)
 
 
 @pytest.mark.parametrize("args", [["--lengths", "0,-1"], ["--train-shapes", "64"]])

@@ -21,6 +21,9 @@ TABLES = {
     "rope": ("RoPE apply on q and k / copy_ of the same bytes", [
         ("contender", lambda r: r["contender"]), ("shape", lambda r: "×".join(map(str, r["shape"]))),
         ("ms", lambda r: f"{r['ms']:.2f}"), ("time / copy_ (quartiles)", _ratio)]),
+    "forms": ("score terms as a bias or as q/k channels, attention forward+backward / NoPE causal", [
+        ("encoding", lambda r: r["encoding"]), ("form", lambda r: r["form"]), ("T", lambda r: str(r["length"])),
+        ("B", lambda r: str(r["batch"])), ("ms", lambda r: f"{r['ms']:.2f}"), ("time / NoPE (quartiles)", _ratio)]),
     "memory": ("training-step activation memory / NoPE", [
         ("encoding", lambda r: r["encoding"]), ("L", lambda r: str(r["length"])), ("B", lambda r: str(r["batch"])),
         ("MiB saved for backward", lambda r: f"{r['mib']:.1f}"), ("/ NoPE", lambda r: f"{r['ratio']:.3f}")]),
@@ -32,15 +35,16 @@ def _cells(table: str, rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     return [name for name, _ in columns], [[cell(row) for _, cell in columns] for row in rows]
 
 
-def plain(table: str, rows: list[dict]) -> str:
+def plain(table: str, rows: list[dict], machine: str = "") -> str:
+    """The table for a terminal; ``machine`` (``machine.one_line``) printed under its title."""
     header, body = _cells(table, rows)
     widths = [max(len(line[i]) for line in [header] + body) for i in range(len(header))]
-    lines = [TABLES[table][0], "  ".join(h.ljust(w) for h, w in zip(header, widths)),
+    lines = [TABLES[table][0]] + ([f"on {machine}"] if machine else []) + ["  ".join(h.ljust(w) for h, w in zip(header, widths)),
              "  ".join("-" * w for w in widths)]
     return "\n".join(lines + ["  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in body])
 
 
-def markdown(table: str, rows: list[dict]) -> str:
+def markdown(table: str, rows: list[dict], machine: str = "") -> str:
     header, body = _cells(table, rows)
-    lines = [f"### {TABLES[table][0]}", "", "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines = [f"### {TABLES[table][0]}", ""] + ([f"On {machine}.", ""] if machine else []) + ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(line) + " |" for line in body]) + "\n"

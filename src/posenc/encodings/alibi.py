@@ -9,7 +9,7 @@ from torch import Tensor
 
 from .. import checks
 from ..kernels.channels import widen
-from .base import PositionalEncoding, channels_from_keys
+from .base import PositionalEncoding
 
 #: the largest ``max slope × span`` (span: the largest distance of a query or key from
 #: the row's last query) for which ALiBi's channels stay within verify's tolerance, per
@@ -75,8 +75,8 @@ class ALiBi(PositionalEncoding):
     def has_score_channels(self) -> bool:
         return not self.symmetric
 
-    def channels_serve(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype, contiguous: bool) -> bool:
-        if self.symmetric or dtype not in CHANNEL_LIMITS or k_pos.shape[-1] < channels_from_keys(self, k_pos.device):
+    def channels_exact(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype, contiguous: bool) -> bool:
+        if self.symmetric or dtype not in CHANNEL_LIMITS:
             return False
         if contiguous:  # keys s..s+Tk-1, queries their last Tq: read shapes, not values (torch.compile)
             span = k_pos.shape[-1] - 1

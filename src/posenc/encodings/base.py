@@ -94,8 +94,13 @@ class PositionedEncoding:
         return self.encoding.relative_values(probs, self.q_pos, self.k_pos)
 
     def channels_serve(self, dtype: torch.dtype) -> bool:
-        return self.memo(("channels_serve", dtype), lambda: self.encoding.has_score_channels and
-                         self.encoding.channels_serve(self.q_pos, self.k_pos, dtype, self.contiguous))
+        """Whether attention takes the channel form here: offered, faster on this device at this
+        many keys (``channels_from_keys``), and within verify's tolerance (``channels_exact``)."""
+        def decide() -> bool:
+            encoding = self.encoding
+            return (encoding.has_score_channels and self.k_pos.shape[-1] >= channels_from_keys(encoding, self.k_pos.device)
+                    and encoding.channels_exact(self.q_pos, self.k_pos, dtype, self.contiguous))
+        return self.memo(("channels_serve", dtype), decide)
 
     def score_channels(self, q: Tensor, k: Tensor, scale: float) -> tuple[Tensor, Tensor]:
         return self.encoding.score_channels(q, k, self.q_pos, self.k_pos, scale)
@@ -174,9 +179,9 @@ class PositionalEncoding(nn.Module):
         query row (which the softmax ignores)."""
         raise NotImplementedError(f"{type(self).__name__} has no score channels")
 
-    def channels_serve(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype, contiguous: bool) -> bool:
+    def channels_exact(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype, contiguous: bool) -> bool:
         """Whether ``score_channels`` at these positions, in ``dtype``, stays within ``posenc verify``'s
-        tolerance of the reference door (and is the faster form, where that depends on the shape)."""
+        tolerance of the reference door. ``contiguous``: as for ``PositionedEncoding``."""
         return False
 
     @property

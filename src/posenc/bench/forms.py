@@ -1,0 +1,49 @@
+"""Score terms as a bias vs as extra q/k channels, per length: the measurements behind the
+key counts from which ``attention()`` takes the channel form on CPU (``cpu_channels_from_keys``).
+
+Forward and backward of one attention call with B·T = 4096 tokens (the training step's
+budget), 4 heads of width 32 as in the default model; every form is timed against NoPE
+on SDPA's causal path in the same round.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..encodings import build_for_model
+from ..kernels.channels import sdpa_with_channels
+from .timing import round_robin
+
+HEADS, HEAD_DIM, TOKENS = 4, 32, 4096
+
+
+def _bias_form(at, q, k, v, scale):
+    """The reference door: the score terms as SDPA's additive mask (it needs a gradient for Transformer-XL)."""
+    additive = at.score_bias(q.dtype) if at.encoding.has_bias else scale * at.relative_logits(q, k)
+    allowed = at.k_pos[:, None, :] <= at.q_pos[:, :, None]
+    mask = additive.masked_fill(~allowed.unsqueeze(1), float("-inf"))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
+def bench_score_forms(device: str = "cpu", lengths=(64, 256, 512, 1024, 2048), rounds: int = 7) -> list[dict]:
+    """Rows {encoding, form, length, batch, ms, ratio (to NoPE causal), ratio_low, ratio_high}."""
+    device = torch.device(device)
+    scale = HEAD_DIM**-0.5
+    rows = []
+    for length in lengths:
+        batch = max(1, TOKENS // length)
+        q, k, v = (torch.randn(batch, HEADS, length, HEAD_DIM, device=device, requires_grad=True) for _ in range(3))
+        positions = torch.arange(length, device=device)[None]
+        contenders = {"none (causal)": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)}
+        for name in ("alibi", "transformer_xl"):
+            enc = build_for_model(name, sizes={"head_dim": HEAD_DIM, "num_heads": HEADS}).to(device)
+            at = enc.at(positions, positions, contiguous=True)
+            contenders[f"{name} bias"] = lambda at=at: _bias_form(at, q, k, v, scale)
+            contenders[f"{name} channels"] = lambda at=at: sdpa_with_channels(*at.score_channels(q, k, scale), v,
+                                                                              scale=scale, is_causal=True)
+        timed = round_robin({name: (lambda fn=fn: fn().sum().backward()) for name, fn in contenders.items()},
+                            baseline="none (causal)", rounds=rounds, device=device, label=f"score forms T={length}")
+        rows += [{"encoding": name.split()[0], "form": name.split(maxsplit=1)[1], "length": length, "batch": batch,
+                  **numbers} for name, numbers in timed.items()]
+    return rows
