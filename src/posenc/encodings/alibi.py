@@ -13,7 +13,7 @@ from .base import PositionalEncoding
 
 #: the largest ``max slope × span`` (span: the largest distance of a query or key from
 #: the row's last query) for which ALiBi's channels stay within verify's tolerance, per
-#: dtype; measured in tests/encodings/test_alibi.py. bfloat16's bound is that of
+#: dtype (about 7e-8 × slope × span in float32; tests/kernels/test_channels.py). bfloat16's bound is that of
 #: splitting a key offset into two bf16-exact integer channels.
 CHANNEL_LIMITS = {torch.float64: 2.0**30, torch.float32: 2.0**9, torch.bfloat16: 2.0**16 - 1}
 
