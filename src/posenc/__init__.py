@@ -13,6 +13,7 @@ from .encodings import (
     alibi_slopes,
     apply_rope,
     build,
+    layer_scalings,
     rope_frequencies,
     sinusoidal_table,
     t5_bucket,
@@ -25,5 +26,5 @@ __all__ = [
     "BACKENDS", "ENCODINGS", "SCALINGS", "PositionalEncoding", "alibi_slopes", "apply_rope", "attention",
     "attention_weights",
     "build", "choose_backend", "cross_attention_positions", "document_mask", "document_positions",
-    "rope_frequencies", "sinusoidal_table", "t5_bucket",
+    "layer_scalings", "rope_frequencies", "sinusoidal_table", "t5_bucket",
 ]

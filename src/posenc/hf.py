@@ -10,8 +10,12 @@
 - ``export(model, rope_parameters, out_dir)``: a directory ``AutoModelForCausalLM.from_pretrained``
   loads with that scaling.
 
-Supported: the Llama family (model types in ``SUPPORTED``), whose decoder holds one rotary
-embedding at ``model.model.rotary_emb`` built from ``config.rope_parameters``.
+Supported: the model types in ``SUPPORTED`` (Llama, Mistral, Qwen2, Qwen3, Gemma 3, Phi-3), whose
+decoder holds one rotary embedding at ``model.model.rotary_emb`` built from ``config.rope_parameters``.
+Gemma 3 keeps one dict per layer type (``sliding_attention``, ``full_attention``); there
+``apply_scaling`` rescales the ``full_attention`` layers unless told which (the local layers see only
+their window, so a longer context does not move their positions past what they were trained on),
+and ``rope_encoding`` takes the layer type whose rotation it should equal.
 """
 
 from __future__ import annotations
@@ -24,12 +28,17 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import storage
+from . import checks, storage
 from .encodings import build
 from .encodings.rotary import RoPE
-from .encodings.scaling import normalize_scaling, rope_frequencies, rotary_dim
+from .encodings.scaling import is_per_layer_type, normalize_scaling, rope_frequencies, rotary_dim
 
-SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3")
+#: model types whose config class accepts only some rope_types (Phi3Config rewrites "yarn" to "longrope"
+#: and rejects the rest), so another type would run in memory and break on reload
+FAMILY_ROPE_TYPES = {"phi3": ("default", "longrope", "ntk")}
+#: the layer type a per-layer-type model rescales by default: its global-attention layers
+GLOBAL_LAYERS = "full_attention"
 #: what position scheme well-known non-RoPE model types use, for the error message
 OTHER_SCHEMES = {
     "gpt2": "learned absolute position embeddings", "bert": "learned absolute position embeddings",
@@ -123,7 +132,7 @@ def check_supported(model) -> None:
     model_type = getattr(model.config, "model_type", "?")
     if model_type not in SUPPORTED or not hasattr(getattr(model, "model", None), "rotary_emb"):
         scheme = OTHER_SCHEMES.get(model_type, "no rotary embedding posenc can find")
-        raise ValueError(f"posenc.hf supports RoPE models of the Llama family ({', '.join(SUPPORTED)}); this model "
+        raise ValueError(f"posenc.hf supports the RoPE model types {', '.join(SUPPORTED)}; this model "
                          f"is {model_type!r}, whose attention uses {scheme}")
 
 
@@ -131,25 +140,53 @@ def head_dim(config) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
+def layer_types(model) -> tuple[str, ...] | None:
+    """The layer types that hold their own RoPE dict (Gemma 3), or None when one dict serves every layer."""
+    params = model.config.rope_parameters
+    return tuple(k for k, v in params.items() if v is not None) if is_per_layer_type(params) else None
+
+
+def model_rope_parameters(model, layer_type: str | None = None) -> dict:
+    """The model's own rope_parameters dict; for a per-layer-type model, that of ``layer_type``
+    (default: its global-attention layers)."""
+    types = layer_types(model)
+    if types is None:
+        if layer_type is not None:
+            raise ValueError(f"layer_type={layer_type!r} given, but this {model.config.model_type!r} model uses one "
+                             "RoPE for every layer; leave it out")
+        return model.config.rope_parameters or {}
+    if layer_type is None and GLOBAL_LAYERS not in types:
+        raise ValueError(f"this model has one RoPE per layer type ({', '.join(types)}); name one with layer_type=")
+    return model.config.rope_parameters[checks.choice("layer_type", layer_type or GLOBAL_LAYERS, types)]
+
+
 def original_context(model) -> int:
-    """The context the model was pretrained for (its scaling's original length, else max_position_embeddings)."""
-    params = model.config.rope_parameters or {}
+    """The context the model was pretrained for (its scaling's original length, else max_position_embeddings);
+    for a per-layer-type model, that of its global-attention layers."""
+    params = model_rope_parameters(model)
     return int(params.get("original_max_position_embeddings") or model.config.max_position_embeddings)
 
 
-def full_rope_parameters(model, rope_parameters: dict) -> dict:
-    """The model's own rope_theta and partial_rotary_factor with ``rope_parameters`` on top; the original
+def full_rope_parameters(model, rope_parameters: dict, layer_type: str | None = None) -> dict:
+    """The model's own rope_theta and partial_rotary_factor (of ``layer_type``, for a per-layer-type model)
+    with ``rope_parameters`` on top; the original
     context filled in where a type needs it; posenc's ``ntk`` written as transformers can read it (a
     ``default`` dict with rope_theta raised by s^(d/(d-2)), the same frequencies bit for bit).
     Raises ValueError for a dict posenc or the model cannot use."""
-    own = model.config.rope_parameters or {}
+    own = model_rope_parameters(model, layer_type)
+    model_type = model.config.model_type
+    allowed = FAMILY_ROPE_TYPES.get(model_type)
+    asked = rope_parameters.get("rope_type", rope_parameters.get("type", "default"))
+    if allowed and asked not in allowed:
+        raise ValueError(f"a {model_type!r} config holds only rope_type {', '.join(allowed)} (transformers reads "
+                         f"anything else back wrongly); got {asked!r}")
     params = {"rope_theta": own.get("rope_theta", 10000.0), **dict(rope_parameters)}
     if "partial_rotary_factor" in own:
         params.setdefault("partial_rotary_factor", own["partial_rotary_factor"])
     if params.get("rope_type", params.get("type")) in NEEDS_ORIGINAL:
         params.setdefault("original_max_position_embeddings", original_context(model))
     params = normalize_scaling(params)
-    dim = rotary_dim(head_dim(model.config), params["partial_rotary_factor"])
+    dim = rotary_dim(head_dim(model.config), params["partial_rotary_factor"], params["rope_type"])
     if params["rope_type"] == "longrope":
         for key in ("short_factor", "long_factor"):
             if len(params[key]) != dim // 2:
@@ -162,28 +199,39 @@ def full_rope_parameters(model, rope_parameters: dict) -> dict:
     return params
 
 
-def apply_scaling(model, rope_parameters: dict):
+def apply_scaling(model, rope_parameters: dict, layer_types_to_scale: tuple[str, ...] | None = None):
     """Run ``model`` with ``rope_parameters`` from now on (weights untouched); returns the model.
 
+    For a per-layer-type model, the layers of ``layer_types_to_scale`` (default: the global-attention
+    layers) take the new dict and the others keep theirs.
     ``dynamic`` reads the original context from ``config.max_position_embeddings`` in
     transformers, so that field is kept at the model's original context.
     """
     check_supported(model)
-    params = full_rope_parameters(model, rope_parameters)
-    config = model.config
+    config, types = model.config, layer_types(model)
+    if types is None:
+        if layer_types_to_scale is not None:
+            raise ValueError("layer_types_to_scale is for models with one RoPE per layer type; this one has one")
+        config.rope_parameters = params = full_rope_parameters(model, rope_parameters)
+    else:
+        targets = layer_types_to_scale or (GLOBAL_LAYERS,)
+        nested = dict(config.rope_parameters)
+        for layer_type in targets:
+            nested[layer_type] = params = full_rope_parameters(model, rope_parameters, layer_type)
+        config.rope_parameters = nested
     if params["rope_type"] == "dynamic":
         config.max_position_embeddings = params["original_max_position_embeddings"]
-    config.rope_parameters = params
     old = model.model.rotary_emb
-    device = old.inv_freq.device
+    device = next(old.buffers()).device
     model.model.rotary_emb = type(old)(config=config).to(device)
     return model
 
 
-def rope_encoding(model) -> RoPE:
-    """posenc's RoPE (half layout) for the model's head width and its current rope_parameters."""
+def rope_encoding(model, layer_type: str | None = None) -> RoPE:
+    """posenc's RoPE (half layout) for the model's head width and its current rope_parameters
+    (of ``layer_type`` for a per-layer-type model; default its global-attention layers)."""
     check_supported(model)
-    params = normalize_scaling(copy.deepcopy(model.config.rope_parameters or {}))
+    params = normalize_scaling(copy.deepcopy(model_rope_parameters(model, layer_type)))
     known = {k: v for k, v in params.items() if v is not None}
     return build("rope", head_dim=head_dim(model.config), layout="half", scaling=known)
 

@@ -27,7 +27,16 @@ CASES = [
      "long_factor": [float(i + 1) for i in range(32)], "original_max_position_embeddings": 2048, "factor": 4.0},
     {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 16, "long_factor": [2.0] * 16,
      "original_max_position_embeddings": 2048, "max_position_embeddings": 8192, "partial_rotary_factor": 0.5},
+    {"rope_type": "proportional", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+    {"rope_type": "proportional", "rope_theta": 1000000.0, "partial_rotary_factor": 0.5, "factor": 8.0},
 ]
+
+
+def width(params: dict) -> int:
+    """Frequencies returned: the rotated pairs, or every pair of the head for p-RoPE."""
+    if params["rope_type"] == "proportional":
+        return HEAD_DIM // 2
+    return int(HEAD_DIM * params.get("partial_rotary_factor", 1.0)) // 2
 
 
 def transformers_frequencies(params: dict, seq_len):
@@ -52,11 +61,102 @@ def transformers_frequencies(params: dict, seq_len):
 def test_frequencies_equal_transformers_bit_for_bit(params, seq_len):
     theirs, their_factor = transformers_frequencies(params, seq_len)
     ours, our_factor = posenc.rope_frequencies(HEAD_DIM, params, seq_len=seq_len)
-    assert ours.shape == (int(HEAD_DIM * params.get("partial_rotary_factor", 1.0)) // 2,)
+    assert ours.shape == (width(params),)
     assert ours.dtype == torch.float32
     torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=0)
     assert torch.equal(ours, theirs)
     assert our_factor == pytest.approx(their_factor, rel=1e-12)
+
+
+def grid(rope_type: str, **axes) -> list[dict]:
+    """Every combination of the axes' values on top of a base dict of that type."""
+    base = {"rope_type": rope_type, "rope_theta": 10000.0}
+    cases = [base]
+    for key, values in axes.items():
+        cases = [{**case, key: value} for case in cases for value in values]
+    return [{k: v for k, v in case.items() if v is not None} for case in cases]
+
+
+GRID = (
+    grid("yarn", factor=[1.5, 4.0, 32.0], original_max_position_embeddings=[512, 4096],
+         mscale=[None, 0.707, 1.0], mscale_all_dim=[None, 1.0], truncate=[None, False],
+         partial_rotary_factor=[None, 0.5])
+    + grid("yarn", factor=[4.0], original_max_position_embeddings=[2048], beta_fast=[8, 64], beta_slow=[0.5, 2],
+           attention_factor=[None, 0.9])
+    + grid("proportional", partial_rotary_factor=[0.125, 0.25, 0.5, 0.75, 1.0], factor=[None, 1.0, 8.0],
+           rope_theta=[10000.0, 1000000.0])
+    + grid("llama3", factor=[2.0, 8.0, 32.0], low_freq_factor=[0.5, 1.0], high_freq_factor=[4.0, 8.0],
+           original_max_position_embeddings=[1024, 8192])
+    + grid("linear", factor=[1.0, 2.5, 64.0], partial_rotary_factor=[None, 0.25, 0.75])
+    + grid("dynamic", factor=[1.5, 8.0], original_max_position_embeddings=[256, 4096], partial_rotary_factor=[None, 0.5])
+    + grid("longrope", short_factor=[[1.0] * 32, [1.0 + i / 8 for i in range(32)]],
+           long_factor=[[2.0 + i for i in range(32)]], original_max_position_embeddings=[1024, 4096],
+           factor=[None, 2.0, 16.0], attention_factor=[None, 1.1])
+)
+
+
+@pytest.mark.parametrize("seq_len", [None, 900, 1100, 5000, 70000])
+def test_every_key_over_a_grid_equals_transformers_bit_for_bit(seq_len):
+    """Each key 5.23 reads, crossed with the others, below and above the original length
+    (longrope switches factor lists there, dynamic starts growing its base)."""
+    for params in GRID:
+        if params["rope_type"] == "longrope" and "factor" not in params:
+            params = {**params, "max_position_embeddings": 4 * params["original_max_position_embeddings"]}
+        theirs, their_factor = transformers_frequencies(params, seq_len)
+        ours, our_factor = posenc.rope_frequencies(HEAD_DIM, params, seq_len=seq_len)
+        assert torch.equal(ours, theirs), params
+        assert our_factor == pytest.approx(their_factor, rel=1e-12), params
+
+
+def test_proportional_rotates_the_fast_pairs_over_the_whole_head_and_leaves_the_rest():
+    """p-RoPE's frequencies are the default ones of the *full* head, cut to the fastest pairs;
+    partial_rotary_factor instead spreads the same number of pairs over a narrower width."""
+    full = default()
+    p_rope, _ = posenc.rope_frequencies(HEAD_DIM, {"rope_type": "proportional", "partial_rotary_factor": 0.25})
+    narrow, _ = posenc.rope_frequencies(HEAD_DIM, {"partial_rotary_factor": 0.25})
+    assert torch.equal(p_rope[:8], full[:8]) and torch.equal(p_rope[8:], torch.zeros(24))
+    assert narrow.shape == (8,) and not torch.equal(narrow, p_rope[:8])
+    rope = posenc.build("rope", head_dim=HEAD_DIM, scaling={"rope_type": "proportional", "partial_rotary_factor": 0.25})
+    q, k = torch.randn(1, 2, 5, HEAD_DIM), torch.randn(1, 2, 5, HEAD_DIM)
+    positions = torch.arange(100, 105)[None]
+    rq, rk = rope.rotate(q, k, positions, positions)
+    still = torch.cat((torch.arange(8, 32), torch.arange(40, 64)))  # pairs (c, c + 32) for c >= 8
+    torch.testing.assert_close(rq[..., still], q[..., still], rtol=0, atol=0)
+    assert not torch.allclose(rq[..., :8], q[..., :8])
+
+
+def test_per_layer_type_dicts_are_split_not_misread():
+    from transformers import Gemma3TextConfig
+
+    config = Gemma3TextConfig(hidden_size=64, num_attention_heads=4, head_dim=16, num_hidden_layers=2,
+                              intermediate_size=64, vocab_size=97)
+    nested = config.rope_parameters
+    with pytest.raises(ValueError, match="one scaling per layer type .*sliding_attention, full_attention"):
+        posenc.build("rope", head_dim=16, scaling=nested)
+    split = posenc.layer_scalings(nested)
+    assert set(split) == {"sliding_attention", "full_attention"}
+    assert split["full_attention"]["rope_theta"] == 1000000.0 and split["sliding_attention"]["rope_theta"] == 10000.0
+    assert posenc.layer_scalings({"rope_type": "linear", "factor": 2.0})["all"]["factor"] == 2.0
+    assert set(posenc.layer_scalings({"full_attention": {"rope_type": "default"}, "nope": None})) == {"full_attention"}
+
+
+def test_rotating_only_some_heads_leaves_the_others_as_nope_heads():
+    """The third partial rotary: whole heads. Float64 oracle per head; under GQA the key heads
+    that the rotated query heads read rotate with them."""
+    q, k = torch.randn(2, 6, 7, 8, dtype=torch.float64), torch.randn(2, 3, 7, 8, dtype=torch.float64)
+    positions = torch.arange(3, 10)[None]
+    full = posenc.build("rope", head_dim=8)
+    some = posenc.build("rope", head_dim=8, rotary_heads=4)
+    fq, fk = full.rotate(q, k, positions, positions)
+    sq, sk = some.rotate(q, k, positions, positions)
+    torch.testing.assert_close(sq[:, :4], fq[:, :4], rtol=0, atol=0)
+    torch.testing.assert_close(sq[:, 4:], q[:, 4:], rtol=0, atol=0)
+    torch.testing.assert_close(sk[:, :2], fk[:, :2], rtol=0, atol=0)
+    torch.testing.assert_close(sk[:, 2:], k[:, 2:], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="rotary_heads=3 must be .* multiple of the query heads per key head"):
+        posenc.build("rope", head_dim=8, rotary_heads=3).rotate(q, k, positions, positions)
+    with pytest.raises(ValueError, match="rotary_heads must be an integer >= 1"):
+        posenc.build("rope", head_dim=8, rotary_heads=0)
 
 
 def default(dim=HEAD_DIM, base=10000.0):

@@ -15,7 +15,7 @@ from .alibi import ALiBi, alibi_slopes
 from .base import NoPE, PositionalEncoding
 from .relative import Shaw, T5RelativeBias, TransformerXL, t5_bucket
 from .rotary import RoPE, apply_rope, rope_angles
-from .scaling import SCALINGS, rope_frequencies
+from .scaling import SCALINGS, layer_scalings, rope_frequencies
 
 ENCODINGS: dict[str, type[PositionalEncoding]] = {
     "none": NoPE,
@@ -60,5 +60,5 @@ def build_for_model(name: str, *, sizes: dict, **kwargs) -> PositionalEncoding:
 __all__ = [
     "ENCODINGS", "SCALINGS", "ALiBi", "Learned", "NoPE", "PositionalEncoding", "RoPE", "Shaw",
     "Sinusoidal", "T5RelativeBias", "TransformerXL", "alibi_slopes", "apply_rope", "build",
-    "build_for_model", "rope_angles", "rope_frequencies", "sinusoidal_table", "t5_bucket",
+    "build_for_model", "layer_scalings", "rope_angles", "rope_frequencies", "sinusoidal_table", "t5_bucket",
 ]

@@ -5,7 +5,9 @@ logit q_i·k_j then depends on positions only through i - j. Two layouts pair th
 channels differently and are a fixed permutation of each other:
   - ``half`` (Llama, GPT-NeoX, transformers' ``rotate_half``): pairs (c, c + F);
   - ``interleaved`` (RoFormer, GPT-J): pairs (2c, 2c + 1).
-With partial rotary only the first 2F channels rotate; the rest pass through.
+With partial rotary only the first 2F channels rotate; the rest pass through. With
+``rotary_heads=n`` only the first n query heads (and the key heads they read under GQA)
+rotate and the others are NoPE heads: the third kind of "partial rotary" (see ``scaling``).
 This rotates by +angle, the textbook direction: (x1, x2) -> (x1 cos − x2 sin, x2 cos + x1 sin).
 """
 
@@ -59,8 +61,10 @@ class RoPE(PositionalEncoding):
 
     has_rotation = True
 
-    def __init__(self, head_dim: int, base: float = 10000.0, layout: str = "half", scaling: dict | None = None):
+    def __init__(self, head_dim: int, base: float = 10000.0, layout: str = "half", scaling: dict | None = None,
+                 rotary_heads: int | None = None):
         super().__init__()
+        self.rotary_heads = None if rotary_heads is None else checks.positive_int("rotary_heads", rotary_heads)
         self.head_dim = checks.even_int("head_dim", head_dim)
         self.layout = checks.choice("layout", layout, LAYOUTS)
         self.scaling = normalize_scaling(scaling, base=checks.positive_float("base", base, minimum=1.0))
@@ -80,10 +84,24 @@ class RoPE(PositionalEncoding):
                           ) -> tuple[Tensor, Tensor]:
         compute = torch.float64 if q.dtype == torch.float64 else torch.float32
         q_cos, q_sin, k_cos, k_sin = at.memo(("rope", compute), lambda: self._cos_sin(at, compute))
+        if self.rotary_heads is not None:
+            return self._rotate_some_heads(q, k, q_cos, q_sin, k_cos, k_sin)
         if q.is_cuda and not in_place and not torch.compiler.is_compiling() and triton_available():
             return rope_qk_triton(q, k, q_cos, q_sin, k_cos, k_sin, self.layout)  # q and k in one launch
         rotate = rotate_pairs_ if in_place else rotate_pairs
         return rotate(q, q_cos, q_sin, self.layout), rotate(k, k_cos, k_sin, self.layout)
+
+    def _rotate_some_heads(self, q: Tensor, k: Tensor, *tables: Tensor) -> tuple[Tensor, Tensor]:
+        """Rotate the first ``rotary_heads`` query heads and the key heads they read; the rest pass."""
+        heads, kv_heads = q.shape[1], k.shape[1]
+        if self.rotary_heads > heads or (self.rotary_heads * kv_heads) % heads:
+            raise ValueError(f"rotary_heads={self.rotary_heads} must be at most the {heads} query heads and a "
+                             f"multiple of the query heads per key head ({heads // kv_heads}) under GQA")
+        q_cos, q_sin, k_cos, k_sin = tables
+        n_q, n_k = self.rotary_heads, self.rotary_heads * kv_heads // heads
+        q = torch.cat((rotate_pairs(q[:, :n_q], q_cos, q_sin, self.layout), q[:, n_q:]), dim=1)
+        k = torch.cat((rotate_pairs(k[:, :n_k], k_cos, k_sin, self.layout), k[:, n_k:]), dim=1)
+        return q, k
 
     def _cos_sin(self, at: PositionedEncoding, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """cos, sin for queries then keys, each (B or 1, 1, T, F); one set when they share positions."""
@@ -95,4 +113,5 @@ class RoPE(PositionalEncoding):
         return q_cos, q_sin, k_cos, k_sin
 
     def extra_repr(self) -> str:
-        return f"head_dim={self.head_dim}, layout={self.layout!r}, scaling={self.scaling}"
+        heads = "" if self.rotary_heads is None else f", rotary_heads={self.rotary_heads}"
+        return f"head_dim={self.head_dim}, layout={self.layout!r}, scaling={self.scaling}{heads}"

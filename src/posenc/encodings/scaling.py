@@ -10,6 +10,17 @@ so the frequencies agree bit for bit where transformers defines them. ``ntk``
 Each scaling is a pure function ``(params, dim, seq_len) -> (inv_freq, attention_factor)``
 where dim = int(head_dim · partial_rotary_factor) is the rotated width; the registry
 ``SCALINGS`` maps ``rope_type`` to the function and the keys it reads.
+
+Three things are called "partial rotary" and differ:
+  - ``partial_rotary_factor`` (most types): the first int(Dh·f) channels rotate, with
+    frequencies spread over that narrower width, pairs (c, c + Dh·f/2);
+  - ``proportional`` (p-RoPE, Gemma 4): frequencies spread over the *whole* head,
+    base^(-2i/Dh), and only the fastest int(f·Dh/2) pairs rotate; the slow rest get
+    frequency 0 (NoPE channels), pairs (c, c + Dh/2);
+  - ``RoPE(rotary_heads=n)``: whole heads rotate or not (see ``rotary.py``).
+
+Hugging Face configs with several layer types (Gemma 3: ``sliding_attention`` and
+``full_attention``) may hold one dict per type; ``layer_scalings`` splits them.
 """
 
 from __future__ import annotations
@@ -106,6 +117,14 @@ def _longrope(p: dict, dim: int, seq_len: int | None) -> tuple[Tensor, float]:
     return 1.0 / (ext * p["rope_theta"] ** _exponents(dim)), attention_factor
 
 
+def _proportional(p: dict, dim: int, seq_len: int | None) -> tuple[Tensor, float]:
+    """p-RoPE: dim is the full head width here (``Scaling.full_width``)."""
+    rotated = int(p["partial_rotary_factor"] * dim // 2)
+    fast = 1.0 / (p["rope_theta"] ** (torch.arange(0, 2 * rotated, 2, dtype=torch.int64).float() / dim))
+    inv_freq = torch.cat((fast, torch.zeros(dim // 2 - rotated)))
+    return inv_freq / p.get("factor", 1.0), 1.0
+
+
 def _llama3(p: dict, dim: int, seq_len: int | None) -> tuple[Tensor, float]:
     inv_freq, _ = _default(p, dim, seq_len)
     factor, low, high = p["factor"], p["low_freq_factor"], p["high_freq_factor"]
@@ -126,6 +145,9 @@ class Scaling:
     optional: tuple[str, ...] = ()
     #: True when the frequencies change with the sequence length (recomputed per call).
     length_dependent: bool = False
+    #: True when the frequencies span the whole head and partial_rotary_factor zeroes the slow
+    #: ones (p-RoPE), instead of narrowing the rotated width.
+    full_width: bool = False
 
 
 SCALINGS: dict[str, Scaling] = {
@@ -145,7 +167,23 @@ SCALINGS: dict[str, Scaling] = {
         length_dependent=True,
     ),
     "llama3": Scaling(_llama3, ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")),
+    "proportional": Scaling(_proportional, (), ("factor",), full_width=True),
 }
+
+
+def is_per_layer_type(rope_parameters: dict | None) -> bool:
+    """True for a Hugging Face dict that holds one scaling dict per layer type, e.g.
+    ``{"sliding_attention": {...}, "full_attention": {...}}``."""
+    return bool(rope_parameters) and all(isinstance(v, dict) or v is None for v in rope_parameters.values())
+
+
+def layer_scalings(rope_parameters: dict, base: float = 10000.0) -> dict[str, dict]:
+    """Per-layer-type ``rope_parameters`` -> {layer type: validated scaling dict}; a flat dict
+    (one scaling for every layer) comes back under the key ``"all"``. Types saved as None
+    (layers without RoPE) are left out."""
+    if not is_per_layer_type(rope_parameters):
+        return {"all": normalize_scaling(rope_parameters, base)}
+    return {layer: normalize_scaling(params, base) for layer, params in rope_parameters.items() if params is not None}
 
 
 def normalize_scaling(scaling: dict | None, base: float = 10000.0) -> dict:
@@ -155,6 +193,10 @@ def normalize_scaling(scaling: dict | None, base: float = 10000.0) -> dict:
     unknown ``rope_type``, keys no scaling type reads (typos), missing required keys
     and ``factor < 1``.
     """
+    if is_per_layer_type(scaling):
+        raise ValueError(f"this rope_parameters dict holds one scaling per layer type ({', '.join(scaling)}); "
+                         "a RoPE takes one of them, e.g. scaling=rope_parameters['full_attention'] "
+                         "(posenc.layer_scalings splits them)")
     params = dict(scaling or {})
     if "type" in params:
         params.setdefault("rope_type", params.pop("type"))
@@ -186,9 +228,10 @@ def normalize_scaling(scaling: dict | None, base: float = 10000.0) -> dict:
     return params
 
 
-def rotary_dim(head_dim: int, partial_rotary_factor: float = 1.0) -> int:
-    """Rotated channels: int(head_dim · partial_rotary_factor), as transformers computes it."""
-    return int(head_dim * partial_rotary_factor)
+def rotary_dim(head_dim: int, partial_rotary_factor: float = 1.0, rope_type: str = "default") -> int:
+    """Channels the frequencies span: int(head_dim · partial_rotary_factor), as transformers computes
+    it; the whole head for a full-width type (``proportional``), whose slow channels have frequency 0."""
+    return head_dim if SCALINGS[rope_type].full_width else int(head_dim * partial_rotary_factor)
 
 
 def rope_frequencies(
@@ -201,12 +244,13 @@ def rope_frequencies(
         scaling: a Hugging Face ``rope_parameters`` dict (None: plain RoPE, base 10000).
         seq_len: current sequence length, read by ``dynamic`` and ``longrope``.
     Returns:
-        inv_freq (F,) float32 with F = int(Dh · partial_rotary_factor) // 2, and the
+        inv_freq (F,) float32 with F = int(Dh · partial_rotary_factor) // 2 (Dh // 2 for
+        ``proportional``, zeros past the rotated pairs), and the
         factor that scales both cos and sin (so logits scale by its square).
     """
     checks.positive_int("head_dim", head_dim)
     params = normalize_scaling(scaling)
-    dim = rotary_dim(head_dim, params["partial_rotary_factor"])
+    dim = rotary_dim(head_dim, params["partial_rotary_factor"], params["rope_type"])
     if dim < 2 or dim % 2:
         raise ValueError(
             f"the rotary dim int(head_dim * partial_rotary_factor) must be an even integer >= 2, "
