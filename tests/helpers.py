@@ -22,11 +22,17 @@ ATTENTION_ENCODINGS = {
     "t5_interpolated": {"num_heads": HEADS, "bidirectional": True, "interpolate_factor": 2.0},
     "shaw": {"head_dim": HEAD_DIM, "num_heads": HEADS, "max_distance": 3},
     "transformer_xl": {"head_dim": HEAD_DIM, "num_heads": HEADS},
+    "kerple_log": {"num_heads": HEADS, "variant": "log"},
+    "kerple_power": {"num_heads": HEADS, "variant": "power"},
+    "sandwich": {"num_heads": HEADS, "sinusoid_dim": 16},
+    "fire": {"num_heads": HEADS, "width": 8, "init_threshold": 4.0},
+    "xpos": {"head_dim": HEAD_DIM, "scale_base": 4.0},
+    "cope": {"head_dim": HEAD_DIM, "max_positions": 6},
 }
 
 
 def make_encoding(key: str, dtype=torch.float64, heads: int = HEADS):
-    name = key.split("_")[0] if key.startswith(("rope", "alibi", "t5")) else key
+    name = key.split("_")[0] if key.startswith(("rope", "alibi", "t5", "kerple")) else key
     kwargs = {**ATTENTION_ENCODINGS[key], **({"num_heads": heads} if "num_heads" in ATTENTION_ENCODINGS[key] else {})}
     enc = posenc.build(name, **kwargs).to(dtype)
     with torch.no_grad():

@@ -64,3 +64,75 @@ def paper_alibi_slopes(n: int) -> list[float]:
         return power_of_2(n)
     closest = 2 ** math.floor(math.log2(n))
     return power_of_2(closest) + paper_alibi_slopes(2 * closest)[0::2][: n - closest]
+
+
+def kerple_bias_loop(q_len: int, r1: list[float], r2: list[float], variant: str) -> torch.Tensor:
+    """Kerple's log / power kernels as written in the paper, per head and pair. (H, T, T) float64."""
+    out = torch.zeros(len(r1), q_len, q_len, dtype=torch.float64)
+    for h in range(len(r1)):
+        for i in range(q_len):
+            for j in range(q_len):
+                d = abs(i - j)
+                out[h, i, j] = -r1[h] * (math.log(1 + r2[h] * d) if variant == "log" else d ** r2[h])
+    return out
+
+
+def sandwich_bias_loop(positions: list[int], heads: int, dim: int) -> torch.Tensor:
+    """Sandwich: (p_i·p_j − d/2) / (8h/H) with sinusoids of width d, frequencies k = 1..d/2. (H, T, T)."""
+    out = torch.zeros(heads, len(positions), len(positions), dtype=torch.float64)
+    for h in range(heads):
+        for a, i in enumerate(positions):
+            for b, j in enumerate(positions):
+                total = sum(math.cos((i - j) / 10000 ** (2 * k / dim)) for k in range(1, dim // 2 + 1))
+                out[h, a, b] = (total - dim / 2) / (8 * (h + 1) / heads)
+    return out
+
+
+def fire_bias_loop(positions: list[int], c: float, threshold: float, w1, b1, w2, b2) -> torch.Tensor:
+    """FIRE: f(ψ(i−j)/ψ(max(L, i))), ψ(x) = log(c|x| + 1), f = W2 relu(W1 x + b1) + b2. (H, T, T)."""
+    heads = w2.shape[0]
+    out = torch.zeros(heads, len(positions), len(positions), dtype=torch.float64)
+    for a, i in enumerate(positions):
+        for b, j in enumerate(positions):
+            x = math.log(c * abs(i - j) + 1) / math.log(c * max(threshold, i) + 1)
+            hidden = [max(0.0, float(w1[u, 0]) * x + float(b1[u])) for u in range(w1.shape[0])]
+            for h in range(heads):
+                out[h, a, b] = sum(float(w2[h, u]) * hidden[u] for u in range(len(hidden))) + float(b2[h])
+    return out
+
+
+def xpos_logits_loop(q: torch.Tensor, k: torch.Tensor, positions: list[int], theta: list[float], scale_base: float):
+    """xPos (half layout): rotate pair c by p·θ_c and scale q by ζ_c^(p/γ), k by ζ_c^(−p/γ),
+    from absolute positions as in the paper. q, k: (T, Dh) -> logits q'·k'ᵀ (T, T) float64."""
+    half = q.shape[-1] // 2
+    zeta = [(2 * c / q.shape[-1] + 0.4) / 1.4 for c in range(half)]
+
+    def turn(x, sign):
+        out = x.double().clone()
+        for t, p in enumerate(positions):
+            for c in range(half):
+                angle, scale = p * theta[c], zeta[c] ** (sign * p / scale_base)
+                a, b = float(x[t, c]), float(x[t, c + half])
+                out[t, c] = scale * (a * math.cos(angle) - b * math.sin(angle))
+                out[t, c + half] = scale * (b * math.cos(angle) + a * math.sin(angle))
+        return out
+
+    return turn(q, 1) @ turn(k, -1).T
+
+
+def cope_logits_loop(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor, causal: bool = True) -> torch.Tensor:
+    """CoPE's content + contextual-position logits before the 1/√Dh scale, one pair at a time:
+    p_ij = Σ_{t between j and i} σ(q_i·k_t/√Dh), e[p] interpolated, clamped at the last row. (Tq, Tk)."""
+    q, k, table = q.double(), k.double(), table.double()
+    dim, last = q.shape[-1], table.shape[0] - 1
+    out = torch.full((q.shape[0], k.shape[0]), -math.inf, dtype=torch.float64)
+    for i in range(q.shape[0]):
+        for j in range(k.shape[0]):
+            if causal and j > i:
+                continue
+            span = range(j, i + 1) if j <= i else range(i, j + 1)
+            p = min(sum(1 / (1 + math.exp(-float(q[i] @ k[t]) / math.sqrt(dim))) for t in span), last)
+            low, high = math.floor(p), math.ceil(p)
+            embedding = table[low] + (p - low) * (table[high] - table[low])
+            out[i, j] = float(q[i] @ k[j]) + float(q[i] @ embedding)
+    return out

@@ -14,10 +14,13 @@ def test_verify_passes_in_float64_and_covers_every_claim():
                      "scores depend only on offsets (shift 2^20, relative)", "norms preserved (relative)",
                      "interleaved = permuted half", "sdpa agrees with eager", "flex agrees with eager",
                      "KV-cache decoding = full pass (eager)", "frequencies and attention factor = transformers",
-                     "channel form = bias form (offset 0)", "channel form = bias form (offset 2^20)"):
+                     "channel form = bias form (offset 0)", "channel form = bias form (offset 2^20)",
+                     "dog bites man = man bites dog: symmetric in |i-j|, blind to reversal"):
         assert expected in checks
     encodings = {row.encoding for row in rows}
-    assert {"none", "rope", "alibi", "t5", "shaw", "transformer_xl", "sinusoidal", "learned"} <= encodings
+    assert {"none", "rope", "alibi", "t5", "shaw", "transformer_xl", "sinusoidal", "learned", "kerple", "sandwich",
+            "fire", "xpos", "cope", "rope+proportional"} <= encodings
+    assert {row.encoding for row in rows if row.check.startswith("channel form")} == {"alibi", "sandwich", "transformer_xl"}
 
 
 def test_sinusoid_residual_is_machine_zero():

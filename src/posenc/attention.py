@@ -160,13 +160,13 @@ def _allowed(q_pos: Tensor, k_pos: Tensor, causal: bool, mask: Tensor | None) ->
 def _weights(q, k, at: PositionedEncoding, causal, mask, scale) -> Tensor:
     """Softmax weights (B, H, Tq, Tk) from already-rotated q, k, in q's dtype."""
     encoding = at.encoding
+    allowed = _allowed(at.q_pos, at.k_pos, causal, mask)
     logits = q @ k.transpose(-1, -2)  # (B, H, Tq, Tk)
     if encoding.has_relative_logits:
-        logits = logits + at.relative_logits(q, k)
+        logits = logits + at.relative_logits(q, k, allowed)
     logits = logits * scale
     if encoding.has_bias:
         logits = logits + at.score_bias(q.dtype)
-    allowed = _allowed(at.q_pos, at.k_pos, causal, mask)
     if allowed is not None:
         logits = logits.masked_fill(~allowed, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
@@ -230,10 +230,11 @@ def _sdpa(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) ->
             return sdpa_with_channels(q, k, v, scale=scale, is_causal=True)
         return sdpa_with_channels(q, k, v, scale=scale, attn_mask=_allowed(at.q_pos, at.k_pos, causal, mask))
     if encoding.has_relative_logits:
-        additive = scale * at.relative_logits(q, k)
+        allowed = _allowed(at.q_pos, at.k_pos, causal, mask)
+        additive = scale * at.relative_logits(q, k, allowed)
         if encoding.has_bias:
             additive = additive + at.score_bias(_math_dtype(q.dtype))
-        attn_mask = _masked(additive, _allowed(at.q_pos, at.k_pos, causal, mask)).to(q.dtype)
+        attn_mask = _masked(additive, allowed).to(q.dtype)
     elif mask is None:  # the usual case in a model: one mask for every layer
         attn_mask = at.memo(("sdpa_mask", causal, q.dtype), lambda: _static_mask(at, causal, q.dtype))
     else:
@@ -266,11 +267,16 @@ def _flex(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) ->
     k_len = k.shape[2]
     q_pos, k_pos = q_pos.expand(batch, q_len), k_pos.expand(batch, k_len)
     score_mod = None
-    if encoding.has_bias:
+    if encoding.has_bias and encoding.bias_from_offset:
         lowest, table = at.memo(("flex_table", q.dtype), lambda: _offset_table(at, heads, q.dtype))
 
         def score_mod(score, b, h, q_idx, kv_idx):
             return score + table[h, q_pos[b, q_idx] - k_pos[b, kv_idx] - lowest]
+    elif encoding.has_bias:  # the bias reads query positions too: look the dense one up per pair
+        dense = at.score_bias(_math_dtype(q.dtype)).to(q.dtype).expand(batch, heads, q_len, k_len)
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + dense[b, h, q_idx, kv_idx]
 
     block_mask = None
     if causal or mask is not None:

@@ -8,7 +8,7 @@ from ..attention import attention, serves
 from ..encodings import build_for_model
 from .timing import round_robin
 
-ENCODINGS = ("none", "rope", "alibi", "t5", "shaw", "transformer_xl")
+ENCODINGS = ("none", "rope", "alibi", "t5", "shaw", "transformer_xl", "kerple", "sandwich", "fire", "xpos", "cope")
 
 
 @torch.no_grad()

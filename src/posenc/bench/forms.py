@@ -36,7 +36,7 @@ def bench_score_forms(device: str = "cpu", lengths=(64, 256, 512, 1024, 2048), r
         q, k, v = (torch.randn(batch, HEADS, length, HEAD_DIM, device=device, requires_grad=True) for _ in range(3))
         positions = torch.arange(length, device=device)[None]
         contenders = {"none (causal)": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)}
-        for name in ("alibi", "transformer_xl"):
+        for name in ("alibi", "sandwich", "transformer_xl"):
             enc = build_for_model(name, sizes={"head_dim": HEAD_DIM, "num_heads": HEADS}).to(device)
             at = enc.at(positions, positions, contiguous=True)
             contenders[f"{name} bias"] = lambda at=at: _bias_form(at, q, k, v, scale)

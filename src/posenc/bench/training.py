@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from ..lm.model import LanguageModel, ModelConfig
 from .timing import round_robin
 
-ENCODINGS = ("none", "sinusoidal", "learned", "rope", "alibi", "t5", "shaw", "transformer_xl")
+ENCODINGS = ("none", "sinusoidal", "learned", "rope", "alibi", "t5", "shaw", "transformer_xl", "kerple", "sandwich",
+             "fire", "xpos", "cope")
 
 
 def _model(encoding: str, length: int, device: torch.device) -> LanguageModel:

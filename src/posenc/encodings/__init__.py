@@ -13,6 +13,11 @@ import inspect
 from .absolute import Learned, Sinusoidal, sinusoidal_table
 from .alibi import ALiBi, alibi_slopes
 from .base import NoPE, PositionalEncoding
+from .cope import CoPE
+from .fire import FIRE
+from .kerple import Kerple
+from .sandwich import Sandwich
+from .xpos import XPos
 from .relative import Shaw, T5RelativeBias, TransformerXL, t5_bucket
 from .rotary import RoPE, apply_rope, rope_angles
 from .scaling import SCALINGS, layer_scalings, rope_frequencies
@@ -26,6 +31,11 @@ ENCODINGS: dict[str, type[PositionalEncoding]] = {
     "t5": T5RelativeBias,
     "alibi": ALiBi,
     "rope": RoPE,
+    "kerple": Kerple,
+    "sandwich": Sandwich,
+    "fire": FIRE,
+    "xpos": XPos,
+    "cope": CoPE,
 }
 
 
@@ -58,7 +68,7 @@ def build_for_model(name: str, *, sizes: dict, **kwargs) -> PositionalEncoding:
 
 
 __all__ = [
-    "ENCODINGS", "SCALINGS", "ALiBi", "Learned", "NoPE", "PositionalEncoding", "RoPE", "Shaw",
-    "Sinusoidal", "T5RelativeBias", "TransformerXL", "alibi_slopes", "apply_rope", "build",
+    "ENCODINGS", "SCALINGS", "ALiBi", "CoPE", "FIRE", "Kerple", "Learned", "NoPE", "PositionalEncoding", "RoPE",
+    "Sandwich", "Shaw", "Sinusoidal", "T5RelativeBias", "TransformerXL", "XPos", "alibi_slopes", "apply_rope", "build",
     "build_for_model", "layer_scalings", "rope_angles", "rope_frequencies", "sinusoidal_table", "t5_bucket",
 ]

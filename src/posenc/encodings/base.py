@@ -87,8 +87,8 @@ class PositionedEncoding:
     def score_bias(self, dtype: torch.dtype) -> Tensor:
         return self.memo(("bias", dtype), lambda: self.encoding.score_bias(self.q_pos, self.k_pos, dtype))
 
-    def relative_logits(self, q: Tensor, k: Tensor) -> Tensor:
-        return self.encoding.relative_logits(q, k, self.q_pos, self.k_pos)
+    def relative_logits(self, q: Tensor, k: Tensor, allowed: Tensor | None = None) -> Tensor:
+        return self.encoding.relative_logits(q, k, self.q_pos, self.k_pos, allowed)
 
     def relative_values(self, probs: Tensor) -> Tensor:
         return self.encoding.relative_values(probs, self.q_pos, self.k_pos)
@@ -116,8 +116,12 @@ class PositionalEncoding(nn.Module):
     has_relative_values = False
     #: the score terms can also ride along q and k as extra channels (``score_channels``)
     has_score_channels = False
-    #: keys from which ``score_channels`` is the faster form on CPU (see ``channels_from_keys``)
-    cpu_channels_from_keys = 0
+    #: the score bias is a function of (offset, head) alone (``bias_at``); False when it also reads
+    #: the query's position (FIRE), which then overrides ``score_bias``
+    bias_from_offset = True
+    #: keys from which ``score_channels`` is the faster form on CPU (see ``channels_from_keys``);
+    #: ``math.inf`` where it never measured faster
+    cpu_channels_from_keys: float = 0
     #: heads this encoding was built for; None when it works with any count.
     num_heads: int | None = None
     #: the q/k rotation depends on the context length (dynamic NTK, LongRoPE), so a key
@@ -164,8 +168,12 @@ class PositionalEncoding(nn.Module):
         head = torch.arange(self.num_heads, device=offset.device).view(1, -1, 1, 1)  # (1, H, 1, 1)
         return self.bias_at(offset, head, dtype)
 
-    def relative_logits(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """Content-position logits (B, H, Tq, Tk), added to q·kᵀ *before* the 1/√Dh scale."""
+    def relative_logits(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, allowed: Tensor | None = None
+                        ) -> Tensor:
+        """Content-position logits (B, H, Tq, Tk), added to q·kᵀ *before* the 1/√Dh scale.
+
+        ``allowed``: bool (B or 1, 1 or H, Tq, Tk), the pairs that may attend (None: all), for
+        terms that count over the keys a query sees (CoPE); the others ignore it."""
         raise NotImplementedError(f"{type(self).__name__} has no content-position logits")
 
     def relative_values(self, probs: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
@@ -197,7 +205,7 @@ class PositionalEncoding(nn.Module):
         return tuple(name for name, used in flags.items() if used)
 
 
-def channels_from_keys(encoding: PositionalEncoding, device: torch.device) -> int:
+def channels_from_keys(encoding: PositionalEncoding, device: torch.device) -> float:
     """Key count from which an encoding's channel form beats its reference door on ``device``.
 
     On CPU, SDPA's flash kernel runs an explicit bias nearly as fast as its causal path at a few

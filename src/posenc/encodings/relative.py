@@ -145,7 +145,8 @@ class Shaw(PositionalEncoding):
         k = self.max_distance
         return lower.clamp(-k, k) + k, upper.clamp(-k, k) + k, weight
 
-    def relative_logits(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    def relative_logits(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, allowed: Tensor | None = None
+                        ) -> Tensor:
         per_row = q @ self.key_table.to(q.dtype).t()  # (B, H, Tq, 2K+1)
         lower, upper, weight = self._rows(q_pos, k_pos)
         shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
@@ -215,7 +216,8 @@ class TransformerXL(PositionalEncoding):
         key_terms = torch.cat((k_angles.cos(), k_angles.sin()), dim=-1).to(q.dtype)  # (B or 1, 1, Tk, R)
         return query_terms, key_terms
 
-    def relative_logits(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    def relative_logits(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, allowed: Tensor | None = None
+                        ) -> Tensor:
         query_terms, key_terms = self._position_factors(q, q_pos, k_pos)
         position_terms = query_terms @ key_terms.transpose(-1, -2)  # (B, H, Tq, Tk)
         content_terms = torch.einsum("hd,bhkd->bhk", self.content_bias.to(q.dtype), k)  # (B, H, Tk)

@@ -48,6 +48,11 @@ ROWS: dict[str, Row] = {row.name: row for row in [
     Row("t5", "t5", "T5 bucketed relative bias"),
     Row("shaw", "shaw", "Shaw et al. relative keys and values"),
     Row("transformer_xl", "transformer_xl", "Transformer-XL relative terms"),
+    Row("kerple", "kerple", "Kerple, learned logarithmic kernel of the distance (the paper's better variant)"),
+    Row("sandwich", "sandwich", "Sandwich: dot product of sinusoids as a fixed bias"),
+    Row("fire", "fire", "FIRE: learned MLP of the log distance, normalized by the query's position"),
+    Row("xpos", "xpos", "xPos: RoPE with a per-channel decay in distance"),
+    Row("cope", "cope", "CoPE: positions counted by gates on q·k"),
 ]}
 
 DEFAULT_ROWS = ("none", "sinusoidal", "learned", "learned+interpolate", "alibi",

@@ -1,0 +1,60 @@
+"""FIRE: Li et al. 2023, "Functional Interpolation for Relative Positions Improves Long
+Context Transformers" (arXiv:2310.04418).
+
+A learned MLP of the *progressively interpolated* log distance, per head:
+
+    b(i, j) = f_θ( ψ(i − j) / ψ(max(L, i)) ),   ψ(x) = log(c·|x| + 1)
+
+Dividing by ψ of the query's own position maps every distance a query can see into [0, 1],
+so a longer context never shows the MLP an input it was not trained on; the threshold L keeps
+early queries from stretching their few distances over the whole range. f_θ: 1 → width → H
+with a ReLU; c (init 0.1) and L (init 512, learned as a multiplier of 512) are learned, as in the
+paper's pseudo-code.
+
+The bias depends on the query's position as well as the offset, so this encoding overrides
+``score_bias`` (``bias_from_offset = False``); FlexAttention looks its dense bias up per pair.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .. import checks
+from .base import PositionalEncoding
+
+INIT_THRESHOLD = 512.0
+
+
+class FIRE(PositionalEncoding):
+    """FIRE's bias (B or 1, H, Tq, Tk); parameters: the MLP, ``log_scale`` (c), ``threshold`` (L / 512)."""
+
+    has_bias = True
+    bias_from_offset = False
+
+    def __init__(self, num_heads: int, width: int = 32, init_c: float = 0.1, init_threshold: float = INIT_THRESHOLD):
+        super().__init__()
+        self.num_heads = checks.positive_int("num_heads", num_heads)
+        checks.positive_int("width", width)
+        self.mlp = nn.Sequential(nn.Linear(1, width), nn.ReLU(), nn.Linear(width, num_heads))
+        self.log_scale = nn.Parameter(torch.tensor(checks.positive_float("init_c", init_c)))
+        threshold = checks.positive_float("init_threshold", init_threshold, minimum=1.0)
+        self.threshold = nn.Parameter(torch.tensor(threshold / INIT_THRESHOLD))
+
+    def interpolated_distance(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype) -> Tensor:
+        """ψ(i − j) / ψ(max(L, i)) in [0, 1] for the pairs a query can see: (B or 1, Tq, Tk) in ``dtype``."""
+        c = self.log_scale.to(dtype).abs()
+        query = q_pos.to(dtype)[:, :, None]  # (B or 1, Tq, 1)
+        offset = (q_pos[:, :, None] - k_pos[:, None, :]).to(dtype)  # (B or 1, Tq, Tk)
+        normalizer = torch.maximum(query, (self.threshold.to(dtype) * INIT_THRESHOLD).abs())
+        return torch.log1p(c * offset.abs()) / torch.log1p(c * normalizer)
+
+    def score_bias(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+        x = self.interpolated_distance(q_pos, k_pos, dtype)
+        weights = [(p.to(dtype)) for p in (self.mlp[0].weight, self.mlp[0].bias, self.mlp[2].weight, self.mlp[2].bias)]
+        hidden = torch.relu(x.unsqueeze(-1) * weights[0][:, 0] + weights[1])  # (B or 1, Tq, Tk, width)
+        bias = hidden @ weights[2].T + weights[3]  # (B or 1, Tq, Tk, H)
+        return bias.permute(0, 3, 1, 2)  # (B or 1, H, Tq, Tk)
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, width={self.mlp[0].out_features}"
