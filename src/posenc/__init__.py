@@ -18,7 +18,8 @@ from .encodings import (
     sinusoidal_table,
     t5_bucket,
 )
-from .positions import cross_attention_positions, document_mask, document_positions
+from .positions import (cross_attention_positions, document_mask, document_positions, grid_positions,
+                        multimodal_positions, patch_positions)
 
 __version__ = "0.1.0"
 
@@ -26,5 +27,5 @@ __all__ = [
     "BACKENDS", "ENCODINGS", "SCALINGS", "PositionalEncoding", "alibi_slopes", "apply_rope", "attention",
     "attention_weights",
     "build", "choose_backend", "cross_attention_positions", "document_mask", "document_positions",
-    "layer_scalings", "rope_frequencies", "sinusoidal_table", "t5_bucket",
+    "grid_positions", "layer_scalings", "multimodal_positions", "patch_positions", "rope_frequencies", "sinusoidal_table", "t5_bucket",
 ]

@@ -86,3 +86,50 @@ def cross_attention_positions(mode: str, q_len: int, k_len: int) -> tuple[Tensor
     if mode == "separate":
         return decoder, encoder
     return decoder + k_len, encoder
+
+
+def grid_positions(frames: int, height: int, width: int, start: int = 0, time_interval: int = 1) -> Tensor:
+    """M-RoPE positions of a (frames × height × width) grid of patches, row-major: (3, frames·height·width)
+    int64 as (temporal, height, width), each axis counted from ``start`` (frames ``time_interval`` apart),
+    as transformers' Qwen2-VL lays out an image or a video."""
+    for name, value in (("frames", frames), ("height", height), ("width", width), ("time_interval", time_interval)):
+        checks.positive_int(name, value)
+    checks.positive_int("start", start, minimum=0)
+    t, h, w = torch.meshgrid(torch.arange(frames) * time_interval, torch.arange(height), torch.arange(width),
+                             indexing="ij")
+    return torch.stack((t, h, w)).reshape(3, -1) + start
+
+
+def multimodal_positions(segments: list, spatial_merge_size: int = 1) -> Tensor:
+    """M-RoPE positions (3, T) of interleaved text and images, as transformers' ``get_rope_index``.
+
+    ``segments``: in order, an int n for n text tokens, or a (frames, height, width) patch grid for
+    an image or video (before ``spatial_merge_size`` merges height and width). Text counts on from
+    where the last segment left off, on all three axes; a grid starts there and moves the count
+    on by max(height, width) / spatial_merge_size.
+    """
+    checks.positive_int("spatial_merge_size", spatial_merge_size)
+    pieces, current = [], 0
+    for segment in segments:
+        if isinstance(segment, int):
+            pieces.append(torch.arange(checks.positive_int("text segment", segment)).expand(3, -1) + current)
+            current += segment
+        elif isinstance(segment, (tuple, list)) and len(segment) == 3:
+            frames, height, width = segment
+            if height % spatial_merge_size or width % spatial_merge_size:
+                raise ValueError(f"image grid {tuple(segment)}: height and width must be multiples of "
+                                 f"spatial_merge_size={spatial_merge_size}")
+            pieces.append(grid_positions(frames, height // spatial_merge_size, width // spatial_merge_size, current))
+            current += max(height, width) // spatial_merge_size
+        else:
+            raise ValueError(f"segments holds ints (text lengths) and (frames, height, width) grids, got {segment!r}")
+    if not pieces:
+        raise ValueError("segments is empty")
+    return torch.cat(pieces, dim=1)
+
+
+def patch_positions(height: int, width: int) -> Tensor:
+    """2-D positions (2, height·width) int64, (row, column) of each patch in row-major order."""
+    rows, columns = torch.meshgrid(torch.arange(checks.positive_int("height", height)),
+                                   torch.arange(checks.positive_int("width", width)), indexing="ij")
+    return torch.stack((rows, columns)).reshape(2, -1)

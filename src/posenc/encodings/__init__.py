@@ -16,6 +16,7 @@ from .base import NoPE, PositionalEncoding
 from .cope import CoPE
 from .fire import FIRE
 from .kerple import Kerple
+from .multiaxis import AxialRoPE, MRoPE
 from .sandwich import Sandwich
 from .xpos import XPos
 from .relative import Shaw, T5RelativeBias, TransformerXL, t5_bucket
@@ -36,6 +37,8 @@ ENCODINGS: dict[str, type[PositionalEncoding]] = {
     "fire": FIRE,
     "xpos": XPos,
     "cope": CoPE,
+    "mrope": MRoPE,
+    "axial_rope": AxialRoPE,
 }
 
 
@@ -68,7 +71,7 @@ def build_for_model(name: str, *, sizes: dict, **kwargs) -> PositionalEncoding:
 
 
 __all__ = [
-    "ENCODINGS", "SCALINGS", "ALiBi", "CoPE", "FIRE", "Kerple", "Learned", "NoPE", "PositionalEncoding", "RoPE",
+    "ENCODINGS", "SCALINGS", "ALiBi", "AxialRoPE", "CoPE", "FIRE", "Kerple", "Learned", "MRoPE", "NoPE", "PositionalEncoding", "RoPE",
     "Sandwich", "Shaw", "Sinusoidal", "T5RelativeBias", "TransformerXL", "XPos", "alibi_slopes", "apply_rope", "build",
     "build_for_model", "layer_scalings", "rope_angles", "rope_frequencies", "sinusoidal_table", "t5_bucket",
 ]
