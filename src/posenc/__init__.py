@@ -19,7 +19,7 @@ from .encodings import (
     t5_bucket,
 )
 from .positions import (cross_attention_positions, document_mask, document_positions, grid_positions,
-                        multimodal_positions, patch_positions)
+                        multimodal_positions, patch_positions, randomized_positions)
 
 __version__ = "0.1.0"
 
@@ -27,5 +27,6 @@ __all__ = [
     "BACKENDS", "ENCODINGS", "SCALINGS", "PositionalEncoding", "alibi_slopes", "apply_rope", "attention",
     "attention_weights",
     "build", "choose_backend", "cross_attention_positions", "document_mask", "document_positions",
-    "grid_positions", "layer_scalings", "multimodal_positions", "patch_positions", "rope_frequencies", "sinusoidal_table", "t5_bucket",
+    "grid_positions", "layer_scalings", "multimodal_positions", "patch_positions", "randomized_positions",
+    "rope_frequencies", "sinusoidal_table", "t5_bucket",
 ]

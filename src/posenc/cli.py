@@ -25,8 +25,13 @@ def _add_extrapolate(commands) -> None:
                     "multiples of it (the main job). Defaults: the embedded Python-stdlib corpus, preset 'default'.",
     )
     p.add_argument("--preset", default="default", choices=sorted(PRESETS), help="model/training size (default: default)")
+    p.add_argument("--task", default="lm", choices=["lm", "copy", "recall"],
+                   help="lm: bits per byte on text (default); copy, recall: exact match on a synthetic task, where "
+                        "length generalisation is pass or fail")
     p.add_argument("--encodings", default="default",
-                   help=f"'all', 'default' ({', '.join(DEFAULT_ROWS)}) or a comma list of: {', '.join(ROWS)}")
+                   help=f"'all', 'default' ({', '.join(DEFAULT_ROWS)}) or a comma list of: {', '.join(ROWS)}; with "
+                        "--task: encoding names, each optionally +randomized (default: a row per encoding and "
+                        "rope+randomized)")
     p.add_argument("--text", help="a text file or folder to use instead of the embedded stdlib corpus")
     p.add_argument("--out", type=Path, help="run directory (default: runs/<timestamp>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished work")
@@ -50,6 +55,8 @@ def _add_extrapolate(commands) -> None:
 
 
 def _run_extrapolate(args) -> int:
+    if args.task != "lm":
+        return _run_task(args)
     from .experiments.extrapolate import ExperimentConfig, run
 
     overrides = {k: getattr(args, k) for k in (
@@ -60,6 +67,24 @@ def _run_extrapolate(args) -> int:
         raise ValueError("--resume needs --out: the run directory to continue")
     out = args.out or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     run(config, out, resume=args.resume)
+    return 0
+
+
+def _run_task(args) -> int:
+    from .experiments.tasks import TaskConfig, run
+
+    for flag in ("text", "eval_stride", "eval_windows", "compile"):
+        if getattr(args, flag) not in (None, False):
+            raise ValueError(f"--{flag.replace('_', '-')} is for --task lm; a synthetic task makes its own sequences")
+    overrides = {k: getattr(args, k) for k in (
+        "train_length", "eval_factors", "steps", "batch_size", "lr", "dim", "num_layers", "num_heads", "seeds", "seed",
+        "device")}
+    if args.encodings not in ("default", "all"):
+        overrides["encodings"] = args.encodings
+    config = TaskConfig.from_preset(args.task, args.preset, **overrides)
+    if args.resume and args.out is None:
+        raise ValueError("--resume needs --out: the run directory to continue")
+    run(config, args.out or Path("runs") / f"{args.task}-{time.strftime('%Y%m%d-%H%M%S')}", resume=args.resume)
     return 0
 
 

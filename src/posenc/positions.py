@@ -133,3 +133,16 @@ def patch_positions(height: int, width: int) -> Tensor:
     rows, columns = torch.meshgrid(torch.arange(checks.positive_int("height", height)),
                                    torch.arange(checks.positive_int("width", width)), indexing="ij")
     return torch.stack((rows, columns)).reshape(2, -1)
+
+
+def randomized_positions(batch: int, length: int, max_position: int, generator: torch.Generator | None = None
+                         ) -> Tensor:
+    """Randomized positions (Ruoss et al. 2023, arXiv:2305.16843): per row, a sorted random subset
+    of ``length`` distinct positions from [0, max_position). Training on them shows a model the
+    positions (and distances) of sequences up to ``max_position`` long while it sees ``length``
+    tokens; it is then evaluated on plain positions 0..T-1. (B, length) int64."""
+    checks.positive_int("length", length)
+    if checks.positive_int("max_position", max_position) < length:
+        raise ValueError(f"max_position ({max_position}) must be at least the length ({length})")
+    scores = torch.rand(checks.positive_int("batch", batch), max_position, generator=generator)
+    return scores.topk(length, dim=-1).indices.sort(-1).values

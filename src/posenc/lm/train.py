@@ -14,6 +14,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .. import storage
+from ..positions import randomized_positions
 from .data import train_batch
 
 
@@ -28,6 +29,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     checkpoint_every: int = 100
     seed: int = 0
+    #: > 0: train on randomized positions, a sorted random subset of [0, random_positions) per row
+    random_positions: int = 0
 
 
 def learning_rate(step: int, config: TrainConfig) -> float:
@@ -58,8 +61,12 @@ def train(
     label: str = "train",
     compile: bool = False,
     until: int | None = None,
+    sample=train_batch,
 ) -> dict:
     """Train ``model`` in place on random windows of ``data``; resume from ``checkpoint`` if present.
+
+    ``sample(data, length, batch, generator) -> (inputs, targets)`` draws a batch (default: windows
+    of a byte corpus; a synthetic task passes its own, with ignored targets where nothing is scored).
 
     Every rank draws the same global batch (same seeded generator) and trains on its
     rows ``rank::world_size``, so N processes follow the same data order as one.
@@ -92,12 +99,16 @@ def train(
     tokens_per_step = config.batch_size * config.length
     stop = config.steps if until is None else min(until, config.steps)
     for step in range(start, stop):
-        inputs, targets = train_batch(data, config.length, config.batch_size, generator)
+        inputs, targets = sample(data, config.length, config.batch_size, generator)
         inputs, targets = inputs[rank::world_size].to(device), targets[rank::world_size].to(device)
+        positions = None
+        if config.random_positions:
+            positions = randomized_positions(config.batch_size, config.length, config.random_positions, generator)
+            positions = positions[rank::world_size].to(device)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, config)
         with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            logits = trained(inputs)
+            logits = trained(inputs, positions)
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -1,0 +1,110 @@
+"""What ``posenc extrapolate --task`` runs: presets, rows and the config, checked on construction.
+
+A row is an encoding name, optionally with ``+randomized``: the same encoding trained on randomized
+positions (a sorted random subset of [0, longest eval length) per sequence; Ruoss et al. 2023) and
+tested on plain positions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ... import checks
+from ...encodings import ENCODINGS
+from ...lm.model import ModelConfig
+from ...lm.tasks import TASKS, CopyTask, RecallTask
+from ..presets import preset_values
+
+RANDOMIZED = "+randomized"
+TASK_ROWS = ("none", "sinusoidal", "learned", "alibi", "rope", "t5", "kerple", "sandwich", "fire", "xpos", "cope",
+             "rope+randomized")
+PRESETS: dict[str, dict] = {
+    # tests: seconds
+    "smoke": dict(dim=32, num_layers=1, num_heads=2, train_length=8, batch_size=16, steps=20, lr=3e-3, warmup=5,
+                  eval_sequences=32),
+    # the 2-core CPU: about a minute of training per row (copy; recall below)
+    "default": dict(dim=64, num_layers=2, num_heads=4, train_length=32, batch_size=64, steps=2000, lr=3e-3,
+                    warmup=100, eval_sequences=256),
+    # a GPU: a bigger model, more steps
+    "gpu": dict(dim=256, num_layers=4, num_heads=8, train_length=64, batch_size=128, steps=5000, lr=1e-3,
+                warmup=300, eval_sequences=1024),
+}
+#: recall learns slowly (an induction circuit over many keys): the default preset trains it on shorter
+#: sequences (4 pairs, every one asked) for twice the steps, in the same minute
+TASK_PRESETS = {("recall", "default"): dict(train_length=16, steps=4000)}
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    task: str = "copy"
+    preset: str = "default"
+    encodings: str = ",".join(TASK_ROWS)
+    dim: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    train_length: int = 32
+    batch_size: int = 64
+    steps: int = 2000
+    lr: float = 3e-3
+    warmup: int = 100
+    eval_sequences: int = 256
+    eval_factors: tuple[int, ...] = (1, 2, 4, 8)
+    seeds: int = 1
+    seed: int = 0
+    device: str = "auto"
+    checkpoint_every: int = 200
+
+    @classmethod
+    def from_preset(cls, task: str, preset: str, **overrides) -> "TaskConfig":
+        checks.choice("preset", preset, tuple(PRESETS))
+        presets = {preset: {**PRESETS[preset], **TASK_PRESETS.get((task, preset), {})}}
+        return cls(task=task, preset=preset, **preset_values(presets, preset, overrides))
+
+    def __post_init__(self):
+        checks.choice("task", self.task, tuple(TASKS))
+        for name in ("dim", "num_layers", "num_heads", "train_length", "batch_size", "steps", "eval_sequences", "seeds"):
+            checks.positive_int(name, getattr(self, name))
+        checks.positive_int("warmup", self.warmup, minimum=0)
+        checks.positive_float("lr", self.lr)
+        if not self.eval_factors or any(not isinstance(f, int) or f < 1 for f in self.eval_factors):
+            raise ValueError(f"eval_factors must be integers >= 1, got {self.eval_factors}")
+        checks.choice("device", self.device, ("auto", "cpu", "cuda"))
+        for length in self.eval_lengths:
+            self.task_spec.check_length(length)
+        self.rows  # unknown names fail here
+
+    @property
+    def eval_lengths(self) -> list[int]:
+        return [self.train_length * f for f in sorted(set(self.eval_factors))]
+
+    @property
+    def task_spec(self) -> CopyTask | RecallTask:
+        """The task, sized so that its longest evaluation still fits (recall: a distinct key per pair)."""
+        if self.task == "recall":
+            return RecallTask(keys=max(16, RecallTask().pairs(max(self.eval_lengths))))  # a key per pair at 8×
+        return CopyTask()
+
+    @property
+    def rows(self) -> list[tuple[str, str, bool]]:
+        """(row name, encoding, randomized positions) in the order given."""
+        rows = []
+        for name in (part.strip() for part in self.encodings.split(",") if part.strip()):
+            encoding = name.removesuffix(RANDOMIZED)
+            if encoding not in ENCODINGS or encoding in ("mrope", "axial_rope"):
+                valid = [e for e in ENCODINGS if e not in ("mrope", "axial_rope")]
+                raise ValueError(f"--encodings: unknown row {name!r}; valid: encodings {', '.join(valid)}, "
+                                 f"each optionally with {RANDOMIZED}")
+            rows.append((name, encoding, name.endswith(RANDOMIZED)))
+        if not rows:
+            raise ValueError("--encodings names no row")
+        return rows
+
+    def model_config(self, encoding: str, randomized: bool) -> ModelConfig:
+        longest = max(self.eval_lengths)
+        return ModelConfig(encoding=encoding, dim=self.dim, num_layers=self.num_layers, num_heads=self.num_heads,
+                           vocab_size=self.task_spec.vocab_size,
+                           max_positions=longest if randomized else self.train_length, backend="auto")
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "eval_factors": list(self.eval_factors)}

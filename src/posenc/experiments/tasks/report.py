@@ -1,0 +1,42 @@
+"""Results of ``extrapolate --task`` as a table (terminal and Markdown), a figure and files on disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ... import storage
+from ...figures.style import save_figure
+from ...figures.tasks import task_figure
+from .. import tables
+
+
+def table_rows(results: dict) -> tuple[list[str], list[list[str]]]:
+    train_length = results["train_length"]
+    header = ["encoding"] + [f"{n // train_length}× ({n})" for n in results["eval_lengths"]] + ["train s"]
+    body = []
+    for row in results["rows"]:
+        cells = []
+        for n in map(str, results["eval_lengths"]):
+            cell = row["exact_match"][n]
+            cells.append("N/A" if cell is None else tables.interval_cell(cell["mean"], [cell["low"], cell["high"]],
+                                                                         cell["seed_std"]))
+        body.append([row["name"]] + cells + [f"{sum(row['train_seconds']) / len(row['train_seconds']):.0f}"])
+    return header, body
+
+
+def caption(results: dict) -> str:
+    seeds = f"{results['seeds']} seed{'s' if results['seeds'] > 1 else ''}"
+    unit = "sequences copied exactly" if results["task"] == "copy" else "answers right"
+    return (f"Exact match on {results['task']} ({unit}), trained at {results['train_length']} tokens, "
+            f"{results['config']['eval_sequences']} test sequences per length, {seeds}: mean [95% interval]")
+
+
+def terminal_table(results: dict) -> str:
+    return caption(results) + "\n" + tables.text_table(*table_rows(results))
+
+
+def write_all(results: dict, out: Path) -> None:
+    lines = [f"# posenc extrapolate --task {results['task']}", "", caption(results), "",
+             *tables.markdown_table(*table_rows(results)), "", "![exact match vs length](tasks.png)", ""]
+    storage.write_text(out / "results.md", "\n".join(lines))
+    save_figure(task_figure(results), out / "tasks.png")

@@ -1,0 +1,136 @@
+"""``posenc extrapolate --task``: train each row on the task at one length, score exact match at 1×…8×.
+
+Flow: for each seed and row: train (resumable checkpoint) -> final weights -> exact match on
+``eval_sequences`` test sequences per length -> results.json, results.md, tasks.png, and a table.
+Test sequences come from a generator seeded by their length alone, far from any training seed, so
+every row and seed answers the same questions; a cell is the mean over them with a 95% bootstrap
+interval, and the spread over seeds when there are several.
+
+Run directory: ``config.json``; ``checkpoints/<row>-seed<k>/`` (last.pt while training,
+model.safetensors + train.json when done); ``evals/<row>-seed<k>.json``. ``--resume`` skips what
+is finished.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ... import storage
+from ...lm.model import LanguageModel
+from ...lm.runtime import Runtime
+from ...lm.tasks import exact_match
+from ...lm.train import TrainConfig, train
+from .. import intervals
+from . import report
+from .config import TaskConfig
+
+TEST_SEED = 1_000_003  # test sequences: a generator seeded by this plus the length
+EVAL_BATCH = 64
+
+
+def run(config: TaskConfig, out: Path, *, resume: bool = False, log=print) -> dict:
+    """Run the task experiment into ``out``; returns the results dict (also written to results.json)."""
+    runtime = Runtime.detect(config.device)
+    for _, encoding, randomized in config.rows:  # sizes an encoding rejects fail before any training
+        LanguageModel(config.model_config(encoding, randomized))
+    _prepare(out, config, resume)
+    task = config.task_spec
+    log(f"task: {config.task} ({task}), trained at {config.train_length} tokens; device: {runtime.label}; "
+        f"run directory: {out}")
+    started = time.perf_counter()
+    trainings = {}
+    for seed in range(config.seed, config.seed + config.seeds):
+        for name, encoding, randomized in config.rows:
+            model, trainings[f"{name}-seed{seed}"] = _train_one(config, name, encoding, randomized, seed, out, runtime, log)
+            _evaluate(config, name, model, seed, out, runtime, log)
+    results = _collect(config, out, trainings, time.perf_counter() - started)
+    report.write_all(results, out)
+    log("")
+    log(report.terminal_table(results))
+    log(f"\nwrote {out / 'results.json'}, results.md, tasks.png")
+    return results
+
+
+def _prepare(out: Path, config: TaskConfig, resume: bool) -> None:
+    pinned = out / "config.json"
+    if pinned.exists():
+        if not resume:
+            raise ValueError(f"--out {out} already holds a run; pass --resume to continue it or choose another --out")
+        previous = storage.read_json(pinned)
+        fields = ("task", "dim", "num_layers", "num_heads", "train_length", "batch_size", "steps", "lr", "warmup")
+        changed = [k for k in fields if previous.get(k) != getattr(config, k)]
+        if changed:
+            raise ValueError(f"--resume: {out} was trained with a different config (differs in {changed})")
+    elif resume:
+        raise ValueError(f"--resume: {out} holds no task run (no config.json there)")
+    else:
+        storage.write_json(pinned, config.to_dict())
+
+
+def _train_one(config: TaskConfig, name, encoding, randomized, seed, out, runtime, log):
+    folder = out / "checkpoints" / f"{name}-seed{seed}"
+    torch.manual_seed(seed)
+    model = LanguageModel(config.model_config(encoding, randomized))
+    if (folder / "train.json").exists() and (folder / "model.safetensors").exists():
+        log(f"{name} (seed {seed}): already trained, skipping")
+        model.load_state_dict(storage.load_weights(folder / "model.safetensors"))
+        return model.to(runtime.device).eval(), storage.read_json(folder / "train.json")
+    train_config = TrainConfig(steps=config.steps, batch_size=config.batch_size, length=config.train_length,
+                               lr=config.lr, warmup=config.warmup, checkpoint_every=config.checkpoint_every,
+                               seed=seed,
+                               random_positions=max(config.eval_lengths) if randomized else 0)
+    task = config.task_spec
+    metrics = train(model, task, train_config, checkpoint=folder / "last.pt", device=runtime.device,
+                    autocast_dtype=runtime.autocast_dtype, label=f"train {name} (seed {seed})",
+                    sample=lambda spec, length, batch, generator: spec.batch(length, batch, generator))
+    storage.save_weights(folder / "model.safetensors", model.state_dict())
+    storage.write_json(folder / "train.json", metrics)  # written last: its presence means "finished"
+    (folder / "last.pt").unlink(missing_ok=True)
+    log(f"{name} (seed {seed}): trained in {metrics['wall_time_s']:.0f}s, final loss {metrics['final_loss']:.3f}")
+    return model.eval(), metrics
+
+
+@torch.no_grad()
+def _evaluate(config: TaskConfig, name, model, seed, out, runtime, log) -> None:
+    path = out / "evals" / f"{name}-seed{seed}.json"
+    if path.exists():
+        return
+    task, scores = config.task_spec, {}
+    for length in tqdm(config.eval_lengths, desc=f"eval {name}", leave=False, dynamic_ncols=True):
+        generator = torch.Generator().manual_seed(TEST_SEED + length)
+        right = []
+        try:
+            for start in range(0, config.eval_sequences, EVAL_BATCH):
+                size = min(EVAL_BATCH, config.eval_sequences - start)
+                inputs, targets = task.batch(length, size, generator, full=True)
+                logits = model(inputs.to(runtime.device)).float().cpu()
+                right += exact_match(logits, targets, task).tolist()
+        except ValueError:  # a learned table has no rows past its training length
+            right = None
+        scores[str(length)] = right
+    storage.write_json(path, {"row": name, "seed": seed, "exact_match": scores})
+    log(f"{name} (seed {seed}): " + ", ".join(
+        f"{n}: {'N/A' if v is None else f'{sum(v) / len(v):.3f}'}" for n, v in scores.items()))
+
+
+def _collect(config: TaskConfig, out: Path, trainings: dict, wall: float) -> dict:
+    seeds = range(config.seed, config.seed + config.seeds)
+    rows = []
+    for name, encoding, randomized in config.rows:
+        evals = [storage.read_json(out / "evals" / f"{name}-seed{seed}.json")["exact_match"] for seed in seeds]
+        cells = {}
+        for length in map(str, config.eval_lengths):
+            per_seed = [e[length] for e in evals]
+            items = None if per_seed[0] is None else list(range(len(per_seed[0])))
+            cells[length] = None if items is None else intervals.cell(per_seed, items)
+        rows.append({"name": name, "encoding": encoding, "randomized_positions": randomized, "exact_match": cells,
+                     "train_seconds": [trainings[f"{name}-seed{s}"]["wall_time_s"] for s in seeds]})
+    results = {"task": config.task, "task_spec": str(config.task_spec), "train_length": config.train_length,
+               "eval_lengths": config.eval_lengths, "seeds": config.seeds, "config": config.to_dict(),
+               "rows": rows, "wall_time_s": wall}
+    storage.write_json(out / "results.json", results)
+    return results

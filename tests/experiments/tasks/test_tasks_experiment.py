@@ -1,0 +1,81 @@
+"""``posenc extrapolate --task``: the smoke run end to end, resume, the scorer through the pipeline, bad input."""
+
+import json
+
+import pytest
+import torch
+
+from posenc.cli import main
+from posenc.experiments.tasks import TaskConfig, run
+from posenc.experiments.tasks import stages
+from posenc.lm.tasks import CopyTask
+from tests.lm.test_tasks import copy_solver
+
+ROWS = "none,learned,alibi,rope+randomized"
+
+
+def smoke(task="copy", **overrides):
+    return TaskConfig.from_preset(task, "smoke", **{"encodings": ROWS, "device": "cpu", **overrides})
+
+
+@pytest.mark.parametrize("task", ["copy", "recall"])
+def test_smoke_run_writes_table_figure_and_resumes(task, tmp_path):
+    out = tmp_path / task
+    results = run(smoke(task), out, log=lambda *_: None)
+    assert [row["name"] for row in results["rows"]] == ROWS.split(",")
+    assert results["eval_lengths"] == [8, 16, 32, 64]
+    learned = results["rows"][1]["exact_match"]
+    assert learned["8"] is not None and learned["16"] is None  # no table rows past the training length
+    cell = results["rows"][0]["exact_match"]["64"]
+    assert 0 <= cell["low"] <= cell["mean"] <= cell["high"] <= 1
+    assert results["rows"][3]["randomized_positions"] and not results["rows"][2]["randomized_positions"]
+    for name in ("results.json", "results.md", "tasks.png", "config.json"):
+        assert (out / name).exists()
+    assert "| rope+randomized |" in (out / "results.md").read_text()
+    messages = []
+    again = run(smoke(task), out, resume=True, log=messages.append)
+    assert sum("already trained" in m for m in messages) == 4
+    assert again["rows"] == json.loads((out / "results.json").read_text())["rows"]
+    with pytest.raises(ValueError, match="already holds a run; pass --resume"):
+        run(smoke(task), out, log=lambda *_: None)
+    with pytest.raises(ValueError, match=r"differs in \['steps'\]"):
+        run(smoke(task, steps=21), out, resume=True, log=lambda *_: None)
+
+
+def test_the_pipeline_scores_a_perfect_copier_1_and_one_wrong_token_0(tmp_path):
+    """The evaluation scores whole sequences: a model right everywhere gets 1.0 at every length,
+    one wrong token in each sequence gets 0.0."""
+    config = smoke(encodings="none")
+    task = config.task_spec
+
+    class Copier(torch.nn.Module):
+        def __init__(self, wrong: bool):
+            super().__init__()
+            self.wrong = wrong
+
+        def forward(self, tokens):
+            logits = copy_solver(tokens, task)
+            if self.wrong:  # the last scored token of every row
+                logits[:, -1] = logits[:, -1].roll(1, dims=-1)
+            return logits
+
+    for wrong, expected in ((False, 1.0), (True, 0.0)):
+        out = tmp_path / str(wrong)
+        stages._evaluate(config, "copier", Copier(wrong), 0, out, type("R", (), {"device": "cpu"})(), lambda *_: None)
+        scores = json.loads((out / "evals" / "copier-seed0.json").read_text())["exact_match"]
+        assert all(values == [expected] * config.eval_sequences for values in scores.values())
+    assert isinstance(task, CopyTask)
+
+
+def test_cli_task_flags(tmp_path, capsys):
+    assert main(["extrapolate", "--task", "copy", "--preset", "smoke", "--encodings", "alibi", "--steps", "5",
+                 "--out", str(tmp_path / "run"), "--device", "cpu"]) == 0
+    assert "Exact match on copy" in capsys.readouterr().out
+    for args, message in [
+        (["--text", "x.txt"], "--text is for --task lm"),
+        (["--encodings", "rope+magic"], "unknown row 'rope\\+magic'"),
+        (["--train-length", "7"], "copy needs an even length"),
+    ]:
+        assert main(["extrapolate", "--task", "copy", "--preset", "smoke", "--out", str(tmp_path / "x"), *args]) == 2
+        assert message.replace("\\", "") in capsys.readouterr().err  # one line, before any work
+        assert not (tmp_path / "x").exists()
