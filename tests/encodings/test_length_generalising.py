@@ -78,7 +78,8 @@ def test_fire_equals_the_papers_formula_and_interpolates_into_the_unit_interval(
     first, second = enc.mlp[0], enc.mlp[2]
     for start in (0, 2**20):
         positions = list(range(start, start + LENGTH))
-        bias = fire_bias_loop(positions, float(enc.log_scale.detach()), 4.0, first.weight, first.bias, second.weight, second.bias)
+        weights = [p.detach() for p in (first.weight, first.bias, second.weight, second.bias)]
+        bias = fire_bias_loop(positions, float(enc.log_scale.detach()), 4.0, *weights)
         p = torch.tensor(positions)
         assert_attention_equals_oracle(enc, bias, *qkv(), causal=True, q_positions=p, k_positions=p)
     # every distance a query sees maps into [0, 1]; the farthest key of a late query to exactly 1
@@ -114,7 +115,7 @@ def test_cope_equals_the_papers_counting(causal):
         enc.embeddings.normal_(0, 1.0)
     q, k, v = qkv()
     q = q * 2  # gates far from 1/2, so counts spread over the table and reach its clamp
-    logits = torch.stack([cope_logits_loop(q[0, h], k[0, h], enc.embeddings, causal) for h in range(HEADS)])
+    logits = torch.stack([cope_logits_loop(q[0, h], k[0, h], enc.embeddings.detach(), causal) for h in range(HEADS)])
     bias = (logits - torch.einsum("hid,hjd->hij", q[0], k[0])) * HEAD_DIM**-0.5
     if causal:
         bias = bias.nan_to_num(neginf=0.0)  # masked pairs: the oracle's allowed mask removes them
