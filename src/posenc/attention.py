@@ -33,6 +33,7 @@ from torch import Tensor
 
 from . import checks
 from .kernels.channels import sdpa_with_channels
+from .kernels.sinks import sdpa_with_sink, softmax_with_sink
 from .encodings.base import NoPE, PositionalEncoding, PositionedEncoding
 from .positions import default_positions
 
@@ -52,6 +53,7 @@ def attention(
     mask: Tensor | None = None,
     backend: str = "auto",
     scale: float | None = None,
+    sink: Tensor | None = None,
 ) -> Tensor:
     """Attention with any positional encoding.
 
@@ -72,6 +74,8 @@ def attention(
             documents; see ``posenc.document_mask``). Combined with ``causal``.
         backend: one of "auto", "eager", "sdpa", "flex".
         scale: logit scale; default 1/√Dh.
+        sink: (H,) learned sink logits (``kernels.sinks``): each query may also attend to a
+            zero value with logit sink_h. Served by eager and sdpa.
     Returns:
         (B, H, Tq, Dv) in q's dtype. A query row with no allowed key returns zeros
         (eager by construction; sdpa and flex do the same in torch 2.13, tested).
@@ -79,11 +83,16 @@ def attention(
     at = _positioned(q, k, v, encoding, q_positions, k_positions, mask)
     encoding = at.encoding
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    name = choose_backend(backend, encoding, q, k, v)
+    if sink is not None and (not isinstance(sink, Tensor) or sink.shape != (q.shape[1],)):
+        raise ValueError(f"sink must be a tensor of one logit per query head, shape ({q.shape[1]},), "
+                         f"got {tuple(sink.shape) if isinstance(sink, Tensor) else type(sink).__name__}")
+    name = choose_backend(backend, encoding, q, k, v, sink=sink is not None)
     q, k = at.rotate(q, k)
     if k.shape[1] != q.shape[1] and (name == "eager" or encoding.has_relative_logits or encoding.has_relative_values):
         k, v = _repeat_kv_heads(k, q.shape[1]), _repeat_kv_heads(v, q.shape[1])
     plain_causal = causal and at.contiguous and q.shape[2] == k.shape[2]
+    if sink is not None:
+        return (_eager if name == "eager" else _sdpa_sink)(q, k, v, at, causal, mask, scale, sink=sink)
     return _BACKENDS[name](q, k, v, at, causal, mask, scale, plain_causal)
 
 
@@ -112,9 +121,9 @@ def _repeat_kv_heads(x: Tensor, heads: int) -> Tensor:
     return x.repeat_interleave(heads // x.shape[1], dim=1)
 
 
-def serves(backend: str, encoding: PositionalEncoding, q: Tensor, k: Tensor, v: Tensor) -> bool:
-    """Whether a named backend (not "auto") can run this encoding on these tensors."""
-    return _refusal(backend, encoding, q, _needs_grad(encoding, q, k, v)) is None
+def serves(backend: str, encoding: PositionalEncoding, q: Tensor, k: Tensor, v: Tensor, sink: bool = False) -> bool:
+    """Whether a named backend (not "auto") can run this encoding on these tensors (with a sink logit)."""
+    return _refusal(backend, encoding, q, _needs_grad(encoding, q, k, v), sink) is None
 
 
 def _needs_grad(encoding: PositionalEncoding, q: Tensor, k: Tensor, v: Tensor) -> bool:
@@ -123,23 +132,27 @@ def _needs_grad(encoding: PositionalEncoding, q: Tensor, k: Tensor, v: Tensor) -
     )
 
 
-def choose_backend(backend: str, encoding: PositionalEncoding, q: Tensor, k: Tensor, v: Tensor) -> str:
-    """The backend ``attention`` will run, or a ValueError naming one that can."""
+def choose_backend(backend: str, encoding: PositionalEncoding, q: Tensor, k: Tensor, v: Tensor, sink: bool = False
+                   ) -> str:
+    """The backend ``attention`` will run (``sink``: with a sink logit), or a ValueError naming one that can."""
     checks.choice("backend", backend, BACKENDS)
     needs_grad = _needs_grad(encoding, q, k, v)
     if backend == "auto":
-        if encoding.has_bias and q.is_cuda and not needs_grad and _refusal("flex", encoding, q, needs_grad) is None:
+        if encoding.has_bias and q.is_cuda and not needs_grad and _refusal("flex", encoding, q, needs_grad, sink) is None:
             return "flex"
-        return "sdpa" if _refusal("sdpa", encoding, q, needs_grad) is None else "eager"
-    reason = _refusal(backend, encoding, q, needs_grad)
+        return "sdpa" if _refusal("sdpa", encoding, q, needs_grad, sink) is None else "eager"
+    reason = _refusal(backend, encoding, q, needs_grad, sink)
     if reason is not None:
         raise ValueError(f"backend={backend!r} cannot serve {type(encoding).__name__}: {reason}")
     return backend
 
 
-def _refusal(backend: str, encoding: PositionalEncoding, q: Tensor, needs_grad: bool) -> str | None:
+def _refusal(backend: str, encoding: PositionalEncoding, q: Tensor, needs_grad: bool, sink: bool = False
+             ) -> str | None:
     if backend == "sdpa" and encoding.has_relative_values:
         return "its value-side term is outside SDPA's softmax(QKᵀ+mask)·V; use backend='eager'"
+    if backend == "flex" and sink:
+        return "a sink logit is one more key, outside a score_mod; use backend='sdpa' or 'eager'"
     if backend == "flex":
         if encoding.has_relative_logits or encoding.has_relative_values:
             alternative = "'eager'" if encoding.has_relative_values else "'sdpa' or 'eager'"
@@ -157,8 +170,8 @@ def _allowed(q_pos: Tensor, k_pos: Tensor, causal: bool, mask: Tensor | None) ->
     return allowed
 
 
-def _weights(q, k, at: PositionedEncoding, causal, mask, scale) -> Tensor:
-    """Softmax weights (B, H, Tq, Tk) from already-rotated q, k, in q's dtype."""
+def _weights(q, k, at: PositionedEncoding, causal, mask, scale, sink=None) -> Tensor:
+    """Softmax weights (B, H, Tq, Tk) from already-rotated q, k, in q's dtype (short of 1 by the sink's share)."""
     encoding = at.encoding
     allowed = _allowed(at.q_pos, at.k_pos, causal, mask)
     logits = q @ k.transpose(-1, -2)  # (B, H, Tq, Tk)
@@ -169,15 +182,15 @@ def _weights(q, k, at: PositionedEncoding, causal, mask, scale) -> Tensor:
         logits = logits + at.score_bias(q.dtype)
     if allowed is not None:
         logits = logits.masked_fill(~allowed, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
+    probs = torch.softmax(logits, dim=-1) if sink is None else softmax_with_sink(logits, sink)
     return probs if allowed is None else probs.nan_to_num(0.0)  # a row with no allowed key attends to nothing
 
 
-def _eager(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) -> Tensor:
+def _eager(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal=False, sink=None) -> Tensor:
     dtype = q.dtype
     compute = _math_dtype(q.dtype)
     q, k, v = q.to(compute), k.to(compute), v.to(compute)
-    probs = _weights(q, k, at, causal, mask, scale)
+    probs = _weights(q, k, at, causal, mask, scale, sink)
     out = probs @ v  # (B, H, Tq, Dv)
     if at.encoding.has_relative_values:
         out = out + at.relative_values(probs)
@@ -194,17 +207,19 @@ def attention_weights(
     causal: bool = True,
     mask: Tensor | None = None,
     scale: float | None = None,
+    sink: Tensor | None = None,
 ) -> Tensor:
     """The attention weights ``attention()`` uses, for inspection and plots.
 
     Same arguments as ``attention`` (without v and backend). Returns (B, H, Tq, Tk)
-    float32 (float64 for float64 inputs); rows sum to 1 (0 for a row with no allowed key).
+    float32 (float64 for float64 inputs); rows sum to 1 (0 for a row with no allowed key),
+    less the sink's share when there is one.
     """
     at = _positioned(q, k, k, encoding, q_positions, k_positions, mask)
     compute = _math_dtype(q.dtype)
     q, k = at.rotate(q.to(compute), k.to(compute))
     k = _repeat_kv_heads(k, q.shape[1])
-    return _weights(q, k, at, causal, mask, q.shape[-1] ** -0.5 if scale is None else scale)
+    return _weights(q, k, at, causal, mask, q.shape[-1] ** -0.5 if scale is None else scale, sink)
 
 
 def _resolve_positions(q, k, q_positions, k_positions, mask) -> tuple[Tensor, Tensor]:
@@ -240,6 +255,18 @@ def _sdpa(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) ->
     else:
         attn_mask = _static_mask(at, causal, q.dtype, mask)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale, **gqa)
+
+
+def _sdpa_sink(q, k, v, at: PositionedEncoding, causal, mask, scale, sink) -> Tensor:
+    """SDPA with a sink: every score term as one float mask, and a zero key with the sink's logit."""
+    encoding, compute = at.encoding, _math_dtype(q.dtype)
+    additive = torch.zeros(1, 1, q.shape[2], k.shape[2], dtype=compute, device=q.device)
+    allowed = _allowed(at.q_pos, at.k_pos, causal, mask)
+    if encoding.has_relative_logits:
+        additive = additive + scale * at.relative_logits(q, k, allowed).to(compute)
+    if encoding.has_bias:
+        additive = additive + at.score_bias(compute)
+    return sdpa_with_sink(q, k, v, _masked(additive, allowed), sink, scale)
 
 
 def _math_dtype(dtype: torch.dtype) -> torch.dtype:

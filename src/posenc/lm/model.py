@@ -40,6 +40,7 @@ class ModelConfig:
     vocab_size: int = 256  # bytes
     max_positions: int = 256  # rows of a learned table: the training length
     backend: str = "auto"
+    attention_sink: bool = False  # a learned sink logit per head and layer (posenc.kernels.sinks)
 
     def __post_init__(self):
         checks.positive_int("dim", self.dim)
@@ -84,6 +85,43 @@ class KVCache:
         self.keys[layer], self.values[layer] = k, v
         return k, v
 
+    def keeps_unrotated(self, encoding) -> bool:
+        """Whether keys are stored before rotation (and the history re-rotated every step)."""
+        return encoding.length_dependent
+
+    def trim(self) -> None:
+        """Called after every forward pass; a plain cache keeps everything."""
+
+
+class StreamingCache(KVCache):
+    """StreamingLLM's cache (Xiao et al. 2023, arXiv:2309.17453): the first ``sink_tokens`` tokens and
+    the last ``window`` ones, so decoding runs on past the trained length in bounded memory.
+
+    Positions are slots in the cache, not places in the text: after each pass the kept tokens are
+    renumbered 0..n−1 and the next token comes at n, so the model never sees a distance beyond
+    ``sink_tokens + window``. Keys are therefore stored before rotation and the history is rotated
+    at its slot positions every step. Meant for relative encodings (RoPE, ALiBi, ...): an input-door
+    encoding has already mixed the original positions into the cached values.
+    """
+
+    def __init__(self, num_layers: int, sink_tokens: int = 4, window: int = 256):
+        super().__init__(num_layers)
+        self.sink_tokens = checks.positive_int("sink_tokens", sink_tokens, minimum=0)
+        self.window = checks.positive_int("window", window)
+
+    def keeps_unrotated(self, encoding) -> bool:
+        return True
+
+    def trim(self) -> None:
+        length, kept = self.length, self.sink_tokens + self.window
+        if length > kept:
+            index = torch.cat((torch.arange(self.sink_tokens), torch.arange(length - self.window, length)))
+            index = index.to(self.keys[0].device)
+            self.keys = [k.index_select(2, index) for k in self.keys]
+            self.values = [v.index_select(2, index) for v in self.values]
+        self.positions = torch.arange(min(length, kept), device=self.positions.device)[None]
+        self.contiguous = True
+
 
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
@@ -100,6 +138,7 @@ class Block(nn.Module):
             nn.GELU(),
             nn.Linear(config.mlp_ratio * config.dim, config.dim),
         )
+        self.sink = nn.Parameter(torch.zeros(config.num_heads)) if config.attention_sink else None  # (H,)
 
     def forward(self, x, at: PositionedEncoding, cache: KVCache | None, layer: int, maps: list | None = None) -> Tensor:
         """x: (B, T, D); ``at``: the encoding at this pass's positions, shared by every block. Returns (B, T, D).
@@ -110,7 +149,7 @@ class Block(nn.Module):
         heads, head_dim = self.config.num_heads, self.config.head_dim
         qkv = self.qkv(self.attn_norm(x)).view(batch, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]  # (B, H, T, Dh) views of this block's own projection
-        if cache is not None and at.encoding.length_dependent:
+        if cache is not None and cache.keeps_unrotated(at.encoding):
             k, v = cache.extend(layer, k, v)  # unrotated history: (B, H, T_cached + T, Dh)
             q, k = at.rotate(q, k)  # rotated with this step's frequencies
         else:
@@ -121,8 +160,8 @@ class Block(nn.Module):
                 k, v = cache.extend(layer, k, v)  # rotated keys, each rotated once: (B, H, T_cached + T, Dh)
         done = at.after_rotation()
         if maps is not None:
-            maps.append(attention_weights(q, k, done))
-        y = attention(q, k, v, done, backend=self.config.backend)
+            maps.append(attention_weights(q, k, done, sink=self.sink))
+        y = attention(q, k, v, done, backend=self.config.backend, sink=self.sink)
         x = x + self.attn_out(y.transpose(1, 2).reshape(batch, length, -1))
         return x + self.mlp(self.mlp_norm(x))
 
@@ -182,4 +221,6 @@ class LanguageModel(nn.Module):
         x = self.encoding.embed(self.embed(tokens), positions, seq_len)  # (B, T, D)
         for layer, block in enumerate(self.blocks):
             x = block(x, at, cache, layer, maps)
+        if cache is not None:
+            cache.trim()
         return F.linear(self.final_norm(x), self.embed.weight)  # tied output head: (B, T, V)
