@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
-from .style import band, row_colours
+from .style import band, length_axis, row_colours
 
 
 def extrapolation_figure(results: dict) -> Figure:
@@ -23,10 +23,7 @@ def extrapolation_figure(results: dict) -> Figure:
         if row.get("interval"):
             intervals = [row["interval"][str(length)] or (None, None) for length in lengths]
             band(ax, lengths, *zip(*intervals), colours[row["name"]])
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(lengths, [str(length) for length in lengths])
-    ax.axvline(results["train_length"], color="grey", linewidth=0.8, linestyle=":")
-    ax.set_xlabel("evaluation length (bytes, log2 scale); dotted: training length")
+    length_axis(ax, lengths, results["train_length"], "bytes")
     ax.set_ylabel("bits per byte (lower is better)")
     ax.set_title(f"Train short, test long ({results['protocol']}; bands: 95% intervals)")
     _cap_y(ax, results)

@@ -38,3 +38,11 @@ def band(ax, xs: list, lows: list, highs: list, colour: str) -> None:
     if points:
         x, lo, hi = zip(*points)
         ax.fill_between(x, lo, hi, color=colour, alpha=0.15, linewidth=0)
+
+
+def length_axis(ax, lengths: list[int], train_length: int, unit: str) -> None:
+    """x: evaluation lengths on a log2 scale, ticked at each; the training length dotted."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths, [str(length) for length in lengths])
+    ax.axvline(train_length, color="grey", linewidth=0.8, linestyle=":")
+    ax.set_xlabel(f"evaluation length ({unit}, log2 scale); dotted: training length")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
-from .style import band, row_colours
+from .style import band, length_axis, row_colours
 
 
 def task_figure(results: dict) -> Figure:
@@ -22,11 +22,8 @@ def task_figure(results: dict) -> Figure:
         ax.plot([n for n, _ in cells], [c["mean"] for _, c in cells], style, marker="o", label=row["name"],
                 color=colours[row["name"]])
         band(ax, [n for n, _ in cells], [c["low"] for _, c in cells], [c["high"] for _, c in cells], colours[row["name"]])
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(lengths, [str(n) for n in lengths])
+    length_axis(ax, lengths, results["train_length"], "tokens")
     ax.set_ylim(-0.02, 1.02)
-    ax.axvline(results["train_length"], color="grey", linewidth=0.8, linestyle=":")
-    ax.set_xlabel("evaluation length (tokens, log2 scale); dotted: training length")
     ax.set_ylabel("exact match")
     ax.set_title(f"{results['task']}: trained at {results['train_length']} tokens (bands: 95% intervals)")
     ax.legend(fontsize=8, ncol=2)
