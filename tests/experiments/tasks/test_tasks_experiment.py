@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from posenc.cli import main
-from posenc.experiments.tasks import TaskConfig, run
+from posenc.experiments.tasks import TASK_ROWS, TaskConfig, run
 from posenc.experiments.tasks import stages
 from posenc.lm.tasks import CopyTask
 from tests.lm.test_tasks import copy_solver
@@ -68,9 +68,10 @@ def test_the_pipeline_scores_a_perfect_copier_1_and_one_wrong_token_0(tmp_path):
 
 
 def test_cli_task_flags(tmp_path, capsys):
-    assert main(["extrapolate", "--task", "copy", "--preset", "smoke", "--encodings", "alibi", "--steps", "5",
-                 "--out", str(tmp_path / "run"), "--device", "cpu"]) == 0
+    assert main(["extrapolate", "--task", "copy", "--preset", "smoke", "--out", str(tmp_path / "run"), "--device", "cpu"]) == 0
     assert "Exact match on copy" in capsys.readouterr().out
+    rows = [row["name"] for row in json.loads((tmp_path / "run" / "results.json").read_text())["rows"]]
+    assert rows == list(TASK_ROWS)  # the default rows: every encoding and rope+randomized
     for args, message in [
         (["--text", "x.txt"], "--text is for --task lm"),
         (["--encodings", "rope+magic"], "unknown row 'rope\\+magic'"),
