@@ -8,7 +8,7 @@ ENCODINGS = {
     "transformer_xl": {},
     "rope_yarn": {"scaling": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 16}},
     "kerple": {"variant": "power"}, "sandwich": {"sinusoid_dim": 16}, "fire": {"width": 8}, "xpos": {"scale_base": 8.0},
-    "cope": {"max_positions": 8},
+    "cope": {"max_positions": 8}, "mrope": {"interleaved": True}, "axial_rope": {},
 }
 # Its frequencies depend on the context length, so decoding step t equals the full pass over t + 1 tokens only.
 DYNAMIC = {"scaling": {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 8}}
