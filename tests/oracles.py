@@ -136,3 +136,27 @@ def cope_logits_loop(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor, caus
             embedding = table[low] + (p - low) * (table[high] - table[low])
             out[i, j] = float(q[i] @ k[j]) + float(q[i] @ embedding)
     return out
+
+
+def self_extend_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inv_freq, window: int, group,
+                     layout: str = "half") -> torch.Tensor:
+    """Self-Extend (Jin et al. 2024, eqs. for neighbour and grouped attention), causal, one head.
+
+    Pair (i, j) with i − j < window: RoPE at positions i and j. Otherwise: the key at ⌊j/G⌋ and the query at
+    ⌊i/G⌋ + window − ⌊window/G⌋ (ReRoPE when group is None: query at window, key at 0). q, k: (T, Dh), v (T, Dv).
+    """
+    length = q.shape[0]
+    exact_q, exact_k = rotate_pairs(q, range(length), inv_freq, layout), rotate_pairs(k, range(length), inv_freq, layout)
+    logits = torch.full((length, length), float("-inf"), dtype=torch.float64)
+    for i in range(length):
+        for j in range(i + 1):
+            if i - j < window:
+                logits[i, j] = exact_q[i] @ exact_k[j]
+            else:
+                qi = window if group is None else i // group + window - window // group
+                kj = 0 if group is None else j // group
+                far_q = rotate_pairs(q[i : i + 1], [qi], inv_freq, layout)[0]
+                far_k = rotate_pairs(k[j : j + 1], [kj], inv_freq, layout)[0]
+                logits[i, j] = far_q @ far_k
+    weights = torch.softmax(logits / math.sqrt(q.shape[1]), dim=-1)
+    return weights @ v.double()

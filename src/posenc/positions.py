@@ -146,3 +146,32 @@ def randomized_positions(batch: int, length: int, max_position: int, generator: 
         raise ValueError(f"max_position ({max_position}) must be at least the length ({length})")
     scores = torch.rand(checks.positive_int("batch", batch), max_position, generator=generator)
     return scores.topk(length, dim=-1).indices.sort(-1).values
+
+
+def skipwise_positions(batch: int, window: int, target: int, chunks: int = 2,
+                       generator: torch.Generator | None = None) -> Tensor:
+    """PoSE's position ids (Zhu et al. 2023, arXiv:2309.10400): a ``window``-token sequence whose ids cover
+    a ``target``-token context. Per row, the window is cut at ``chunks - 1`` random points into chunks
+    c_0..c_{N-1} (each at least one token; lengths sum to ``window``); chunk i keeps consecutive ids,
+    shifted by a skip u_i with u_0 = 0 and u_i drawn uniformly from [u_{i-1}, target - window], so ids
+    increase, start at 0 and stay below ``target``. (B, window) int64.
+
+    With ``target == window`` every skip is 0: the plain ids 0..window-1 (PoSE's control).
+    """
+    checks.positive_int("batch", batch)
+    checks.positive_int("window", window)
+    checks.positive_int("chunks", chunks)
+    if chunks > window:
+        raise ValueError(f"chunks ({chunks}) must be at most the window ({window}): every chunk holds a token")
+    if checks.positive_int("target", target) < window:
+        raise ValueError(f"target ({target}) must be at least the window ({window})")
+    rows = []
+    for _ in range(batch):
+        cuts = (torch.randperm(window - 1, generator=generator)[: chunks - 1] + 1).sort().values
+        lengths = torch.diff(torch.cat([torch.zeros(1, dtype=torch.long), cuts, torch.tensor([window])]))
+        skips = [0]
+        for _ in range(chunks - 1):
+            low = skips[-1]
+            skips.append(low + int(torch.randint(0, target - window - low + 1, (1,), generator=generator)))
+        rows.append(torch.arange(window) + torch.tensor(skips).repeat_interleave(lengths))
+    return torch.stack(rows)

@@ -1,0 +1,106 @@
+"""Self-Extend and ReRoPE: the paper's equations (float64 loop), posenc's RoPE front and the transformers front
+(q and k arrive rotated), window = whole sequence = plain attention, KV-cache decoding = the full pass."""
+
+import pytest
+import torch
+
+from posenc import attention, build
+from posenc.encodings.rotary import apply_rope
+from posenc.extension.self_extend import (_rotated_attention, farthest_distance, grouped_positions,
+                                          self_extend_attention, smallest_group, use_attention, use_self_extend)
+from posenc.experiments.pretrained.measure import tiny_llama
+from tests.oracles import self_extend_loop
+
+T, DH = 23, 8
+
+
+def qkv(heads=2, kv_heads=1, length=T, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(1, heads, length, DH, generator=g, dtype=torch.float64),
+            torch.randn(1, kv_heads, length, DH, generator=g, dtype=torch.float64),
+            torch.randn(1, kv_heads, length, DH, generator=g, dtype=torch.float64))
+
+
+def oracle(q, k, v, rope, window, group):
+    inv_freq = rope.frequencies()[0].double().tolist()
+    repeats = q.shape[1] // k.shape[1]
+    return torch.stack([self_extend_loop(q[0, h], k[0, h // repeats], v[0, h // repeats], inv_freq, window, group)
+                        for h in range(q.shape[1])])[None]
+
+
+@pytest.mark.parametrize("window,group", [(4, 2), (6, 3), (5, None), (1, 4)])
+def test_posenc_front_equals_the_papers_equations(window, group):
+    q, k, v = qkv()
+    rope = build("rope", head_dim=DH)
+    got = self_extend_attention(q, k, v, rope, window, group)
+    torch.testing.assert_close(got, oracle(q, k, v, rope, window, group), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("window,group", [(4, 2), (7, None)])
+def test_transformers_front_with_pre_rotated_q_and_k_equals_the_oracle(window, group):
+    q, k, v = qkv()
+    rope = build("rope", head_dim=DH)
+    inv_freq = rope.frequencies()[0]
+    positions = torch.arange(T)[None]
+    rotated_q, rotated_k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+    got, _ = _rotated_attention(None, rotated_q, rotated_k, v, None, inv_freq=inv_freq, window=window, group=group,
+                                scaling=DH ** -0.5, position_ids=positions)
+    torch.testing.assert_close(got.transpose(1, 2), oracle(q, k, v, rope, window, group), rtol=1e-9, atol=1e-11)
+
+
+def test_a_window_covering_the_sequence_is_plain_rope_attention():
+    q, k, v = qkv(heads=4, kv_heads=2)
+    rope = build("rope", head_dim=DH)
+    torch.testing.assert_close(self_extend_attention(q, k, v, rope, T, 2), attention(q, k, v, rope, backend="eager"))
+
+
+def test_cache_steps_with_explicit_positions_equal_the_full_pass():
+    q, k, v = qkv()
+    rope = build("rope", head_dim=DH)
+    full = self_extend_attention(q, k, v, rope, 5, 3)
+    step = self_extend_attention(q[:, :, -3:], k, v, rope, 5, 3, q_positions=torch.arange(T - 3, T))
+    torch.testing.assert_close(step, full[:, :, -3:])
+
+
+def test_grouped_distances_meet_the_exact_ones_at_the_window_edge():
+    positions = torch.arange(200)
+    for window, group in [(16, 2), (32, 4), (10, 3)]:
+        q_far, k_far = grouped_positions(positions, window, group)
+        for i in range(window, 200):
+            j = i - window
+            assert abs(int(q_far[i] - k_far[j]) - window) < group  # the grouped distance at the edge ~ the window
+            assert int(q_far[i] - k_far[0]) == farthest_distance(i + 1, window, group)
+
+
+def test_smallest_group_keeps_every_distance_inside_the_original_context():
+    for original, target, window in [(8192, 32768, 4096), (8192, 12288, 4096), (64, 512, 16)]:
+        group = smallest_group(original, target, window)
+        assert farthest_distance(target, window, group) <= original - 1
+        assert farthest_distance(target, window, group - 1) > original - 1 or group == 2
+    assert smallest_group(8192, 32768, 4096) == 8  # G = 7: 32767//7 + 4096 − 585 = 8192, one past the context
+
+
+def test_in_a_transformers_model_kv_cache_decoding_equals_the_full_pass_and_the_whole_window_is_sdpa():
+    model = tiny_llama(0, 32).double()
+    ids = torch.randint(0, 256, (1, 70), generator=torch.Generator().manual_seed(1))
+    plain = model(ids).logits
+    use_self_extend(model, 70, 4)
+    torch.testing.assert_close(model(ids).logits, plain)
+    use_self_extend(model, 16, 4)
+    full = model(ids).logits
+    assert (full - plain).abs().max() > 1e-2  # grouping changed something
+    out = model(ids[:, :50], use_cache=True)
+    steps, cache = [out.logits], out.past_key_values
+    for t in range(50, 70):
+        steps.append(model(ids[:, t : t + 1], past_key_values=cache, use_cache=True).logits)
+    torch.testing.assert_close(torch.cat(steps, 1), full)
+    use_attention(model, "sdpa")
+    torch.testing.assert_close(model(ids).logits, plain)
+
+
+@pytest.mark.parametrize("window,group,match", [(0, 2, "window must be an integer >= 1"),
+                                                (8, 1, "group must be an integer >= 2")])
+def test_bad_window_or_group_is_one_line_error(window, group, match):
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=match):
+        self_extend_attention(q, k, v, build("rope", head_dim=DH), window, group)
