@@ -1,0 +1,145 @@
+"""Multi-key retrieval from one prefilled haystack (RULER's multi-key needle, Hsieh et al. 2024).
+
+Labelled keys ("The pass key of the red door is 48213.") are hidden at several depths of one long text. The
+haystack is run once; every question ("What is the pass key of the red door? The pass key of the red door is")
+then continues from its KV cache, which is cropped back to the haystack after each one, so a length costs one
+long forward plus a few short ones. Per key: the greedy answer (right or wrong) and the teacher-forced
+log-probability of the right digits, which works for base models and shows partial decay.
+
+Asking from the cache equals asking with the whole prompt at once (tests say so) for every scaling whose
+frequencies are fixed. ``dynamic`` NTK (and LongRoPE across its switch) changes frequencies with the length, so
+keys cached under the haystack's frequencies would be read under the question's: for those, ``whole_prompt=True``
+runs haystack + question as one sequence per key (one long forward per key, as a user of that scaling would).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+LABELS = ("red", "blue", "green", "yellow", "black", "white", "orange", "purple", "brown", "grey", "pink", "gold",
+          "silver", "violet", "amber", "teal")
+KEY = " The pass key of the {label} door is {key}. Remember it."
+QUESTION = "\nWhat is the pass key of the {label} door? The pass key of the {label} door is"
+
+
+@dataclass(frozen=True)
+class Needle:
+    label: str
+    key: str  # 5 digits
+    depth: float  # where its sentence starts, as a fraction of the haystack
+    band: int  # which depth band it was drawn for
+
+
+@dataclass(frozen=True)
+class Haystack:
+    ids: list[int]  # exactly `length` token ids
+    needles: tuple[Needle, ...]
+
+
+def depth_grid(bands: int, per_band: int) -> list[tuple[int, float]]:
+    """(band, depth) for ``per_band`` evenly spaced depths inside each of ``bands`` equal bands of [0, 1)."""
+    return [(b, (b + (i + 0.5) / per_band) / bands) for b in range(bands) for i in range(per_band)]
+
+
+def make_haystack(encode, text_ids: list[int], length: int, bands: int, per_band: int, seed: int) -> Haystack:
+    """``length`` tokens of ``text_ids`` (repeated if short) with ``bands × per_band`` labelled key sentences."""
+    grid = depth_grid(bands, per_band)
+    if len(grid) > len(LABELS):
+        raise ValueError(f"at most {len(LABELS)} keys per haystack (bands × keys per band), got {len(grid)}")
+    rng = random.Random(seed)
+    labels = rng.sample(LABELS, len(grid))
+    keys = [f"{rng.randint(10000, 99999)}" for _ in grid]
+    sentences = [encode(KEY.format(label=label, key=key)) for label, key in zip(labels, keys)]
+    budget = length - sum(len(s) for s in sentences)
+    if budget < len(grid) or not text_ids:
+        raise ValueError(f"retrieval length {length} is too short for {len(grid)} key sentences "
+                         f"({length - budget} tokens)")
+    filler = (text_ids * (budget // len(text_ids) + 1))[:budget]
+    ids, needles, taken = [], [], 0
+    for (band, depth), label, key, sentence in zip(grid, labels, keys, sentences):
+        cut = round(depth * budget)
+        ids += filler[taken:cut]
+        taken = cut
+        needles.append(Needle(label, key, len(ids) / length, band))
+        ids += sentence
+    ids += filler[taken:]
+    return Haystack(ids, tuple(needles))
+
+
+def read_answer(text: str) -> str | None:
+    """The first run of digits in a continuation."""
+    match = re.search(r"\d+", text)
+    return match.group(0) if match else None
+
+
+@torch.no_grad()
+def ask_from_cache(model, cache, prefix_length: int, question: list[int], answer: list[int], max_new_tokens: int = 8,
+                   last_logits: torch.Tensor | None = None) -> tuple[list[int], float]:
+    """Continue a cached prefix with ``question``: (greedy continuation ids, log-probability of ``answer`` ids
+    teacher-forced after the question, nats). The cache is cropped back to ``prefix_length`` afterwards.
+    ``last_logits`` (V,): the prefix's last logits, needed when ``question`` is empty."""
+    device = next(model.parameters()).device
+    forced = torch.tensor([question + answer], device=device)
+    positions = torch.arange(prefix_length, prefix_length + forced.shape[1], device=device)[None]
+    logits = model(input_ids=forced, past_key_values=cache, position_ids=positions, use_cache=True).logits[0]
+    logits = logits.double() if logits.dtype == torch.float64 else logits.float()
+    if question:
+        predicting = logits[len(question) - 1 : -1]  # (len(answer), V): the logits that predict each answer token
+    else:
+        predicting = torch.cat([last_logits.to(logits.dtype)[None], logits[:-1]])
+    log_prob = F.log_softmax(predicting, dim=-1).gather(1, forced[0, len(question):, None]).sum().item()
+    _crop(cache, prefix_length + len(question))
+    greedy, step = [], predicting[0].argmax().item()
+    for offset in range(max_new_tokens):
+        greedy.append(step)
+        if offset == max_new_tokens - 1:
+            break
+        position = torch.tensor([[prefix_length + len(question) + offset]], device=device)
+        out = model(input_ids=torch.tensor([[step]], device=device), past_key_values=cache, position_ids=position,
+                    use_cache=True)
+        step = out.logits[0, -1].argmax().item()
+    _crop(cache, prefix_length)
+    return greedy, log_prob
+
+
+def _crop(cache, length: int) -> None:
+    """Keep the first ``length`` cached tokens (transformers 5's ``crop`` takes how many to remove, negated)."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+@torch.no_grad()
+def ask_whole(model, prefix: list[int], question: list[int], answer: list[int], max_new_tokens: int = 8
+              ) -> tuple[list[int], float]:
+    """``ask_from_cache`` with no shared cache: the whole prompt runs again for this question."""
+    device = next(model.parameters()).device
+    out = model(input_ids=torch.tensor([prefix + question], device=device), use_cache=True)
+    return ask_from_cache(model, out.past_key_values, len(prefix) + len(question), [], answer, max_new_tokens,
+                          last_logits=out.logits[0, -1])
+
+
+@torch.no_grad()
+def retrieve(model, haystack: Haystack, encode, decode, max_new_tokens: int = 8, whole_prompt: bool = False
+             ) -> list[dict]:
+    """Prefill the haystack once, ask for every key from the cache (``whole_prompt``: prefill haystack + question
+    for each key instead): one record per needle."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([haystack.ids], device=device)
+    cache = None if whole_prompt else model(input_ids=ids, use_cache=True).past_key_values
+    records = []
+    for needle in haystack.needles:
+        question, answer = encode(QUESTION.format(label=needle.label)), encode(" " + needle.key)
+        if whole_prompt:
+            greedy, log_prob = ask_whole(model, haystack.ids, question, answer, max_new_tokens)
+        else:
+            greedy, log_prob = ask_from_cache(model, cache, len(haystack.ids), question, answer, max_new_tokens)
+        text = decode(greedy)
+        records.append({"label": needle.label, "key": needle.key, "depth": needle.depth, "band": needle.band,
+                        "answer": text, "correct": read_answer(text) == needle.key, "log_prob": log_prob})
+    return records

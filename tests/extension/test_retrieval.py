@@ -1,0 +1,59 @@
+"""Multi-key retrieval: needles land where the grid says, and asking from the cache equals asking with the
+whole prompt (same answer, same log-probability)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from posenc.experiments.pretrained.measure import ByteTokens, tiny_llama
+from posenc.extension import retrieval
+from posenc.extension.self_extend import use_self_extend
+
+TOKENS = ByteTokens()
+TEXT = TOKENS.encode("def f(x):\n    return x * 2\n" * 20)
+
+
+def test_needles_sit_at_their_depth_bands_and_the_haystack_has_the_asked_length():
+    haystack = retrieval.make_haystack(TOKENS.encode, TEXT, 2000, 4, 3, seed=0)
+    assert len(haystack.ids) == 2000 and len(haystack.needles) == 12
+    assert [n.band for n in haystack.needles] == [b for b in range(4) for _ in range(3)]
+    for needle in haystack.needles:
+        start = round(needle.depth * 2000)
+        sentence = TOKENS.encode(retrieval.KEY.format(label=needle.label, key=needle.key))
+        assert haystack.ids[start : start + len(sentence)] == sentence
+        assert needle.band / 4 <= needle.depth < (needle.band + 1) / 4 + 0.05
+    assert len({n.label for n in haystack.needles}) == 12 and all(len(n.key) == 5 for n in haystack.needles)
+
+
+def whole_prompt_answer(model, prefix, question, answer, steps):
+    ids = torch.tensor([prefix + question + answer])
+    logits = model(ids).logits[0]
+    predicting = logits[len(prefix) + len(question) - 1 : -1]
+    log_prob = F.log_softmax(predicting, -1).gather(1, ids[0, len(prefix) + len(question):, None]).sum().item()
+    greedy = model.generate(torch.tensor([prefix + question]), max_new_tokens=steps, do_sample=False,
+                            attention_mask=torch.ones(1, len(prefix) + len(question), dtype=torch.long),
+                            pad_token_id=0)[0, len(prefix) + len(question):].tolist()
+    return greedy, log_prob
+
+
+@pytest.mark.parametrize("self_extend", [False, True])
+def test_asking_from_the_cache_equals_asking_with_the_whole_prompt(self_extend):
+    model = tiny_llama(0, 64).double()
+    if self_extend:
+        use_self_extend(model, 24, 3)
+    haystack = retrieval.make_haystack(TOKENS.encode, TEXT, 300, 2, 2, seed=1)
+    records = retrieval.retrieve(model, haystack, TOKENS.encode, TOKENS.decode, max_new_tokens=5)
+    whole = retrieval.retrieve(model, haystack, TOKENS.encode, TOKENS.decode, max_new_tokens=5, whole_prompt=True)
+    for record, again, needle in zip(records, whole, haystack.needles):
+        question = TOKENS.encode(retrieval.QUESTION.format(label=needle.label))
+        greedy, log_prob = whole_prompt_answer(model, haystack.ids, question, TOKENS.encode(" " + needle.key), 5)
+        assert record["log_prob"] == pytest.approx(log_prob, abs=1e-9) == again["log_prob"]
+        assert record["answer"] == TOKENS.decode(greedy) == again["answer"]
+
+
+def test_too_short_a_haystack_or_too_many_keys_is_refused():
+    with pytest.raises(ValueError, match="retrieval length 100 is too short for 12 key sentences"):
+        retrieval.make_haystack(TOKENS.encode, TEXT, 100, 4, 3, seed=0)
+    with pytest.raises(ValueError, match="at most 16 keys per haystack"):
+        retrieval.make_haystack(TOKENS.encode, TEXT, 10_000, 5, 4, seed=0)
+    assert retrieval.read_answer(" 48213. Remember") == "48213" and retrieval.read_answer(" none") is None
