@@ -19,7 +19,7 @@ from .encodings import (
     t5_bucket,
 )
 from .positions import (cross_attention_positions, document_mask, document_positions, grid_positions,
-                        multimodal_positions, patch_positions, randomized_positions)
+                        multimodal_positions, patch_positions, randomized_positions, skipwise_positions)
 
 __version__ = "0.1.0"
 
@@ -28,5 +28,5 @@ __all__ = [
     "attention_weights",
     "build", "choose_backend", "cross_attention_positions", "document_mask", "document_positions",
     "grid_positions", "layer_scalings", "multimodal_positions", "patch_positions", "randomized_positions",
-    "rope_frequencies", "sinusoidal_table", "t5_bucket",
+    "rope_frequencies", "skipwise_positions", "sinusoidal_table", "t5_bucket",
 ]

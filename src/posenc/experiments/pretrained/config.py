@@ -1,4 +1,8 @@
-"""What ``posenc extend --hf`` runs: its presets and its config, checked on construction."""
+"""What ``posenc extend --hf`` runs: its presets and its config, checked on construction.
+
+Rows are the zero-shot ``methods`` (scalings, ``self-extend`` and ``rerope``) plus, with ``finetune``, the
+``finetune_method`` scaling fine-tuned (``pose``: PoSE, and its control with plain ids; ``full``: full-length).
+"""
 
 from __future__ import annotations
 
@@ -6,24 +10,31 @@ import dataclasses
 from dataclasses import dataclass
 
 from ... import checks
+from ...extension.adapt import MODES, check_lora_rank
 from ...extension.methods import parse_methods
 from ..presets import preset_values
 
-HF_METHODS = ("none", "pi", "ntk", "dynamic", "yarn", "llama3", "longrope")
+SCALING_METHODS = ("none", "pi", "ntk", "dynamic", "yarn", "llama3", "longrope")
+HF_METHODS = SCALING_METHODS + ("self-extend", "rerope")
+FINETUNE = ("none",) + tuple(m for m in MODES if m != "control")  # the control comes with pose
 
 HF_PRESETS: dict[str, dict] = {
     # A tiny random Llama built offline, byte tokens: seconds. Its answers are noise; it tests the plumbing.
-    "smoke": dict(model="tiny", to=512, lengths=(64, 128, 256, 512), methods=("none", "pi", "ntk", "dynamic", "yarn"),
-                  passkey_lengths=(320, 512), passkey_depths=(0.25, 0.75), passkey_trials=1, bins=8, chunk=64),
-    # SmolLM2-135M on the 2-core CPU: 2× its 8k context.
-    "default": dict(model="smollm2", to=16384, lengths=(4096, 8192, 12288, 16384),
-                    methods=("none", "pi", "ntk", "dynamic", "yarn"), passkey_lengths=(4096, 10240),
-                    passkey_depths=(0.2, 0.8), passkey_trials=1, bins=32, chunk=2048),
-    # A GPU: 4× the context, the full grid and a LongRoPE search.
-    "gpu": dict(model="smollm2", to=32768, lengths=(4096, 8192, 16384, 24576, 32768),
-                methods=("none", "pi", "ntk", "dynamic", "yarn", "llama3", "longrope"),
-                passkey_lengths=(4096, 8192, 16384, 24576, 32768), passkey_depths=(0.1, 0.3, 0.5, 0.7, 0.9),
-                passkey_trials=3, bins=64, chunk=4096, search_population=16, search_generations=8),
+    "smoke": dict(model="tiny", to=1024, methods=("none", "yarn", "ntk", "self-extend"), documents=4,
+                  dev_documents=2, retrieval_lengths=(768, 1024), bands=4, keys_per_band=3, bins=8, chunk=64,
+                  first_tokens=32, finetune="pose", finetune_window=48, finetune_steps=6, finetune_lr=1e-3,
+                  curve_points=3, self_extend_window=32),
+    # SmolLM2-135M on the 2-core CPU: 1.375× its 8k context, the longest at which the embedded corpus has four
+    # single-document test windows (4× does not fit an hour here either: README).
+    "default": dict(model="smollm2", to=11264, methods=("none", "yarn", "ntk", "self-extend"), documents=4,
+                    dev_documents=1, retrieval_lengths=(4096, 11264), bands=4, keys_per_band=3, bins=24, chunk=2048,
+                    first_tokens=2048, finetune="pose", finetune_window=1024, finetune_steps=24, finetune_lr=5e-5,
+                    curve_points=2, self_extend_window=4096),
+    # A GPU: 4× the context.
+    "gpu": dict(model="smollm2", to=32768, methods=("none", "yarn", "ntk", "dynamic", "self-extend"), documents=8,
+                dev_documents=4, retrieval_lengths=(4096, 8192, 16384, 32768), bands=4, keys_per_band=3, bins=64,
+                chunk=4096, first_tokens=2048, finetune="pose", finetune_window=4096, finetune_steps=200,
+                finetune_lr=2e-5, curve_points=5, self_extend_window=4096),
 }
 
 
@@ -31,17 +42,29 @@ HF_PRESETS: dict[str, dict] = {
 class PretrainedConfig:
     preset: str = "default"
     model: str = "smollm2"  # a path, "smollm2", or "tiny" (the smoke model)
-    to: int = 16384
-    lengths: tuple[int, ...] = (4096, 8192, 12288, 16384)
-    methods: tuple[str, ...] = ("none", "pi", "ntk", "dynamic", "yarn")
-    passkey_lengths: tuple[int, ...] = (4096, 10240)
-    passkey_depths: tuple[float, ...] = (0.2, 0.8)
-    passkey_trials: int = 1
-    bins: int = 32
+    to: int = 11264
+    methods: tuple[str, ...] = ("none", "yarn", "ntk", "self-extend")
+    documents: int = 4  # test windows of --to tokens, each from one document
+    dev_documents: int = 1  # dev windows: choose the best row
+    retrieval_lengths: tuple[int, ...] = (4096, 11264)
+    bands: int = 4
+    keys_per_band: int = 3
+    bins: int = 24
     chunk: int = 2048
+    first_tokens: int = 2048  # the cost inside the context: mean loss over these first tokens
+    finetune: str = "none"  # none | pose (adds the control row) | full
+    finetune_method: str = "yarn"
+    finetune_window: int = 1024
+    finetune_steps: int = 24
+    finetune_lr: float = 5e-5
+    finetune_batch: int = 1
+    pose_chunks: int = 2
+    lora: int = 0
+    curve_points: int = 2
+    self_extend_window: int = 4096
+    self_extend_group: int | None = None  # None: the smallest that keeps distances inside the context
     search_population: int = 8
     search_generations: int = 4
-    search_windows: int = 1
     text: str | None = None
     seed: int = 0
 
@@ -55,14 +78,30 @@ class PretrainedConfig:
     def __post_init__(self):
         checks.positive_int("--to", self.to, minimum=2)
         parse_methods(self.methods, HF_METHODS)
-        if not self.lengths or any(not isinstance(n, int) or not 2 <= n <= self.to for n in self.lengths):
-            raise ValueError(f"lengths must be integers in [2, --to = {self.to}], got {self.lengths}")
-        if any(not 0 <= d <= 1 for d in self.passkey_depths):
-            raise ValueError(f"passkey depths must be in [0, 1], got {self.passkey_depths}")
-        for name in ("passkey_trials", "bins", "chunk", "search_windows"):
-            checks.positive_int(name, getattr(self, name))
+        checks.choice("--finetune", self.finetune, FINETUNE)
+        checks.choice("--finetune-method", self.finetune_method, [m for m in SCALING_METHODS
+                                                                  if m not in ("none", "longrope", "dynamic")])
+        if not self.retrieval_lengths or any(not isinstance(n, int) or not 2 <= n <= self.to
+                                             for n in self.retrieval_lengths):
+            raise ValueError(f"--retrieval-lengths must be integers in [2, --to = {self.to}], got "
+                             f"{self.retrieval_lengths}")
+        for name in ("documents", "dev_documents", "bands", "keys_per_band", "bins", "chunk", "first_tokens",
+                     "finetune_window", "finetune_steps", "finetune_batch", "pose_chunks", "curve_points",
+                     "self_extend_window"):
+            checks.positive_int("--" + name.replace("_", "-"), getattr(self, name))
+        checks.positive_float("--finetune-lr", self.finetune_lr)
+        if self.lora != 0:
+            check_lora_rank(self.lora)
+        if self.self_extend_group is not None:
+            checks.positive_int("--self-extend-group", self.self_extend_group, minimum=2)
+        if self.uses_self_extend and self.self_extend_window >= self.to:
+            raise ValueError(f"--self-extend-window ({self.self_extend_window}) must be below --to ({self.to})")
         checks.positive_int("--search-population", self.search_population, minimum=4)
         checks.positive_int("--search-generations", self.search_generations)
+
+    @property
+    def uses_self_extend(self) -> bool:
+        return any(m in ("self-extend", "rerope") for m in self.methods)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

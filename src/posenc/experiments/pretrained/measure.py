@@ -106,8 +106,51 @@ def binned(losses: torch.Tensor, bins: int) -> dict:
     return {"bin_edges": edges, "loss": [losses[a:b].mean().item() for a, b in zip(edges[:-1], edges[1:])]}
 
 
-def read_text_tokens(config: PretrainedConfig, tokens, split: str = "test") -> torch.Tensor:
-    """The ``split`` ("dev" or "test") of the corpus (``--text`` or the embedded one) in the model's tokens: (T,)."""
+TRAIN_BYTES = 4_000_000  # fine-tuning text: at most this much of the train split (far more than a run reads)
+
+
+def read_text_tokens(config: PretrainedConfig, tokens, split: str = "test", limit: int | None = None) -> torch.Tensor:
+    """The ``split`` of the corpus (``--text`` or the embedded one) in the model's tokens: (T,); at most ``limit``
+    bytes of it."""
     corpus = text_corpus(config.text) if config.text else stdlib_corpus()
-    text = bytes(getattr(corpus, split).data.tolist()).decode("utf-8", errors="replace")
-    return torch.tensor(tokens.encode(text), dtype=torch.int64)
+    data = getattr(corpus, split).data[:limit]
+    return torch.tensor(tokens.encode(bytes(data.tolist()).decode("utf-8", errors="replace")), dtype=torch.int64)
+
+
+def long_documents(config: PretrainedConfig, tokens, split: str, count: int, length: int) -> list[dict]:
+    """``count`` windows of ``length`` tokens, each inside one document of ``split``: the first window of each of
+    the longest documents, then (when too few are long enough) their next non-overlapping windows.
+    Returns [{"file", "start" (token offset in the file), "ids" (length,) int64}]."""
+    corpus = text_corpus(config.text) if config.text else stdlib_corpus()
+    part = getattr(corpus, split)
+    ends = list(part.starts[1:]) + [len(part.data)]
+    documents = []
+    for name, start, end in zip(part.files, part.starts, ends):
+        if end - start > length:  # a token is at least one byte
+            ids = tokens.encode(bytes(part.data[start:end].tolist()).decode("utf-8", errors="replace"))
+            if len(ids) >= length:
+                documents.append((name, ids))
+    documents.sort(key=lambda d: -len(d[1]))
+    windows = sorted(((k, i) for i, (_, ids) in enumerate(documents) for k in range(len(ids) // length)))
+    if len(windows) < count:
+        raise ValueError(f"not enough long text: the {split} split has {len(windows)} windows of {length:,} tokens "
+                         f"inside one document; {count} are needed. Pass a --text with longer documents, a smaller "
+                         "--to, or fewer --documents")
+    return [{"file": documents[i][0], "start": k * length,
+             "ids": torch.tensor(documents[i][1][k * length : (k + 1) * length], dtype=torch.int64)}
+            for k, i in windows[:count]]
+
+
+@torch.no_grad()
+def sliding_losses(model, tokens: torch.Tensor, context: int, stride: int, start: int, chunk: int) -> torch.Tensor:
+    """Next-token losses of positions ``start`` .. T−2 with at most ``context`` tokens of context: windows of
+    ``context`` tokens that advance by ``stride``, each scoring only its last ``stride`` positions.
+    tokens: (T,). Returns (T − 1 − start,)."""
+    losses, position = [], start
+    while position < tokens.shape[0] - 1:
+        end = min(position + stride, tokens.shape[0] - 1)
+        first = max(0, end - context)
+        window = position_losses(model, tokens[first : end + 1], chunk, label="context control")
+        losses.append(window[position - first :])
+        position = end
+    return torch.cat(losses)

@@ -1,20 +1,19 @@
-"""``posenc extend --hf``: measure and extend a pretrained Hugging Face RoPE model past its context.
+"""``posenc extend --hf``: measure, adapt and export a pretrained Hugging Face RoPE model past its context.
 
-For the unscaled model and each method (factor = ``--to`` / the model's original context):
-  - loss by position: mean next-token loss per position bin, and mean loss at each length, on
-    the text (default: the embedded stdlib corpus's test split, in the model's tokens);
-  - passkey retrieval: accuracy per (length, depth) of greedy answers;
-  - optionally a LongRoPE search (``search.search``, the tiny-model code) whose objective is the
-    model's loss at ``--to`` on windows of the dev split (the measured window is test).
-Each (method, length) measurement is a file under ``measurements/``, written atomically, so a
-killed run resumed with ``--resume`` loses no finished measurement. Outputs: results.json,
-results.md, loss_by_position.png, passkey.png, rope_parameters.json (the best method at ``--to``).
+Rows: the zero-shot methods (each scaling at factor = ``--to`` / the model's context; ``self-extend`` and
+``rerope`` through the attention registry) and, with ``--finetune``, the fine-tuned scaling (``pose`` adds its
+control: the same tokens and steps at plain ids). For every row:
+  - loss by position on ``documents`` test windows of ``--to`` tokens, each inside one long document, and on
+    ``dev_documents`` dev windows; per window: the mean over the first ``first_tokens`` (the cost inside the
+    context), inside the original context and past it, and per position bin;
+  - multi-key retrieval at every ``retrieval_lengths`` (``extension.retrieval``: one prefill, a question per key).
+Plus the context-use control: the unscaled model scoring the same windows with a sliding context of at most its
+original length. The best row (for the export and the recommendation) has the lowest dev loss past the context;
+every reported number is on test, comparisons paired over the same test windows.
 
-Loss is computed from the final hidden states in chunks of positions, never from the logits
-of a whole window (49,152 vocab × 16k tokens would be 3 GB of float32). A scaling with fixed
-frequencies gives the same loss at position p in a window of any length >= p + 1 (causal
-attention), so one window of ``--to`` tokens serves every length; ``dynamic`` (and ``longrope``
-past its switch) change frequencies with the window length and run one window per length.
+Every measurement is a file under ``measurements/`` and every fine-tune a folder under ``finetune/``, written
+atomically: a killed run resumed with ``--resume`` loses no finished one. Under ``torchrun`` the processes share
+the fine-tuning; rank 0 measures.
 """
 
 from __future__ import annotations
@@ -25,94 +24,214 @@ import time
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from ... import __version__, hf, storage
-from ...extension import passkey
+from ...extension import retrieval
+from ...extension.adapt import AdaptConfig, adapt
 from ...extension.longrope import default_max_factor, longrope_parameters, seed_candidates
 from ...extension.search import Candidate, SearchConfig, search
+from ...extension.self_extend import smallest_group, use_attention, use_self_extend
 from ...lm.runtime import Runtime
 from . import report
 from .config import PretrainedConfig
-from .measure import binned, load_model, method_parameters, position_losses, read_text_tokens
+from .measure import (TRAIN_BYTES, binned, load_model, long_documents, method_parameters, position_losses,
+                      read_text_tokens, sliding_losses)
 
-# Scalings whose frequencies change with the window's length: one forward per measured length.
-LENGTH_DEPENDENT = ("dynamic", "longrope")
+LENGTH_DEPENDENT = ("dynamic", "longrope")  # frequencies change with the length: no shared retrieval cache
+
+
+def plan_rows(config: PretrainedConfig) -> dict[str, dict]:
+    """{row name: {"method": scaling method, "attention": "sdpa" | "self-extend" | "rerope", "finetune": mode}}."""
+    rows = {}
+    for method in config.methods:
+        extend = method in ("self-extend", "rerope")
+        rows[method] = {"method": "none" if extend else method, "attention": method if extend else "sdpa",
+                        "finetune": None}
+    modes = {"none": (), "pose": ("pose", "control"), "full": ("full",)}[config.finetune]
+    for mode in modes:
+        rows[f"{config.finetune_method}+{mode}"] = {"method": config.finetune_method, "attention": "sdpa",
+                                                    "finetune": mode}
+    return rows
 
 
 def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Path | None = None,
-        device: str = "auto", log=print) -> dict:
-    """Measure every method (resumable per method and length); with ``export``, also write the model
-    with the best method's rope_parameters there as a folder ``from_pretrained`` loads.
-
-    ``device``: auto (CUDA when present), cpu or cuda. The model runs in float32 on either.
-    """
+        device: str = "auto", log=print) -> dict | None:
+    """Measure (and fine-tune) every row, resumably; with ``export``, write the best row's model there."""
     out = Path(out)
     runtime = Runtime.detect(device)
     if export is not None:
         if Path(export).resolve() == out.resolve():
             raise ValueError(f"--export {export} is the run directory; name another folder")
-        if all(m == "none" for m in config.methods):
-            raise ValueError("--export writes the best scaled method's model; --methods has none besides 'none'")
         hf.check_export_folder(Path(export))
     began = time.perf_counter()
     model, tokens = load_model(config)
     model.to(runtime.device)
-    load_s = time.perf_counter() - began
     original = hf.original_context(model)
     factor = config.to / original
     theta = (model.config.rope_parameters or {}).get("rope_theta", 10000.0)
-    needs_factor = [m for m in config.methods if m not in ("none", "longrope")]
-    if needs_factor and factor <= 1:
-        raise ValueError(f"--to {config.to} is not above the model's context ({original}); methods {needs_factor} "
-                         f"need a factor > 1: pass --to > {original}")
-    text = read_text_tokens(config, tokens)
-    if text.shape[0] < config.to + 1:
-        raise ValueError(f"not enough text: its test split has {text.shape[0]:,} tokens in this model's tokenizer; "
-                         f"--to {config.to} needs {config.to + 1:,}; pass a longer --text or a smaller --to")
-    dev = read_text_tokens(config, tokens, "dev") if "longrope" in config.methods else None
-    if dev is not None and dev.shape[0] < config.search_windows * (config.to + 1):
-        raise ValueError(f"not enough text: its dev split has {dev.shape[0]:,} tokens in this model's tokenizer; "
-                         f"the LongRoPE search needs {config.search_windows * (config.to + 1):,}; pass a longer "
-                         "--text or a smaller --to")
+    _check_against_model(config, original)
+    rows = plan_rows(config)
     own = dict(model.config.rope_parameters or {"rope_type": "default", "rope_theta": theta})
-    parameters = {m: method_parameters(m, factor, original, theta, own) for m in config.methods if m != "longrope"}
+    parameters = {name: method_parameters(row["method"], factor, original, theta, own)
+                  for name, row in rows.items() if row["method"] != "longrope"}
     for params in parameters.values():  # every dict is checked against this model before the long work
         hf.full_rope_parameters(model, params)
-    for length in config.passkey_lengths:  # ... and every passkey length against the fixed text's size
-        passkey.make_prompt(tokens.encode, length, 0.5, "12345")
-    _pin(out, config, resume)
-    log(f"model: {config.model} ({model.config.model_type}, context {original}, rope_theta {theta:g}); "
-        f"to {config.to} (factor {factor:g}); text: {text.shape[0]:,} tokens")
-    window = text[: config.to + 1]
-    stages = {"load model": load_s}
-    if "longrope" in config.methods:
+    group = config.self_extend_group or (smallest_group(original, config.to, config.self_extend_window)
+                                         if config.uses_self_extend else None)
+    test = long_documents(config, tokens, "test", config.documents, config.to)
+    dev = long_documents(config, tokens, "dev", config.dev_documents, config.to)
+    for length in config.retrieval_lengths:  # ... and every haystack length against its key sentences
+        retrieval.make_haystack(tokens.encode, test[0]["ids"].tolist(), length, config.bands, config.keys_per_band, 0)
+    if runtime.rank == 0:
+        _pin(out, config, resume)
+    runtime.barrier()
+    stages = {"load model and text": time.perf_counter() - began}
+    log(f"model: {config.model} ({model.config.model_type}, context {original}, rope_theta {theta:g}); to "
+        f"{config.to} (factor {factor:g}); {len(test)} test and {len(dev)} dev windows of {config.to:,} tokens")
+    pristine = {name: p.detach().clone() for name, p in model.named_parameters()}
+    if "longrope" in rows:
         started = time.perf_counter()
-        parameters["longrope"] = _search(model, dev, config, factor, original, theta, out, log)
+        parameters["longrope"] = _search(model, dev[0]["ids"], config, factor, original, theta, out, log)
         stages["longrope search"] = time.perf_counter() - started
+    tuned = {}
+    for name, row in rows.items():
+        if row["finetune"]:
+            started = time.perf_counter()
+            tuned[name] = _finetune(model, tokens, name, row["finetune"], parameters[name], pristine, config,
+                                    original, dev[0]["ids"], runtime, out, log)
+            stages[f"fine-tune {name}"] = time.perf_counter() - started
+    if runtime.rank != 0:
+        return None
     measured = {}
-    for method, params in parameters.items():
+    for name, row in rows.items():
         started = time.perf_counter()
-        hf.apply_scaling(model, params)
-        losses = _loss_by_position(model, window, method, config, out, log)
-        keys = _passkey(model, tokens, method, config, out, log)
-        measured[method] = {"rope_parameters": hf.full_rope_parameters(model, params), "loss": losses,
-                            "passkey": keys}
-        stages[f"measure {method}"] = time.perf_counter() - started
-    results = {**_collect(config, model, original, factor, text, measured, stages), "device": runtime.label}
+        _restore(model, pristine)
+        if row["finetune"]:
+            model.load_state_dict(storage.load_weights(out / "finetune" / name / "model.safetensors"), strict=False)
+        hf.apply_scaling(model, parameters[name])
+        if row["attention"] == "sdpa":
+            use_attention(model, "sdpa")
+        else:
+            use_self_extend(model, config.self_extend_window, group if row["attention"] == "self-extend" else None)
+        measured[name] = {
+            "rope_parameters": hf.full_rope_parameters(model, parameters[name]), **row,
+            "test": [_window_losses(model, w, f"{name}-test{i}", config, original, out) for i, w in enumerate(test)],
+            "dev": [_window_losses(model, w, f"{name}-dev{i}", config, original, out) for i, w in enumerate(dev)],
+            "retrieval": _retrieval(model, tokens, name, row["method"] in LENGTH_DEPENDENT, test[0]["ids"], config,
+                                    out)}
+        stages[f"measure {name}"] = time.perf_counter() - started
+        log(f"  {name}: test loss past the context {_mean(measured[name]['test'], 'past'):.3f}")
+    started = time.perf_counter()
+    _restore(model, pristine)
+    hf.apply_scaling(model, own)
+    use_attention(model, "sdpa")
+    control = {"test": [_control(model, w, f"test{i}", config, original, out) for i, w in enumerate(test)],
+               "dev": [_control(model, w, f"dev{i}", config, original, out) for i, w in enumerate(dev)]}
+    stages["context control"] = time.perf_counter() - started
+    results = report.collect(config, model, original, factor, group, test, dev, measured, control, tuned, stages)
+    results.update(device=runtime.label, peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+                   versions={"posenc": __version__, "torch": torch.__version__, "python": platform.python_version()})
     report.write_all(results, out)
     log(report.terminal_table(results))
-    log(f"\nwrote {out / 'results.json'}, results.md, loss_by_position.png, passkey.png, rope_parameters.json")
-    if export is not None:
-        _export(model, tokens, results, Path(export), log)
+    log(f"\nwrote {out / 'results.json'}, results.md, loss_by_position.png, retrieval.png, rope_parameters.json")
+    if export is not None and results["best_row"]:
+        _export(model, tokens, results, pristine, out, Path(export), log)
     return results
 
 
-def _export(model, tokens, results: dict, folder: Path, log) -> None:
+def _check_against_model(config: PretrainedConfig, original: int) -> None:
+    """Every option that depends on the model's context, checked before any long work."""
+    if config.to <= original:
+        raise ValueError(f"--to {config.to} is not above the model's context ({original}): pass --to > {original}")
+    if config.finetune == "pose" and config.finetune_window > original:
+        raise ValueError(f"--finetune-window ({config.finetune_window}) is longer than the model's context "
+                         f"({original}): PoSE trains on windows no longer than the context")
+    if config.uses_self_extend and config.self_extend_window >= original:
+        raise ValueError(f"--self-extend-window ({config.self_extend_window}) must be below the model's context "
+                         f"({original})")
+    if config.first_tokens > original:
+        raise ValueError(f"--first-tokens ({config.first_tokens}) must be at most the model's context ({original})")
+
+
+def _restore(model, pristine: dict) -> None:
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            parameter.copy_(pristine[name])
+
+
+def _mean(windows: list[dict], key: str) -> float:
+    return sum(w[key] for w in windows) / len(windows)
+
+
+def _finetune(model, tokens, name, mode, params, pristine, config, original, curve_window, runtime, out, log) -> dict:
+    """Fine-tune from the pristine weights with ``params`` applied; the weights land in finetune/<name>/."""
+    _restore(model, pristine)
+    hf.apply_scaling(model, params)
+    use_attention(model, "sdpa")
+    window = config.to if mode == "full" else config.finetune_window
+    adapt_config = AdaptConfig(mode=mode, target=config.to, window=window, steps=config.finetune_steps,
+                               lr=config.finetune_lr, batch=config.finetune_batch, chunks=config.pose_chunks,
+                               lora=config.lora, checkpoint_every=max(1, config.finetune_steps // 6), seed=config.seed)
+    text = read_text_tokens(config, tokens, "train", limit=TRAIN_BYTES)
+    points = tuple(sorted({round(i * config.finetune_steps / (config.curve_points - 1))
+                           for i in range(config.curve_points)})) if config.curve_points > 1 else (config.finetune_steps,)
+
+    def past_the_context(trained) -> float:  # the curve: dev loss past the original context
+        return position_losses(trained, curve_window, config.chunk, label=f"curve {name}")[original - 1:].mean().item()
+
+    tuned, record = adapt(model, text, adapt_config, out / "finetune" / name, points=points, measure=past_the_context,
+                          rank=runtime.rank, world_size=runtime.world_size, label=f"fine-tune {name}")
+    log(f"  {name}: fine-tuned {config.finetune_steps} steps; dev loss past the context by step {record['curve']}")
+    return record
+
+
+def _window_losses(model, window: dict, key: str, config, original: int, out: Path) -> dict:
+    path = out / "measurements" / f"loss-{key}.json"
+    if path.exists():
+        return storage.read_json(path)
+    losses = position_losses(model, window["ids"], config.chunk, label=f"loss {key}")  # (to − 1,)
+    record = {"file": window["file"], "start": window["start"], "first": losses[: config.first_tokens].mean().item(),
+              "inside": losses[: original - 1].mean().item(), "past": losses[original - 1 :].mean().item(),
+              "mean": losses.mean().item(), "bins": binned(losses, config.bins)}
+    storage.write_json(path, record)
+    return record
+
+
+def _control(model, window: dict, key: str, config, original: int, out: Path) -> dict:
+    """The unscaled model with at most ``original`` tokens of context, past the context (stride original / 2)."""
+    path = out / "measurements" / f"control-{key}.json"
+    if path.exists():
+        return storage.read_json(path)
+    losses = sliding_losses(model, window["ids"], original, max(1, original // 2), original - 1, config.chunk)
+    record = {"file": window["file"], "past": losses.mean().item()}
+    storage.write_json(path, record)
+    return record
+
+
+def _retrieval(model, tokens, name, whole_prompt, text_ids, config, out) -> dict:
+    results = {}
+    for length in config.retrieval_lengths:
+        path = out / "measurements" / f"retrieval-{name}-{length}.json"
+        if not path.exists():
+            haystack = retrieval.make_haystack(tokens.encode, text_ids.tolist(), length, config.bands,
+                                               config.keys_per_band, seed=config.seed + length)
+            storage.write_json(path, {"length": length, "records": retrieval.retrieve(
+                model, haystack, tokens.encode, tokens.decode, whole_prompt=whole_prompt)})
+        results[str(length)] = storage.read_json(path)["records"]
+    return results
+
+
+def _export(model, tokens, results, pristine, out, folder, log) -> None:
     started = time.perf_counter()
-    hf.export(model, results["best_rope_parameters"], folder, getattr(tokens, "tokenizer", None))
-    log(f"exported the model with {results['best_method']}'s rope_parameters to {folder} "
-        f"({time.perf_counter() - started:.0f} s): AutoModelForCausalLM.from_pretrained({str(folder)!r})")
+    best = results["rows"][results["best_row"]]
+    _restore(model, pristine)
+    if best["finetune"]:
+        model.load_state_dict(storage.load_weights(out / "finetune" / results["best_row"] / "model.safetensors"),
+                              strict=False)
+    use_attention(model, "sdpa")
+    hf.export(model, best["rope_parameters"], folder, getattr(tokens, "tokenizer", None))
+    log(f"exported {results['best_row']} (chosen on dev) to {folder} ({time.perf_counter() - started:.0f} s): "
+        f"AutoModelForCausalLM.from_pretrained({str(folder)!r})")
 
 
 def _pin(out: Path, config: PretrainedConfig, resume: bool) -> None:
@@ -122,8 +241,8 @@ def _pin(out: Path, config: PretrainedConfig, resume: bool) -> None:
         if not resume:
             raise ValueError(f"--out {out} already holds a run; pass --resume to continue it or choose another --out")
         previous = storage.read_json(pinned).get("hf", {})
-        changed = sorted(k for k in ("model", "to", "text", "bins", "seed", "search_population", "search_generations",
-                                     "search_windows") if previous.get(k) != current["hf"][k])
+        changed = sorted(k for k, v in current["hf"].items() if k not in ("methods", "preset") and previous.get(k) != v
+                         and not (isinstance(v, tuple) and previous.get(k) == list(v)))
         if changed:
             raise ValueError(f"--resume: {out} was run with a different config (differs in {changed})")
     elif resume:
@@ -133,88 +252,21 @@ def _pin(out: Path, config: PretrainedConfig, resume: bool) -> None:
         storage.write_json(pinned, current)
 
 
-def _loss_by_position(model, window, method, config, out, log) -> dict:
-    """{length: {"mean": nats, "bins": {...}}} for every length; one file per (method, length)."""
-    folder = out / "measurements"
-    results, missing = {}, []
-    for length in config.lengths:
-        path = folder / f"loss-{method}-{length}.json"
-        if path.exists():
-            results[length] = storage.read_json(path)
-        else:
-            missing.append(length)
-    one_window = method not in LENGTH_DEPENDENT  # causal + fixed frequencies: prefixes are shorter windows
-    runs = [max(config.lengths)] if one_window and missing else missing
-    for run_length in runs:
-        began = time.perf_counter()
-        losses = position_losses(model, window[: run_length + 1], config.chunk, label=f"loss {method}")
-        wall = time.perf_counter() - began
-        for length in (missing if one_window else [run_length]):
-            record = {"method": method, "length": length, "mean": losses[:length].mean().item(),
-                      "bins": binned(losses[:length], config.bins) if length == max(config.lengths) else None,
-                      "forward_length": run_length, "wall_time_s": wall,
-                      "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
-            storage.write_json(folder / f"loss-{method}-{length}.json", record)
-            results[length] = record
-    log(f"  {method}: loss " + ", ".join(f"{n}: {results[n]['mean']:.3f}" for n in config.lengths))
-    return {str(n): results[n] for n in config.lengths}
-
-
-def _passkey(model, tokens, method, config, out, log) -> dict:
-    """{length: {"accuracy", "answers": [...]}}; one file per (method, length)."""
-    results = {}
-    for length in config.passkey_lengths:
-        path = out / "measurements" / f"passkey-{method}-{length}.json"
-        if path.exists():
-            results[str(length)] = storage.read_json(path)
-            continue
-        answers = []
-        keys = passkey.keys(config.seed + length, config.passkey_trials * len(config.passkey_depths))
-        cells = [(depth, trial) for depth in config.passkey_depths for trial in range(config.passkey_trials)]
-        for (depth, _), key in tqdm(list(zip(cells, keys)), desc=f"passkey {method} @ {length}", dynamic_ncols=True):
-            prompt = passkey.make_prompt(tokens.encode, length, depth, key)
-            text = passkey.answer(model, prompt, tokens.decode)
-            answers.append({"depth": depth, "key": key, "answer": text, "correct": passkey.read_answer(text) == key})
-        by_depth = {str(d): sum(a["correct"] for a in answers if a["depth"] == d) / config.passkey_trials
-                    for d in config.passkey_depths}
-        record = {"method": method, "length": length, "accuracy": by_depth, "answers": answers}
-        storage.write_json(path, record)
-        results[str(length)] = record
-    log(f"  {method}: passkey " + ", ".join(f"{n}: {r['accuracy']}" for n, r in results.items()))
-    return results
-
-
 def _search(model, text, config, factor, original, theta, out, log) -> dict:
-    """LongRoPE factors for this model at --to, on windows of the dev split's text; returns rope_parameters."""
+    """LongRoPE factors for this model at --to, scored on a dev window; returns rope_parameters."""
     dim = hf.head_dim(model.config)
-    windows = [text[i * (config.to + 1) : (i + 1) * (config.to + 1)] for i in range(config.search_windows)]
 
     def objective(candidates: list[Candidate]) -> list[float]:
         scores = []
         for candidate in candidates:
             hf.apply_scaling(model, longrope_parameters(candidate.factors, factor=factor, original=original, base=theta))
-            scores.append(sum(position_losses(model, w, config.chunk).mean().item() for w in windows) / len(windows))
+            scores.append(position_losses(model, text, config.chunk).mean().item())
         return scores
 
     search_config = SearchConfig(population=config.search_population, generations=config.search_generations,
                                  parents=max(2, config.search_population // 4), max_factor=default_max_factor(factor),
                                  n_hat_choices=(0,), seed=config.seed)
-    context = {"model": config.model, "to": config.to, "search_windows": config.search_windows}
+    context = {"model": config.model, "to": config.to}
     state = search(objective, seed_candidates(dim, factor, original, theta), search_config, out / "search_log.json",
                    context=context, log=log)
     return longrope_parameters(state["best"]["factors"], factor=factor, original=original, base=theta)
-
-
-def _collect(config, model, original, factor, text, measured, stages) -> dict:
-    longest = max(config.lengths)  # the best method is the one with the lowest mean loss at the longest length
-    scaled = {m: r["loss"][str(longest)]["mean"] for m, r in measured.items() if m != "none"}
-    best = min(scaled, key=scaled.get) if scaled else None
-    return {
-        "config": config.to_dict(), "model_type": model.config.model_type, "original_context": original,
-        "factor": factor, "text_tokens": int(text.shape[0]), "methods": measured,
-        "best_method": best, "best_at": longest,
-        "best_rope_parameters": measured[best]["rope_parameters"] if best else None,
-        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-        "stages_s": stages, "wall_time_s": sum(stages.values()),
-        "versions": {"posenc": __version__, "torch": torch.__version__, "python": platform.python_version()},
-    }

@@ -1,0 +1,102 @@
+"""Fine-tuning a transformers model for a longer context: PoSE ids reach the model, LoRA merges into the same
+logits, an interrupted run resumes to the uninterrupted one's weights, and bad options fail before any work."""
+
+import pytest
+import torch
+
+from posenc.experiments.pretrained.measure import tiny_llama
+from posenc.extension import adapt as adapting
+from posenc.extension.adapt import AdaptConfig, adapt, position_ids, with_lora, merged
+
+TEXT = torch.randint(0, 256, (3000,), generator=torch.Generator().manual_seed(0))
+
+
+def config(**overrides):
+    return AdaptConfig(**{"mode": "pose", "target": 256, "window": 32, "steps": 6, "lr": 1e-3, "batch": 2,
+                          "checkpoint_every": 2, **overrides})
+
+
+def weights(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_pose_and_control_ids():
+    generator = torch.Generator().manual_seed(0)
+    pose = position_ids(config(), generator)
+    control = position_ids(config(mode="control"), generator)
+    assert pose.shape == (2, 32) and pose.max() > 31 and (pose < 256).all()
+    assert torch.equal(control, torch.arange(32).expand(2, 32))
+
+
+def test_the_model_trains_at_the_skipwise_ids_of_each_step(tmp_path, monkeypatch):
+    model, seen = tiny_llama(0, 32), []
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda **kw: seen.append(kw["position_ids"].clone()) or forward(**kw))
+    adapt(model, TEXT, config(steps=3), tmp_path / "run")
+    generator = torch.Generator().manual_seed(0)
+    for ids in seen:  # each step draws its windows, then its ids, from the run's generator
+        torch.randint(0, TEXT.shape[0] - 33, (2,), generator=generator)
+        assert torch.equal(ids, position_ids(config(), generator))
+    assert len(seen) == 3 and max(int(ids.max()) for ids in seen) > 31
+
+
+def test_an_interrupted_run_resumes_to_the_uninterrupted_weights(tmp_path):
+    whole, record = adapt(tiny_llama(0, 32), TEXT, config(), tmp_path / "whole", points=(0, 4, 6),
+                          measure=lambda m: 1.0)
+    calls = []
+
+    def crash_at_the_second_point(model):  # points 0, 4, 6: the second call is at step 4
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return 1.0
+
+    folder = tmp_path / "interrupted"
+    with pytest.raises(KeyboardInterrupt):
+        adapt(tiny_llama(0, 32), TEXT, config(), folder, points=(0, 4, 6), measure=crash_at_the_second_point)
+    assert (folder / "last.pt").exists() and not (folder / "adapt.json").exists()
+    resumed, again = adapt(tiny_llama(0, 32), TEXT, config(), folder, points=(0, 4, 6), measure=lambda m: 2.0)
+    for name, tensor in weights(whole).items():
+        torch.testing.assert_close(weights(resumed)[name], tensor, rtol=0, atol=0)
+    assert again["losses"] == record["losses"] and len(record["losses"]) == 6
+    assert again["curve"] == {"0": 1.0, "4": 2.0, "6": 2.0}  # step 0 was kept from before the crash
+
+
+def test_lora_trains_adapters_norms_and_embeddings_and_merges_to_the_same_logits(tmp_path):
+    model = tiny_llama(0, 32).double()
+    before = weights(model)
+    wrapped = with_lora(model, 4)
+    trainable = {n for n, p in wrapped.named_parameters() if p.requires_grad}
+    assert any("lora_A" in n for n in trainable) and any("norm" in n for n in trainable)
+    assert any("embed_tokens" in n for n in trainable) and not any("mlp" in n and "lora" not in n for n in trainable)
+    with torch.no_grad():
+        for name, parameter in wrapped.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.1)  # fresh adapters are zero: give them something to merge
+    ids = torch.randint(0, 256, (1, 40))
+    adapted = wrapped(input_ids=ids).logits
+    plain = merged(wrapped)
+    assert not hasattr(plain, "peft_config")
+    torch.testing.assert_close(plain(input_ids=ids).logits, adapted, rtol=1e-10, atol=1e-10)
+    assert any(not torch.equal(p, before[n]) for n, p in weights(plain).items())
+
+
+def test_finished_runs_are_loaded_not_trained_again(tmp_path):
+    trained, _ = adapt(tiny_llama(0, 32), TEXT, config(lora=2), tmp_path / "run")
+    loaded, _ = adapt(tiny_llama(0, 32), TEXT, config(lora=2), tmp_path / "run")
+    ids = torch.randint(0, 256, (1, 20))
+    torch.testing.assert_close(loaded(input_ids=ids).logits, trained(input_ids=ids).logits)
+    assert not (tmp_path / "run" / "last.pt").exists()
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (dict(window=300), "--finetune-window \\(300\\) must be at most --to \\(256\\)"),
+    (dict(mode="full"), "--finetune full trains on windows of --to"),
+    (dict(mode="pos"), "--finetune must be one of"),
+    (dict(lora=-1), "--lora must be an integer >= 1"),
+])
+def test_bad_options_are_one_line_errors(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        config(**overrides)
+    with pytest.raises(ValueError, match="--lora must be a rank >= 1"):
+        adapting.check_lora_rank(0)
