@@ -6,6 +6,7 @@ import torch
 
 from posenc import attention, build
 from posenc.encodings.rotary import apply_rope
+from posenc.kernels.two_scores import two_score_attention
 from posenc.extension.self_extend import (_rotated_attention, farthest_distance, grouped_positions,
                                           self_extend_attention, smallest_group, use_attention, use_self_extend)
 from posenc.experiments.pretrained.measure import tiny_llama
@@ -104,3 +105,27 @@ def test_bad_window_or_group_is_one_line_error(window, group, match):
     q, k, v = qkv()
     with pytest.raises(ValueError, match=match):
         self_extend_attention(q, k, v, build("rope", head_dim=DH), window, group)
+
+
+@pytest.mark.parametrize("block", [3, 7, 64])
+@pytest.mark.parametrize("window", [1, 5, 30])
+def test_the_two_fused_calls_equal_the_general_path_across_blocks(block, window):
+    q, k, v = qkv(heads=4, kv_heads=2)
+    q_far, k_far = q.flip(-1), k * 0.7
+    positions = torch.arange(T)[None]
+    args = (q[:, :, -9:], k, q_far[:, :, -9:], k_far, v, positions[:, -9:], positions, window)
+    fused = two_score_attention(*args, scale=0.3, block=block)
+    general = two_score_attention(*args, scale=0.3, block=block, mask=torch.ones(1, 1, 9, T, dtype=torch.bool))
+    torch.testing.assert_close(fused, general, rtol=1e-12, atol=1e-12)
+
+
+def test_the_fused_path_serves_prefill_and_cache_steps(monkeypatch):
+    import posenc.kernels.two_scores as kernel
+
+    calls = []
+    monkeypatch.setattr(kernel, "_two_fused_calls", lambda *a: calls.append(a[5]) or torch.zeros(1))
+    q, k, v = qkv()
+    rope = build("rope", head_dim=DH)
+    self_extend_attention(q, k, v, rope, 5, 2)
+    self_extend_attention(q[:, :, -1:], k, v, rope, 5, 2, q_positions=torch.tensor([T - 1]))
+    assert calls == [0, T - 1]  # the offsets of a prefill and of a one-token step
