@@ -15,6 +15,7 @@ OUTCOMES = {
     "README.md": lambda ns: ns["step"].shape == (1, 8, 1, 64) and ns["out"].shape == (1, 8, 128, 64),
     "api.md": lambda ns: ns["logits"].shape == (1, 1, 256) and ns["packed"].shape == (1, 8, 8, 64),
     "extend.md": lambda ns: ns["found"]["rope_type"] == "longrope" and len(ns["found"]["long_factor"]) == 16,
+    "pretrained.md": lambda ns: ns["ids"].shape == (2, 8) and ns["group"] == 3 and ns["out"].shape == (1, 4, 100, 32),
 }
 
 
