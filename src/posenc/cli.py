@@ -202,11 +202,26 @@ def _run_extend_hf(args) -> int:
     if args.to is not None and args.retrieval_lengths is None:  # default: a quarter of --to and --to itself
         overrides["retrieval_lengths"] = tuple(sorted({max(2, args.to // 4), args.to}))
     config = PretrainedConfig.from_preset(args.preset, **overrides)
+    _refuse_unused_hf_flags(args, config)
     if args.resume and args.out is None:
         raise ValueError("--resume needs --out: the run directory to continue")
     out = args.out or Path("runs") / time.strftime("extend-hf-%Y%m%d-%H%M%S")
     run(config, out, resume=args.resume, export=args.export, device=args.device or "auto")
     return 0
+
+
+def _refuse_unused_hf_flags(args, config) -> None:
+    """Flags the run would ignore (fine-tuning options without fine-tuning, and so on) are errors, not no-ops."""
+    tuning = _flags_given(args, ("finetune_method", "finetune_window", "pose_chunks", "finetune_lr", "lora",
+                                 "finetune_steps", "finetune_batch"))
+    if config.finetune == "none" and tuning:
+        raise ValueError(f"{', '.join(tuning)} apply to fine-tuning: add --finetune pose (or full)")
+    pose_only = _flags_given(args, ("finetune_window", "pose_chunks"))
+    if config.finetune == "full" and pose_only:
+        raise ValueError(f"{', '.join(pose_only)} apply to --finetune pose; --finetune full trains on windows of --to")
+    grouping = _flags_given(args, ("self_extend_window", "self_extend_group"))
+    if grouping and not config.uses_self_extend:
+        raise ValueError(f"{', '.join(grouping)} apply to the self-extend and rerope rows: add one to --methods")
 
 
 _DTYPES = ("float32", "bfloat16", "float64")

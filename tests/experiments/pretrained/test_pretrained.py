@@ -115,6 +115,9 @@ def test_rows_follow_the_methods_and_the_finetune_mode():
     (["--self-extend-group", "1"], "--self-extend-group must be an integer >= 2"),
     (["--self-extend-window", "1024"], "--self-extend-window (1024) must be below --to (1024)"),
     (["--finetune-lrs", "1e-3", "--from-scratch"], "--finetune-lrs, --from-scratch apply to posenc's own models"),
+    (["--finetune", "none", "--lora", "4"], "--lora apply to fine-tuning: add --finetune pose"),
+    (["--finetune", "full", "--finetune-window", "32"], "--finetune-window apply to --finetune pose; --finetune full"),
+    (["--methods", "none,yarn", "--self-extend-window", "16"], "--self-extend-window apply to the self-extend and"),
 ])
 def test_bad_hf_input_is_one_line_before_any_work(tmp_path, capsys, args, message):
     assert main(["extend", "--hf", "tiny", "--preset", "smoke", *args, "--out", str(tmp_path / "o")]) == 2
