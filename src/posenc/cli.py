@@ -141,13 +141,10 @@ def _add_extend(commands) -> None:
     hf.add_argument("--finetune-window", type=int, help="PoSE window in tokens (<= the model's context)")
     hf.add_argument("--pose-chunks", type=int, help="PoSE chunks per window (default 2)")
     hf.add_argument("--finetune-lr", type=float, help="fine-tuning peak learning rate")
-    hf.add_argument("--lora", type=int, help="train LoRA adapters of this rank (attention projections; norms and "
-                                             "embeddings train too), merged at export; default: full fine-tuning")
+    hf.add_argument("--lora", type=int, help="LoRA rank (q/k/v/o; norms, embeddings train too); default: full tuning")
     hf.add_argument("--self-extend-window", type=int, help="Self-Extend/ReRoPE neighbour window in tokens")
-    hf.add_argument("--self-extend-group", type=int, help="Self-Extend group size (default: the smallest that "
-                                                          "keeps every distance inside the context)")
-    hf.add_argument("--export", type=Path, metavar="DIR", help="also write the best row (chosen on dev) to DIR as "
-                                                               "a folder from_pretrained loads")
+    hf.add_argument("--self-extend-group", type=int, help="Self-Extend group (default: the smallest that fits)")
+    hf.add_argument("--export", type=Path, metavar="DIR", help="write the best row (dev) to DIR for from_pretrained")
     p.set_defaults(run=_run_extend)
 
 
