@@ -20,7 +20,6 @@ Finished: ``model.safetensors`` (every parameter, merged) then ``adapt.json`` (m
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .. import checks, storage
+from ..lm.train import learning_rate
 from ..positions import skipwise_positions
 
 MODES = ("pose", "control", "full")
@@ -75,13 +75,6 @@ def check_lora_rank(rank: object) -> None:
     """``--lora R``: R >= 1 (leave the option out for full fine-tuning)."""
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise ValueError(f"--lora must be a rank >= 1 (leave it out for full fine-tuning), got {rank!r}")
-
-
-def learning_rate(step: int, config: AdaptConfig) -> float:
-    if step < config.warmup:
-        return config.lr * (step + 1) / config.warmup
-    progress = (step - config.warmup) / max(1, config.steps - config.warmup)
-    return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
 def position_ids(config: AdaptConfig, generator: torch.Generator) -> torch.Tensor:

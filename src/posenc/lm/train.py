@@ -33,8 +33,9 @@ class TrainConfig:
     random_positions: int = 0
 
 
-def learning_rate(step: int, config: TrainConfig) -> float:
-    """Linear warmup to ``lr``, then cosine decay to 10% of it at the last step."""
+def learning_rate(step: int, config) -> float:
+    """Linear warmup to ``lr``, then cosine decay to 10% of it at the last step. ``config``: anything with ``lr``,
+    ``warmup`` and ``steps`` (a TrainConfig, or extension.adapt's AdaptConfig)."""
     if step < config.warmup:
         return config.lr * (step + 1) / config.warmup
     progress = (step - config.warmup) / max(1, config.steps - config.warmup)

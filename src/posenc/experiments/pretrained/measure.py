@@ -3,6 +3,7 @@ the tokens of the text, each method's rope_parameters, and next-token loss at ev
 
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 
 import torch
@@ -106,13 +107,19 @@ def binned(losses: torch.Tensor, bins: int) -> dict:
     return {"bin_edges": edges, "loss": [losses[a:b].mean().item() for a, b in zip(edges[:-1], edges[1:])]}
 
 
+@functools.cache
+def corpus_of(text: str | None):
+    """``--text`` or the embedded corpus, read once per process (the run reads its test, dev and train splits)."""
+    return text_corpus(text) if text else stdlib_corpus()
+
+
 TRAIN_BYTES = 4_000_000  # fine-tuning text: at most this much of the train split (far more than a run reads)
 
 
 def read_text_tokens(config: PretrainedConfig, tokens, split: str = "test", limit: int | None = None) -> torch.Tensor:
     """The ``split`` of the corpus (``--text`` or the embedded one) in the model's tokens: (T,); at most ``limit``
     bytes of it."""
-    corpus = text_corpus(config.text) if config.text else stdlib_corpus()
+    corpus = corpus_of(config.text)
     data = getattr(corpus, split).data[:limit]
     return torch.tensor(tokens.encode(bytes(data.tolist()).decode("utf-8", errors="replace")), dtype=torch.int64)
 
@@ -121,7 +128,7 @@ def long_documents(config: PretrainedConfig, tokens, split: str, count: int, len
     """``count`` windows of ``length`` tokens, each inside one document of ``split``: the first window of each of
     the longest documents, then (when too few are long enough) their next non-overlapping windows.
     Returns [{"file", "start" (token offset in the file), "ids" (length,) int64}]."""
-    corpus = text_corpus(config.text) if config.text else stdlib_corpus()
+    corpus = corpus_of(config.text)
     part = getattr(corpus, split)
     ends = list(part.starts[1:]) + [len(part.data)]
     documents = []
