@@ -12,7 +12,9 @@ Backends (every one agrees with ``eager``; the tests say so for every encoding):
     and key sides (causal ALiBi, Transformer-XL) ride along q and k as extra channels
     (``score_channels``), so the fused causal path runs them with no bias tensor,
     wherever that stays within ``verify``'s tolerance; other biases are folded into
-    a float mask. Cannot serve a value-side term (Shaw).
+    a float mask. On CPU, a mask that needs a gradient (a learned bias) and channels
+    much wider than v run on ``kernels.blockwise`` (query blocks, hand-written backward),
+    where SDPA would fall back to its math path or pad v. Cannot serve a value-side term (Shaw).
   - ``flex``: FlexAttention; the bias is a ``score_mod`` and the masks a block mask,
     so no H×Tq×Tk tensor is built; serves the input, rotation and bias doors. It is
     compiled on CUDA (``POSENC_FLEX_COMPILE=1`` compiles on CPU too, with the system
@@ -32,7 +34,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import checks
-from .kernels.channels import sdpa_with_channels
+from .kernels import blockwise
+from .kernels.channels import attend_with_channels
 from .kernels.sinks import sdpa_with_sink, softmax_with_sink
 from .encodings.base import NoPE, PositionalEncoding, PositionedEncoding
 from .positions import default_positions
@@ -118,7 +121,7 @@ def _positioned(q, k, v, encoding, q_positions, k_positions, mask) -> Positioned
 
 def _repeat_kv_heads(x: Tensor, heads: int) -> Tensor:
     """Grouped-query attention: (B, Hkv, T, D) -> (B, H, T, D), each K/V head serving H/Hkv query heads."""
-    return x.repeat_interleave(heads // x.shape[1], dim=1)
+    return x if x.shape[1] == heads else x.repeat_interleave(heads // x.shape[1], dim=1)
 
 
 def serves(backend: str, encoding: PositionalEncoding, q: Tensor, k: Tensor, v: Tensor, sink: bool = False) -> bool:
@@ -240,10 +243,11 @@ def _sdpa(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) ->
     if not (encoding.has_relative_logits or encoding.has_bias) and plain_causal and mask is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, **gqa)
     if at.channels_serve(q.dtype):
-        q, k = at.score_channels(q, k, scale)
-        if plain_causal and mask is None:
-            return sdpa_with_channels(q, k, v, scale=scale, is_causal=True)
-        return sdpa_with_channels(q, k, v, scale=scale, attn_mask=_allowed(at.q_pos, at.k_pos, causal, mask))
+        skip_upper = plain_causal and mask is None  # the causal fast path, and no mask at all
+        allowed = None if skip_upper else _allowed(at.q_pos, at.k_pos, causal, mask)
+        content, query_side, key_side = at.score_channel_parts(q, k, scale)
+        return attend_with_channels(content, k, v, query_side, key_side, scale=scale, is_causal=skip_upper,
+                                    allowed=allowed)
     if encoding.has_relative_logits:
         allowed = _allowed(at.q_pos, at.k_pos, causal, mask)
         additive = scale * at.relative_logits(q, k, allowed)
@@ -254,6 +258,10 @@ def _sdpa(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) ->
         attn_mask = at.memo(("sdpa_mask", causal, q.dtype), lambda: _static_mask(at, causal, q.dtype))
     else:
         attn_mask = _static_mask(at, causal, q.dtype, mask)
+    if attn_mask is not None and attn_mask.requires_grad and blockwise.available(q):
+        # SDPA would fall back to its math path for a mask that needs a gradient
+        k, v = _repeat_kv_heads(k, q.shape[1]), _repeat_kv_heads(v, q.shape[1])
+        return blockwise.blockwise_attention(q, k, v, attn_mask, scale=scale, causal=plain_causal)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale, **gqa)
 
 

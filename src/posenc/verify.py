@@ -23,7 +23,7 @@ from . import attention, build, rope_frequencies, sinusoidal_table
 from .attention import serves
 from .encodings import build_for_model
 from .encodings.rotary import apply_rope
-from .kernels.channels import sdpa_with_channels
+from .kernels.channels import attend_with_channels
 
 BASE_TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-4, torch.bfloat16: 5e-2}
 HEADS, HEAD_DIM, LENGTH = 4, 16, 12
@@ -225,7 +225,8 @@ def check_score_channels(device, dtype) -> list[Check]:
                                   k_positions=positions, backend="eager")
             at = enc.at(positions, positions, contiguous=True)
             scale = HEAD_DIM**-0.5
-            channels = sdpa_with_channels(*at.score_channels(q, k, scale), v, scale=scale, is_causal=True)
+            content, query_side, key_side = at.score_channel_parts(q, k, scale)
+            channels = attend_with_channels(content, k, v, query_side, key_side, scale=scale, is_causal=True)
             error = (channels.double() - reference).abs().max().item()
             rows.append(_within(f"channel form = bias form (offset {'2^20' if start else 0})", name, error,
                                 tolerance(dtype, start + LENGTH)))

@@ -4,8 +4,6 @@ The reference is the eager backend in float64 (the bias, or the content-position
 materialized); ``channels`` forces the channel form at every length, as it serves on CUDA.
 """
 
-import importlib
-
 import pytest
 import torch
 
@@ -14,10 +12,11 @@ from posenc.encodings.alibi import ALiBi
 from posenc.encodings.base import channels_from_keys
 from posenc.encodings.relative import TransformerXL
 from posenc.encodings.sandwich import Sandwich
+from posenc.kernels import blockwise
+from posenc.kernels import channels as channels_module
 from posenc.verify import tolerance
 from tests.oracles import naive_attention
 
-attention_module = importlib.import_module("posenc.attention")  # the module, not the function of that name
 HEADS, HEAD_DIM = 4, 8
 ENCODINGS = {
     "alibi": lambda heads: posenc.build("alibi", num_heads=heads),
@@ -36,15 +35,19 @@ def channels(monkeypatch):
 
 @pytest.fixture
 def spy(monkeypatch):
-    """Records the keyword arguments of every channel-form SDPA call."""
+    """Records the keyword arguments of every channel-form call: SDPA on widened q, k and padded v, or (more
+    channels than v is wide, on CPU) the blockwise kernel with the channels apart."""
     calls = []
-    original = attention_module.sdpa_with_channels
 
-    def recording(*args, **kwargs):
-        calls.append(kwargs)
-        return original(*args, **kwargs)
+    def recorder(original, with_channels_only):
+        def recording(*args, **kwargs):
+            if not with_channels_only or kwargs.get("q_channels") is not None:
+                calls.append(kwargs)
+            return original(*args, **kwargs)
+        return recording
 
-    monkeypatch.setattr(attention_module, "sdpa_with_channels", recording)
+    monkeypatch.setattr(channels_module, "sdpa_with_channels", recorder(channels_module.sdpa_with_channels, False))
+    monkeypatch.setattr(blockwise, "blockwise_attention", recorder(blockwise.blockwise_attention, True))
     return calls
 
 
@@ -152,7 +155,7 @@ def test_plain_causal_takes_the_fused_causal_path_and_decoding_a_mask(channels, 
     q, k, v = (t.detach() for t in tensors())
     posenc.attention(q, k, v, enc, backend="sdpa")
     posenc.attention(q[:, :, -2:], k, v, enc, backend="sdpa")
-    assert spy[0]["is_causal"] and "attn_mask" not in spy[0]
+    assert spy[0]["is_causal"] and spy[0]["attn_mask"] is None
     assert spy[1]["attn_mask"].shape[-2:] == (2, 12)
 
 
@@ -167,7 +170,7 @@ def test_channels_serve_only_where_exact_and_faster():
     # On CPU past the measured length only; never for the symmetric form or float16.
     assert not serve(alibi, 1023) and serve(alibi, 1024)
     assert not serve(symmetric, 1024) and not serve(alibi, 1024, torch.float16)
-    assert not serve(txl, 511) and serve(txl, 512)
+    assert not serve(txl, 255) and serve(txl, 256)
     # Sandwich's 128 channels never measured faster on CPU; on CUDA every form with channels serves.
     sandwich = posenc.build("sandwich", num_heads=4)
     assert not serve(sandwich, 2**14)

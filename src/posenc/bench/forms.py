@@ -12,18 +12,27 @@ import torch
 import torch.nn.functional as F
 
 from ..encodings import build_for_model
-from ..kernels.channels import sdpa_with_channels
+from ..kernels import blockwise
+from ..kernels.channels import attend_with_channels
 from .timing import round_robin
 
 HEADS, HEAD_DIM, TOKENS = 4, 32, 4096
 
 
 def _bias_form(at, q, k, v, scale):
-    """The reference door: the score terms as SDPA's additive mask (it needs a gradient for Transformer-XL)."""
+    """The reference door: the score terms as an additive mask, on SDPA, or on ``kernels.blockwise`` where it
+    needs a gradient (Transformer-XL), as ``attention()`` runs them."""
     additive = at.score_bias(q.dtype) if at.encoding.has_bias else scale * at.relative_logits(q, k)
     allowed = at.k_pos[:, None, :] <= at.q_pos[:, :, None]
     mask = additive.masked_fill(~allowed.unsqueeze(1), float("-inf"))
+    if mask.requires_grad and blockwise.available(q):
+        return blockwise.blockwise_attention(q, k, v, mask, scale=scale, causal=True)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
+def _channel_form(at, q, k, v, scale):
+    content, query_side, key_side = at.score_channel_parts(q, k, scale)
+    return attend_with_channels(content, k, v, query_side, key_side, scale=scale, is_causal=True)
 
 
 def bench_score_forms(device: str = "cpu", lengths=(64, 256, 512, 1024, 2048), rounds: int = 7) -> list[dict]:
@@ -40,8 +49,7 @@ def bench_score_forms(device: str = "cpu", lengths=(64, 256, 512, 1024, 2048), r
             enc = build_for_model(name, sizes={"head_dim": HEAD_DIM, "num_heads": HEADS}).to(device)
             at = enc.at(positions, positions, contiguous=True)
             contenders[f"{name} bias"] = lambda at=at: _bias_form(at, q, k, v, scale)
-            contenders[f"{name} channels"] = lambda at=at: sdpa_with_channels(*at.score_channels(q, k, scale), v,
-                                                                              scale=scale, is_causal=True)
+            contenders[f"{name} channels"] = lambda at=at: _channel_form(at, q, k, v, scale)
         timed = round_robin({name: (lambda fn=fn: fn().sum().backward()) for name, fn in contenders.items()},
                             baseline="none (causal)", rounds=rounds, device=device, label=f"score forms T={length}")
         rows += [{"encoding": name.split()[0], "form": name.split(maxsplit=1)[1], "length": length, "batch": batch,

@@ -8,7 +8,6 @@ import torch
 from torch import Tensor
 
 from .. import checks
-from ..kernels.channels import widen
 from .base import PositionalEncoding
 
 #: the largest ``max slope × span`` (span: the largest distance of a query or key from
@@ -86,8 +85,8 @@ class ALiBi(PositionalEncoding):
         limit = CHANNEL_LIMITS[dtype]
         return max(self.slope_values) * span <= limit and (dtype != torch.bfloat16 or span <= limit)
 
-    def score_channels(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, scale: float
-                       ) -> tuple[Tensor, Tensor]:
+    def score_channel_parts(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, scale: float
+                            ) -> tuple[Tensor, Tensor, Tensor]:
         """q' = [q, m/s, −m·(i − c)/s] and k' = [k, j − c, 1], with c the row's last query position
         (so the numbers stay near the queries) and s the logit scale: s·q'·k' = s·q·k − m·(i − j).
 
@@ -110,7 +109,7 @@ class ALiBi(PositionalEncoding):
         else:
             key_side = torch.cat((key_offset, ones), dim=-1)  # (B or 1, 1, Tk, 2)
             query_side = torch.cat((slope.to(compute).expand_as(per_row), per_row), dim=-1)  # (B or 1, H, Tq, 2)
-        return widen(q, query_side), widen(k, key_side)
+        return q, query_side, key_side
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, symmetric={self.symmetric}"

@@ -29,6 +29,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..kernels.channels import widen
+
 
 class PositionedEncoding:
     """An encoding at the query/key positions of one forward pass.
@@ -104,6 +106,9 @@ class PositionedEncoding:
 
     def score_channels(self, q: Tensor, k: Tensor, scale: float) -> tuple[Tensor, Tensor]:
         return self.encoding.score_channels(q, k, self.q_pos, self.k_pos, scale)
+
+    def score_channel_parts(self, q: Tensor, k: Tensor, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+        return self.encoding.score_channel_parts(q, k, self.q_pos, self.k_pos, scale)
 
 
 class PositionalEncoding(nn.Module):
@@ -185,6 +190,13 @@ class PositionalEncoding(nn.Module):
         """q (B, H, Tq, Dh) and k (B, Hkv, Tk, Dh), already rotated, widened to (…, Dh + C) so that
         ``scale · q'·k'ᵀ`` equals ``scale · (q·kᵀ + relative_logits) + score_bias`` up to a constant per
         query row (which the softmax ignores)."""
+        content, query_side, key_side = self.score_channel_parts(q, k, q_pos, k_pos, scale)
+        return widen(content, query_side), widen(k, key_side)
+
+    def score_channel_parts(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, scale: float
+                            ) -> tuple[Tensor, Tensor, Tensor]:
+        """``score_channels`` before widening: (q's content side (B, H, Tq, Dh), the query side of the extra
+        channels (B or 1, H, Tq, C), their key side (B or 1, 1, Tk, C), shared by every head)."""
         raise NotImplementedError(f"{type(self).__name__} has no score channels")
 
     def channels_exact(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype, contiguous: bool) -> bool:

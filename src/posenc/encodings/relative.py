@@ -23,7 +23,6 @@ import torch
 from torch import Tensor, nn
 
 from .. import checks
-from ..kernels.channels import widen
 from .base import PositionalEncoding
 
 
@@ -189,7 +188,7 @@ class TransformerXL(PositionalEncoding):
     has_relative_logits = True
     has_score_channels = True
     #: keys from which the channel form is the faster on CPU (measured: benchmarks/README.md)
-    cpu_channels_from_keys = 512
+    cpu_channels_from_keys = 256
 
     def __init__(self, head_dim: int, num_heads: int, base: float = 10000.0):
         super().__init__()
@@ -223,13 +222,13 @@ class TransformerXL(PositionalEncoding):
         content_terms = torch.einsum("hd,bhkd->bhk", self.content_bias.to(q.dtype), k)  # (B, H, Tk)
         return position_terms + content_terms[:, :, None, :]
 
-    def score_channels(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, scale: float
-                       ) -> tuple[Tensor, Tensor]:
+    def score_channel_parts(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, scale: float
+                            ) -> tuple[Tensor, Tensor, Tensor]:
         """q' = [q + u, Q] and k' = [k, K] (width Dh + R): q'·k' = q·k + u·k + (q + v)·W_R r, the whole logit,
-        so one SDPA call with no mask tensor runs it and gradients reach u, v and W_R through q'."""
+        so one attention call with no mask tensor runs it and gradients reach u, v and W_R through q'."""
         query_terms, key_terms = self._position_factors(q, q_pos, k_pos)
         content = q + self.content_bias.to(q.dtype)[None, :, None, :]  # (B, H, Tq, Dh)
-        return torch.cat((content, query_terms), dim=-1), widen(k, key_terms)
+        return content, query_terms, key_terms
 
     def channels_exact(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype, contiguous: bool) -> bool:
         return True  # sums of O(1) products: no cancellation (tests: float32 and bf16 at offset 2^20)

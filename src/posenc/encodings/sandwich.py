@@ -19,7 +19,6 @@ import torch
 from torch import Tensor
 
 from .. import checks
-from ..kernels.channels import widen
 from .base import PositionalEncoding
 
 
@@ -69,15 +68,15 @@ class Sandwich(PositionalEncoding):
         query, so they are rounded once; bf16 and fp16 would round d products of size 1 (keep the bias)."""
         return dtype in (torch.float32, torch.float64)
 
-    def score_channels(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, scale: float
-                       ) -> tuple[Tensor, Tensor]:
+    def score_channel_parts(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, scale: float
+                            ) -> tuple[Tensor, Tensor, Tensor]:
         """q' = [q, cos((i−c)ω)/(s·t_h), sin((i−c)ω)/(s·t_h)] and k' = [k, cos((j−c)ω), sin((j−c)ω)],
         c the row's last query position, t_h the head's temperature and s the logit scale."""
         compute = torch.float64 if q.dtype == torch.float64 else torch.float32
         origin = q_pos.amax(-1, keepdim=True)  # (B or 1, 1)
         per_head = (1.0 / (scale * self.temperatures(q.device)))[None, :, None, None]  # (1, H, 1, 1)
         query_side = (self.features(q_pos, origin) * per_head).to(compute)
-        return widen(q, query_side), widen(k, self.features(k_pos, origin).to(compute))
+        return q, query_side, self.features(k_pos, origin).to(compute)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, sinusoid_dim={self.dim}, base={self.base}"

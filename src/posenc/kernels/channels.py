@@ -11,6 +11,11 @@ the extra channels, v is zero-padded to the same width, and the padding is dropp
 from the output (on CUDA every width is rounded up to FlashAttention's multiple of 8;
 on CPU the unpadded width measured fastest: 34 channels beat 40 and 48).
 
+When there are more extra channels than v is wide (Transformer-XL: 128 on a 32-wide head), padding v
+would more than double the flash kernel's value-side work; on CPU those run on ``kernels.blockwise``
+instead, which takes the channels apart from q and k and meets the key side, shared by every head, in
+one product per query block.
+
 Shapes: B batch, H query heads, Hkv key/value heads, Tq/Tk lengths, Dh head width,
 C extra channels, Dv value width.
 """
@@ -20,6 +25,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from . import blockwise
 
 
 def widen(x: Tensor, channels: Tensor) -> Tensor:
@@ -49,3 +56,27 @@ def sdpa_with_channels(q: Tensor, k: Tensor, v: Tensor, *, scale: float, is_caus
     out = F.scaled_dot_product_attention(q, k, padded, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
                                          enable_gqa=k.shape[1] != q.shape[1])
     return out[..., :value_width]
+
+
+def attend_with_channels(content: Tensor, k: Tensor, v: Tensor, query_side: Tensor, key_side: Tensor, *,
+                         scale: float, is_causal: bool = False, allowed: Tensor | None = None) -> Tensor:
+    """Attention with score channels (``PositionalEncoding.score_channel_parts``), by the faster route.
+
+    Args:
+        content: (B, H, Tq, Dh) q's content side; k: (B, Hkv, Tk, Dh); v: (B, Hkv, Tk, Dv).
+        query_side: (B or 1, H, Tq, C); key_side: (B or 1, 1, Tk, C).
+        is_causal: keys after their query are masked, Tq = Tk at the same positions; allowed: otherwise a
+            bool mask broadcastable to (B, H, Tq, Tk) (True = may attend), or None for all pairs.
+    Returns:
+        (B, H, Tq, Dv).
+    """
+    if query_side.shape[-1] > v.shape[-1] and blockwise.available(content):
+        heads = content.shape[1]
+        k, v = (x.repeat_interleave(heads // x.shape[1], dim=1) if x.shape[1] != heads else x for x in (k, v))
+        compute = torch.float64 if content.dtype == torch.float64 else torch.float32
+        bias = None if allowed is None else torch.zeros(allowed.shape, dtype=compute, device=allowed.device
+                                                        ).masked_fill(~allowed, float("-inf"))
+        return blockwise.blockwise_attention(content, k, v, bias, scale=scale, causal=is_causal,
+                                             q_channels=query_side, k_channels=key_side)
+    return sdpa_with_channels(widen(content, query_side), widen(k, key_side), v, scale=scale, is_causal=is_causal,
+                              attn_mask=allowed)

@@ -1,0 +1,171 @@
+"""Attention in query blocks with a hand-written backward, for what SDPA's CPU kernels run slowly: a score
+bias that needs a gradient (T5, Kerple, FIRE, CoPE, Transformer-XL's bias form), and q/k much wider than v
+(Transformer-XL's score channels).
+
+SDPA on CPU falls back to its math path for a mask that needs a gradient, keeping B·H·Tq·Tk probabilities for
+the backward (about 2.1× causal attention at T = 512 here); its flash kernel takes q, k and v of one width, so
+channels that widen q and k to 160 must widen v to 160 too. FlexAttention has no backward on CPU (torch 2.13).
+
+Forward: SDPA's CPU flash kernel when q and v have one width (it returns the rows' log-sum-exp); otherwise
+each block's logits, their log-sum-exp and ``p·v``. Backward, per query block, recomputing the probabilities
+from the log-sum-exp, ``p = exp(scale·q·kᵀ + bias − lse)``:
+
+    dv += pᵀ·dout,   ds = p ⊙ (dout·vᵀ − rowsum(dout ⊙ out)),   dq = scale·ds·k,   dk += scale·dsᵀ·q,
+    dbias = ds summed over the dimensions the bias broadcasts along.
+
+At most B·H·block·Tk logits exist at once, and with ``causal`` a block reads only the keys up to its last
+query (half the products, as the fused causal kernel skips them). Computed in float32 (float64 for float64).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+_FLASH = "_scaled_dot_product_flash_attention_for_cpu"
+
+
+def available(q: Tensor) -> bool:
+    """Whether this kernel runs on q's device with this torch (CPU, with SDPA's flash kernel)."""
+    return q.device.type == "cpu" and hasattr(torch.ops.aten, _FLASH)
+
+
+def blockwise_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, *, scale: float,
+                        causal: bool = False, block: int = 64, q_channels: Tensor | None = None,
+                        k_channels: Tensor | None = None) -> Tensor:
+    """``softmax(scale·(q·kᵀ + q_channels·k_channelsᵀ) + bias)·v``; its backward also returns the gradients of
+    the bias and the channels.
+
+    Args:
+        q: (B, H, Tq, Dh); k: (B, H, Tk, Dh); v: (B, H, Tk, Dv), any Dv (repeat grouped key/value heads first).
+        bias: float (B or 1, H or 1, Tq, Tk), −inf where a pair may not attend; None for no bias.
+            A row with no allowed key returns zeros, as SDPA does.
+        q_channels: (B or 1, H, Tq, C) and k_channels: (B or 1, 1, Tk, C), score terms as channels
+            (``PositionalEncoding.score_channel_parts``): the key side is shared by every head, so each block
+            meets it in one product for all heads, where widened q and k would take one per head.
+        scale: logit scale.
+        causal: also mask every key after its query; needs Tq = Tk with queries and keys at the same
+            positions (a training step, a prefill). Blocks then skip the keys after their last query.
+        block: queries per block.
+    Returns:
+        (B, H, Tq, Dv) in q's dtype.
+    """
+    if block < 1:
+        raise ValueError(f"block must be a positive number of queries, got {block}")
+    if bias is not None and (bias.dim() != 4 or bias.shape[2:] != (q.shape[2], k.shape[2]) or any(
+            b not in (1, n) for b, n in zip(bias.shape[:2], q.shape[:2]))):
+        raise ValueError(f"bias must be (B or 1, H or 1, Tq, Tk) = {tuple(q.shape[:3]) + (k.shape[2],)}, "
+                         f"got {tuple(bias.shape)}")
+    if causal and q.shape[2] != k.shape[2]:
+        raise ValueError(f"causal needs as many queries as keys, got Tq={q.shape[2]} and Tk={k.shape[2]}")
+    if (q_channels is None) != (k_channels is None) or q_channels is not None and (
+            q_channels.shape[1:3] != q.shape[1:3] or k_channels.shape[1:3] != (1, k.shape[2])
+            or q_channels.shape[-1] != k_channels.shape[-1]):
+        raise ValueError("q_channels and k_channels go together, shaped (B or 1, H, Tq, C) and (B or 1, 1, Tk, C): "
+                         f"got {None if q_channels is None else tuple(q_channels.shape)} and "
+                         f"{None if k_channels is None else tuple(k_channels.shape)}")
+    return _BlockwiseAttention.apply(q, k, v, bias, q_channels, k_channels, scale, causal, block)
+
+
+class _BlockwiseAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, bias, q_channels, k_channels, scale, causal, block):
+        compute = _compute_dtype(q.dtype)
+        mask = None if bias is None else bias.to(compute)
+        if q.shape[-1] == v.shape[-1] and q_channels is None:
+            out, lse = getattr(torch.ops.aten, _FLASH)(q, k, v, is_causal=causal, attn_mask=mask, scale=scale)
+        else:
+            q_, k_, v_, q_channels_, k_channels_ = _cast(compute, q, k, v, q_channels, k_channels)
+            out, lse = _forward_in_blocks(_Scores(q_, k_, mask, q_channels_, k_channels_, scale, causal), v_, block)
+        ctx.save_for_backward(q, k, v, bias, q_channels, k_channels, out, lse)
+        ctx.scale, ctx.causal, ctx.block = scale, causal, block
+        return out.to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        saved = ctx.saved_tensors
+        compute = _compute_dtype(saved[0].dtype)
+        q, k, v, bias, q_channels, k_channels, out, grad_out = _cast(compute, *saved[:7], grad_out)
+        lse = saved[7]
+        scores = _Scores(q, k, bias, q_channels, k_channels, ctx.scale, ctx.causal)
+        row_terms = (grad_out * out).sum(-1, keepdim=True)  # (B, H, Tq, 1): Σ_j p_ij dp_ij
+        grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        wants = ctx.needs_input_grad
+        grad_bias = torch.zeros_like(bias) if wants[3] else None  # (B or 1, H or 1, Tq, Tk)
+        grad_q_channels = torch.zeros_like(q_channels) if wants[4] else None
+        grad_k_channels = torch.zeros_like(k_channels) if wants[5] else None
+        for start, end, keys in _blocks(q.shape[2], k.shape[2], ctx.block, ctx.causal):
+            dout_block = grad_out[:, :, start:end]
+            probs = scores.block(start, end, keys).sub_(lse[:, :, start:end, None]).exp_()  # (B, H, b, keys)
+            grad_v[:, :, :keys] += probs.transpose(-1, -2) @ dout_block
+            grad_scores = probs.mul_((dout_block @ v[:, :, :keys].transpose(-1, -2)).sub_(row_terms[:, :, start:end]))
+            grad_q[:, :, start:end] = (grad_scores @ k[:, :, :keys]).mul_(ctx.scale)
+            grad_k[:, :, :keys] += (grad_scores.transpose(-1, -2) @ q[:, :, start:end]).mul_(ctx.scale)
+            if grad_bias is not None:
+                grad_bias[:, :, start:end, :keys] = _sum_to(grad_scores, grad_bias.shape[:2])
+            if grad_q_channels is not None:  # heads folded into rows: one product against the shared key side
+                rows = grad_scores.flatten(1, 2) @ k_channels[:, 0, :keys]  # (B, H·b, C)
+                grad_q_channels[:, :, start:end] = _sum_to(rows.unflatten(1, (q.shape[1], -1)).mul_(ctx.scale),
+                                                           grad_q_channels.shape[:2])
+            if grad_k_channels is not None:
+                rows = grad_scores.flatten(1, 2).transpose(-1, -2) @ q_channels[:, :, start:end].flatten(1, 2)
+                grad_k_channels[:, 0, :keys] += _sum_to(rows.mul_(ctx.scale)[:, None], grad_k_channels.shape[:2])[:, 0]
+        grads = (grad_q, grad_k, grad_v, grad_bias, grad_q_channels, grad_k_channels)
+        return (*(None if g is None else g.to(t.dtype) for g, t in zip(grads, saved)), None, None, None)
+
+
+class _Scores:
+    """``scale·(q·kᵀ + q_channels·k_channelsᵀ) + bias`` one query block at a time, −inf after the query when
+    causal; every tensor already in the compute dtype."""
+
+    def __init__(self, q, k, bias, q_channels, k_channels, scale, causal):
+        self.q, self.k, self.bias, self.scale, self.causal = q, k, bias, scale, causal
+        self.q_channels, self.k_channels = q_channels, k_channels
+
+    def block(self, start: int, end: int, keys: int) -> Tensor:
+        """(B, H, end − start, keys) logits of queries start..end−1 against keys 0..keys−1."""
+        logits = self.q[:, :, start:end] @ self.k[:, :, :keys].transpose(-1, -2)
+        if self.q_channels is not None:  # heads folded into rows: one product against the shared key side
+            rows = self.q_channels[:, :, start:end].flatten(1, 2) @ self.k_channels[:, 0, :keys].transpose(-1, -2)
+            logits.add_(rows.unflatten(1, (self.q.shape[1], -1)))
+        logits.mul_(self.scale)
+        if self.bias is not None:
+            logits.add_(self.bias[:, :, start:end, :keys])
+        if self.causal:  # only the block's diagonal square has keys after their query
+            after = torch.ones(end - start, end - start, dtype=torch.bool, device=logits.device).triu_(1)
+            logits[..., start:end].masked_fill_(after, float("-inf"))
+        return logits
+
+
+def _forward_in_blocks(scores: _Scores, v: Tensor, block: int) -> tuple[Tensor, Tensor]:
+    """(out (B, H, Tq, Dv), log-sum-exp (B, H, Tq)); a row with no allowed key: zeros and log-sum-exp 0."""
+    q_len, k_len = scores.q.shape[2], v.shape[2]
+    out = v.new_zeros(scores.q.shape[:3] + v.shape[-1:])
+    lse = v.new_zeros(scores.q.shape[:3])
+    for start, end, keys in _blocks(q_len, k_len, block, scores.causal):
+        logits = scores.block(start, end, keys)
+        row_lse = torch.logsumexp(logits, dim=-1).nan_to_num(0.0, posinf=0.0, neginf=0.0)  # as the flash kernel
+        lse[:, :, start:end] = row_lse
+        out[:, :, start:end] = logits.sub_(row_lse[..., None]).exp_() @ v[:, :, :keys]
+    return out, lse
+
+
+def _blocks(q_len: int, k_len: int, block: int, causal: bool):
+    """(start, end, keys) per query block: causal blocks read only the keys up to their last query."""
+    for start in range(0, q_len, block):
+        end = min(start + block, q_len)
+        yield start, end, end if causal else k_len
+
+
+def _cast(dtype: torch.dtype, *tensors: Tensor | None) -> list[Tensor | None]:
+    return [None if t is None else t.to(dtype) for t in tensors]
+
+
+def _sum_to(grad: Tensor, leading: tuple[int, int]) -> Tensor:
+    """Sum (B, H, …) down to the bias's leading (B or 1, H or 1) dimensions."""
+    dims = [d for d in range(2) if leading[d] == 1 and grad.shape[d] != 1]
+    return grad.sum(dims, keepdim=True) if dims else grad
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32

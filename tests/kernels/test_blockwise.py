@@ -1,0 +1,198 @@
+"""The fused-forward, blockwise-backward kernel for a learned score bias equals plain softmax attention.
+
+The reference is autograd through ``softmax(scale·q·kᵀ + bias)·v`` in float64 (rows with no allowed key
+give zeros), and, through ``attention()``, the eager backend with every encoding whose SDPA mask needs a
+gradient on CPU: gradients of q, k, v and every parameter of the encoding.
+"""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import posenc
+from posenc.kernels import blockwise
+from posenc.verify import tolerance
+from tests.kernels.test_channels import CASES, assert_all_close, outputs_and_grads, tensors
+from tests.helpers import make_encoding
+
+
+
+def reference(q, k, v, bias, q_channels, k_channels, scale):
+    """float64 softmax attention on q and k widened by the channels; a row with no allowed key is zeros."""
+    q, k, v, bias, q_channels, k_channels = (t.double() for t in (q, k, v, bias, q_channels, k_channels))
+    wide_q = torch.cat((q, q_channels.expand(*q.shape[:-1], -1)), dim=-1)
+    wide_k = torch.cat((k, k_channels.expand(*k.shape[:-1], -1)), dim=-1)
+    logits = scale * wide_q @ wide_k.transpose(-1, -2) + bias
+    rows = torch.isfinite(logits).any(-1, keepdim=True)
+    return torch.softmax(torch.where(rows, logits, 0.0), dim=-1) * rows @ v
+
+
+def output_and_grads(function, upstream, *tensors):
+    """function's output and the gradient of every input (zeros for an input it did not use)."""
+    inputs = [t.detach().requires_grad_() for t in tensors]
+    out = function(*inputs)
+    grads = torch.autograd.grad(out, inputs, upstream.to(out.dtype), allow_unused=True)
+    return [out, *(torch.zeros_like(t) if g is None else g for t, g in zip(inputs, grads))]
+
+
+@st.composite
+def problems(draw):
+    batch, heads = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    causal = draw(st.booleans())
+    q_len = draw(st.integers(1, 40))
+    k_len = q_len if causal else draw(st.integers(1, 40))
+    return dict(batch=batch, heads=heads, causal=causal, q_len=q_len, k_len=k_len,
+                head_dim=draw(st.sampled_from([4, 8])), value_dim=draw(st.sampled_from([4, 6, 8])),
+                bias_shape=(draw(st.sampled_from([1, batch])), draw(st.sampled_from([1, heads])), q_len, k_len),
+                with_bias=draw(st.booleans()), masked=draw(st.floats(0.0, 0.6)), empty_row=draw(st.booleans()),
+                channels=draw(st.sampled_from([0, 3])), channel_batches=draw(st.sampled_from([(1, 1), (batch, 1),
+                                                                                             (1, batch)])),
+                block=draw(st.integers(1, 48)), seed=draw(st.integers(0, 2**16)))
+
+
+@settings(max_examples=80, deadline=None)
+@given(problems())
+def test_equals_softmax_attention_in_float64(p):
+    """Output and the gradients of q, k, v, the bias and the channels, for any block size, broadcast bias and
+    channels, widths and mask; the fused forward (one width, no channels) and the blockwise one."""
+    generator = torch.Generator().manual_seed(p["seed"])
+    randn = lambda *shape: torch.randn(*shape, generator=generator, dtype=torch.float64)  # noqa: E731
+    q = randn(p["batch"], p["heads"], p["q_len"], p["head_dim"])
+    k = randn(p["batch"], p["heads"], p["k_len"], p["head_dim"])
+    v = randn(p["batch"], p["heads"], p["k_len"], p["value_dim"])
+    q_batch, k_batch = p["channel_batches"]
+    q_channels, k_channels = randn(q_batch, p["heads"], p["q_len"], 3), randn(k_batch, 1, p["k_len"], 3)
+    allowed = torch.rand(p["bias_shape"], generator=generator) >= p["masked"] if p["with_bias"] else \
+        torch.ones(p["q_len"], p["k_len"], dtype=torch.bool)
+    if p["causal"]:
+        allowed = allowed & torch.ones(p["q_len"], p["k_len"], dtype=torch.bool).tril()
+    if p["empty_row"] and p["with_bias"]:
+        allowed[..., p["q_len"] // 2, :] = False
+    bias = (randn(*p["bias_shape"]) if p["with_bias"] else torch.zeros(allowed.shape, dtype=torch.float64))
+    bias = bias.masked_fill(~allowed, float("-inf"))
+    if not p["channels"]:
+        q_channels, k_channels = q_channels[..., :0], k_channels[..., :0]
+    upstream = randn(p["batch"], p["heads"], p["q_len"], p["value_dim"])
+
+    def kernel(q, k, v, bias, q_channels, k_channels):
+        return blockwise.blockwise_attention(
+            q, k, v, bias if p["with_bias"] else None, scale=0.4, causal=p["causal"], block=p["block"],
+            q_channels=q_channels if p["channels"] else None, k_channels=k_channels if p["channels"] else None)
+
+    got = output_and_grads(kernel, upstream, q, k, v, bias, q_channels, k_channels)
+    expected = output_and_grads(lambda *t: reference(*t, 0.4), upstream, q, k, v, bias, q_channels, k_channels)
+    if not p["with_bias"]:
+        expected[4] = torch.zeros_like(bias)  # the kernel had no bias (it masked causal pairs itself)
+    for a, b in zip(got, expected, strict=True):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a.nan_to_num(0.0, 0.0, 0.0), b.nan_to_num(0.0, 0.0, 0.0), rtol=0, atol=1e-10)
+    assert not any(t.isnan().any() for t in got[:4])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_low_precision_within_verify_tolerance(dtype):
+    """Probabilities are recomputed in float32 in the backward, so bf16 inputs keep verify's tolerance."""
+    q, k, v = (torch.randn(2, 3, 33, 8, dtype=torch.float64) for _ in range(3))
+    bias = torch.randn(1, 3, 33, 33, dtype=torch.float64).masked_fill(~torch.ones(33, 33, dtype=torch.bool).tril(), float("-inf"))
+    upstream = torch.randn(2, 3, 33, 8, dtype=torch.float64)
+    none = torch.zeros(1, 1, 1, 0, dtype=torch.float64)
+    expected = output_and_grads(lambda *t: reference(*t, none, none, 0.35), upstream, q, k, v, bias)
+    low = [t.to(dtype) for t in (q, k, v)] + [bias.float()]
+    got = output_and_grads(lambda q, k, v, b: blockwise.blockwise_attention(
+        q, k, v, b, scale=0.35, causal=True, block=8), upstream, *low)
+    assert [t.dtype for t in got] == [dtype, dtype, dtype, dtype, torch.float32]
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a.double(), b, rtol=0, atol=tolerance(dtype, 33) * max(1.0, float(b.detach().abs().max())))
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda q, b: blockwise.blockwise_attention(q, q, q, b, scale=1.0, block=0), r"block must be a positive"),
+    (lambda q, b: blockwise.blockwise_attention(q, q, q, b[..., :3], scale=1.0), r"bias must be \(B or 1"),
+    (lambda q, b: blockwise.blockwise_attention(q, q, q, b[0], scale=1.0), r"bias must be \(B or 1"),
+    (lambda q, b: blockwise.blockwise_attention(q[:, :, :2], q, q, b[:, :, :2], scale=1.0, causal=True),
+     r"causal needs as many queries as keys"),
+    (lambda q, b: blockwise.blockwise_attention(q, q, q, scale=1.0, q_channels=q), r"go together"),
+    (lambda q, b: blockwise.blockwise_attention(q, q, q, scale=1.0, q_channels=q, k_channels=q), r"go together"),
+    (lambda q, b: blockwise.blockwise_attention(q, q, q, scale=1.0, q_channels=q, k_channels=q[:, :1, :, :3]),
+     r"go together.*\(2, 2, 5, 4\) and \(2, 1, 5, 3\)"),
+])
+def test_bad_input_is_a_value_error(call, message):
+    with pytest.raises(ValueError, match=message):
+        call(torch.randn(2, 2, 5, 4), torch.zeros(1, 2, 5, 5))
+
+
+# Encodings whose SDPA mask needs a gradient: learned biases and (below its channel length) Transformer-XL.
+LEARNED = ["t5", "t5_interpolated", "kerple_log", "kerple_power", "fire", "transformer_xl", "cope"]
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Counts the calls that reach this kernel from attention()."""
+    calls = []
+    original = blockwise.blockwise_attention
+
+    def recording(*args, **kwargs):
+        calls.append(kwargs)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(blockwise, "blockwise_attention", recording)
+    return calls
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("key", LEARNED)
+def test_attention_serves_learned_encodings_exactly(key, case, spy):
+    """sdpa (this kernel) equals eager in float64: output, q, k, v and every parameter's gradient."""
+    q_len, k_len, kwargs = CASES[case]
+    enc = make_encoding(key, heads=4)
+    q, k, v = tensors(q_len=q_len, k_len=k_len)
+    expected = outputs_and_grads(enc, q, k, v, "eager", **kwargs)
+    got = outputs_and_grads(enc, q, k, v, "sdpa", **kwargs)
+    assert len(spy) == 1, "the learned-bias kernel did not serve"
+    assert spy[0]["causal"] == (case == "causal"), "the causal skip serves exactly where positions are plain"
+    assert_all_close(got, expected, atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("key", ["t5", "fire", "transformer_xl"])
+def test_attention_low_precision_within_verify_tolerance(key, dtype, spy):
+    q_len, k_len, kwargs = CASES["packed documents"]
+    enc = make_encoding(key, heads=4)
+    q, k, v = tensors(q_len=q_len, k_len=k_len)
+    expected = outputs_and_grads(enc, q, k, v, "eager", **kwargs)
+    low = make_encoding(key, heads=4)
+    low.load_state_dict(enc.state_dict())
+    low = low.to(dtype)
+    q, k, v = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
+    got = outputs_and_grads(low, q, k, v, "sdpa", **kwargs)
+    assert spy
+    assert_all_close(got, expected, atol=tolerance(dtype, 4))
+
+
+def test_grouped_query_heads(spy):
+    enc = make_encoding("t5", heads=4)
+    q, k, v = tensors(heads=4, kv_heads=2)
+    expected = outputs_and_grads(enc, q, k, v, "eager")
+    got = outputs_and_grads(enc, q, k, v, "sdpa")
+    assert spy
+    assert_all_close(got, expected, atol=1e-10)
+
+
+def test_without_a_gradient_the_fused_kernel_serves_alone(spy):
+    enc = make_encoding("t5", heads=4)
+    with torch.no_grad():
+        posenc.attention(*tensors(), enc, backend="sdpa")
+    assert not spy
+
+
+def test_no_batch_sized_score_tensor_is_kept_for_the_backward():
+    """Autograd keeps the (1, H, T, T) bias and B·H·T·Dh tensors, never the B·H·T² probabilities."""
+    batch, heads, length = 4, 4, 64
+    enc = posenc.build("t5", num_heads=heads)
+    q, k, v = (torch.randn(batch, heads, length, 8, requires_grad=True) for _ in range(3))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+        posenc.attention(q, k, v, enc, backend="sdpa").sum().backward()
+    assert max(saved) < batch * heads * length * length
+    assert enc.table.grad is not None and enc.table.grad.abs().sum() > 0
