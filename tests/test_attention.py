@@ -168,14 +168,14 @@ class TestCrossAttention:
 
 def test_refusals_name_a_backend_that_can():
     q, k, v = qkv()
-    with pytest.raises(ValueError, match="backend='sdpa' cannot serve Shaw.*use backend='eager'"):
-        posenc.attention(q, k, v, make_encoding("shaw"), backend="sdpa")
+    with pytest.raises(ValueError, match="backend='sdpa' cannot serve Shaw.*use backend='eager'"):  # no band form
+        posenc.attention(q, k, v, posenc.build("shaw", head_dim=8, num_heads=2, interpolate_factor=2.0), backend="sdpa")
     with pytest.raises(ValueError, match="backend='flex' cannot serve TransformerXL.*'sdpa' or 'eager'"):
         posenc.attention(q, k, v, make_encoding("transformer_xl"), backend="flex")
     q.requires_grad_(True)
     with pytest.raises(ValueError, match="no backward pass on CPU"):
         posenc.attention(q, k, v, make_encoding("alibi"), backend="flex")
-    assert choose_backend("auto", make_encoding("shaw"), q, k, v) == "eager"
+    assert choose_backend("auto", make_encoding("shaw"), q, k, v) == "sdpa"  # its band form
     assert choose_backend("auto", make_encoding("alibi"), q, k, v) == "sdpa"
 
 

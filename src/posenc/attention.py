@@ -14,7 +14,10 @@ Backends (every one agrees with ``eager``; the tests say so for every encoding):
     wherever that stays within ``verify``'s tolerance; other biases are folded into
     a float mask. On CPU, a mask that needs a gradient (a learned bias) and channels
     much wider than v run on ``kernels.blockwise`` (query blocks, hand-written backward),
-    where SDPA would fall back to its math path or pad v. Cannot serve a value-side term (Shaw).
+    where SDPA would fall back to its math path or pad v. A value-side term is served only
+    where it has a band form (Shaw at integer offsets): causal attention at the model's own
+    positions runs as attention plus K diagonals (``kernels.band``), other calls (a KV-cache
+    step, a mask, explicit positions) compute as eager does.
   - ``flex``: FlexAttention; the bias is a ``score_mod`` and the masks a block mask,
     so no H×Tq×Tk tensor is built; serves the input, rotation and bias doors. It is
     compiled on CUDA (``POSENC_FLEX_COMPILE=1`` compiles on CPU too, with the system
@@ -35,6 +38,7 @@ from torch import Tensor
 
 from . import checks
 from .kernels import blockwise
+from .kernels.band import band_attention
 from .kernels.channels import attend_with_channels
 from .kernels.sinks import sdpa_with_sink, softmax_with_sink
 from .encodings.base import NoPE, PositionalEncoding, PositionedEncoding
@@ -104,17 +108,17 @@ def _positioned(q, k, v, encoding, q_positions, k_positions, mask) -> Positioned
     if isinstance(encoding, PositionedEncoding):
         if q_positions is not None or k_positions is not None:
             raise ValueError("pass positions either to encoding.at(...) or to attention(), not both")
-        _check_tensors(q, k, v, encoding.encoding)
+        checks.attention_tensors(q, k, v, encoding.encoding)
         if encoding.q_pos.shape[-1] != q.shape[2] or encoding.k_pos.shape[-1] != k.shape[2]:
             raise ValueError(
                 f"the positioned encoding has {encoding.q_pos.shape[-1]} query and {encoding.k_pos.shape[-1]} key "
                 f"positions but the tensors have Tq={q.shape[2]} and Tk={k.shape[2]}"
             )
         if mask is not None:
-            _check_mask(mask, q.shape[:2] + (q.shape[2], k.shape[2]))
+            checks.attention_mask(mask, q.shape[:2] + (q.shape[2], k.shape[2]))
         return encoding
     encoding = _NOPE if encoding is None else encoding
-    _check_tensors(q, k, v, encoding)
+    checks.attention_tensors(q, k, v, encoding)
     q_pos, k_pos = _resolve_positions(q, k, q_positions, k_positions, mask)
     return encoding.at(q_pos, k_pos, contiguous=q_positions is None and k_positions is None)
 
@@ -152,7 +156,7 @@ def choose_backend(backend: str, encoding: PositionalEncoding, q: Tensor, k: Ten
 
 def _refusal(backend: str, encoding: PositionalEncoding, q: Tensor, needs_grad: bool, sink: bool = False
              ) -> str | None:
-    if backend == "sdpa" and encoding.has_relative_values:
+    if backend == "sdpa" and encoding.has_relative_values and (sink or not getattr(encoding, "has_band_form", False)):
         return "its value-side term is outside SDPA's softmax(QKᵀ+mask)·V; use backend='eager'"
     if backend == "flex" and sink:
         return "a sink logit is one more key, outside a score_mod; use backend='sdpa' or 'eager'"
@@ -233,12 +237,17 @@ def _resolve_positions(q, k, q_positions, k_positions, mask) -> tuple[Tensor, Te
     q_pos = defaults[0] if q_positions is None else checks.positions("q_positions", q_positions, q_len, batch)
     k_pos = defaults[1] if k_positions is None else checks.positions("k_positions", k_positions, k_len, batch)
     if mask is not None:
-        _check_mask(mask, q.shape[:2] + (q_len, k_len))
+        checks.attention_mask(mask, q.shape[:2] + (q_len, k_len))
     return q_pos.to(q.device), k_pos.to(q.device)
 
 
 def _sdpa(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) -> Tensor:
     encoding = at.encoding
+    if encoding.has_relative_values:  # served only with a band form (Shaw)
+        if plain_causal and mask is None:
+            key_band, value_band, value_floor = encoding.band_parts(_math_dtype(q.dtype))
+            return (band_attention(q, k, v, key_band, value_band, scale=scale) + value_floor).to(q.dtype)
+        return _eager(q, k, v, at, causal, mask, scale)
     gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
     if not (encoding.has_relative_logits or encoding.has_bias) and plain_causal and mask is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, **gqa)
@@ -360,33 +369,3 @@ def _compiled_flex():
 
 
 _BACKENDS = {"eager": _eager, "sdpa": _sdpa, "flex": _flex}
-
-
-def _check_tensors(q: Tensor, k: Tensor, v: Tensor, encoding: PositionalEncoding) -> None:
-    for name, tensor in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(tensor, Tensor) or tensor.dim() != 4:
-            shape = tuple(tensor.shape) if isinstance(tensor, Tensor) else type(tensor).__name__
-            raise ValueError(f"{name} must be a 4-D tensor (B, H, T, D), got {shape}")
-    if k.shape[:2] != v.shape[:2] or k.shape[0] != q.shape[0] or q.shape[1] % k.shape[1]:
-        raise ValueError(
-            "q, k, v must share the batch B, and k, v the heads Hkv, with the query heads H a multiple of "
-            f"Hkv (grouped-query attention): got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
-        )
-    if k.shape[3] != q.shape[3]:
-        raise ValueError(f"q and k must have the same head width Dh: got {q.shape[3]} and {k.shape[3]}")
-    if v.shape[2] != k.shape[2]:
-        raise ValueError(f"k and v must have the same length Tk: got {k.shape[2]} and {v.shape[2]}")
-    if encoding.num_heads is not None and encoding.num_heads != q.shape[1]:
-        raise ValueError(
-            f"the encoding was built for num_heads={encoding.num_heads} but the tensors have H={q.shape[1]} heads"
-        )
-    head_dim = getattr(encoding, "head_dim", None)
-    if head_dim is not None and head_dim != q.shape[3]:
-        raise ValueError(f"the encoding was built for head_dim={head_dim} but the tensors have Dh={q.shape[3]}")
-
-
-def _check_mask(mask: Tensor, shape: tuple[int, int, int, int]) -> None:
-    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-        raise ValueError(f"mask must be a bool tensor (True = may attend), got {getattr(mask, 'dtype', type(mask))}")
-    if mask.dim() != 4 or any(m not in (1, s) for m, s in zip(mask.shape, shape)):
-        raise ValueError(f"mask must be broadcastable to (B, H, Tq, Tk) = {shape}, got {tuple(mask.shape)}")

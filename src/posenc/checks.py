@@ -56,3 +56,35 @@ def positions(name: str, value: Tensor, length: int, batch: int) -> Tensor:
         # ones (where positions are almost always the model's own arange) only their shape.
         raise ValueError(f"{name} must be >= 0, got minimum {int(value.min())}")
     return value.long()
+
+
+def attention_tensors(q: Tensor, k: Tensor, v: Tensor, encoding) -> None:
+    """q, k, v of ``attention()``: 4-D, shapes that agree with each other and with the encoding."""
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(tensor, Tensor) or tensor.dim() != 4:
+            shape = tuple(tensor.shape) if isinstance(tensor, Tensor) else type(tensor).__name__
+            raise ValueError(f"{name} must be a 4-D tensor (B, H, T, D), got {shape}")
+    if k.shape[:2] != v.shape[:2] or k.shape[0] != q.shape[0] or q.shape[1] % k.shape[1]:
+        raise ValueError(
+            "q, k, v must share the batch B, and k, v the heads Hkv, with the query heads H a multiple of "
+            f"Hkv (grouped-query attention): got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if k.shape[3] != q.shape[3]:
+        raise ValueError(f"q and k must have the same head width Dh: got {q.shape[3]} and {k.shape[3]}")
+    if v.shape[2] != k.shape[2]:
+        raise ValueError(f"k and v must have the same length Tk: got {k.shape[2]} and {v.shape[2]}")
+    if encoding.num_heads is not None and encoding.num_heads != q.shape[1]:
+        raise ValueError(
+            f"the encoding was built for num_heads={encoding.num_heads} but the tensors have H={q.shape[1]} heads"
+        )
+    head_dim = getattr(encoding, "head_dim", None)
+    if head_dim is not None and head_dim != q.shape[3]:
+        raise ValueError(f"the encoding was built for head_dim={head_dim} but the tensors have Dh={q.shape[3]}")
+
+
+def attention_mask(mask: Tensor, shape: tuple[int, int, int, int]) -> None:
+    """A bool mask broadcastable to (B, H, Tq, Tk)."""
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        raise ValueError(f"mask must be a bool tensor (True = may attend), got {getattr(mask, 'dtype', type(mask))}")
+    if mask.dim() != 4 or any(m not in (1, s) for m, s in zip(mask.shape, shape)):
+        raise ValueError(f"mask must be broadcastable to (B, H, Tq, Tk) = {shape}, got {tuple(mask.shape)}")

@@ -165,6 +165,21 @@ class Shaw(PositionalEncoding):
             rows = rows.scatter_add(-1, upper.expand(probs.shape), probs * weight)
         return rows @ self.value_table.to(probs.dtype)  # (B, H, Tq, Dh)
 
+    @property
+    def has_band_form(self) -> bool:
+        """Causal attention at integer offsets can run as attention plus a band (``band_parts``)."""
+        return self.interpolate_factor == 1.0
+
+    def band_parts(self, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+        """Causal Shaw as ``kernels.band``'s attention plus a band of K = max_distance diagonals:
+        (key_band (K, Dh), value_band (K, Dh), value_floor (Dh,)), with distance d = query − key reading
+        table row K − d: key_band[d] = a^K_{−d} − a^K_{−K}, value_band[d] = a^V_{−d} − a^V_{−K}, and
+        value_floor = a^V_{−K}, which every output gets (the logits' a^K_{−K} term is the same for every key
+        of a row, which the softmax ignores)."""
+        rows = self.max_distance - torch.arange(self.max_distance, device=self.key_table.device)  # (K,)
+        keys, values = self.key_table.to(dtype), self.value_table.to(dtype)
+        return keys[rows] - keys[0], values[rows] - values[0], values[0]
+
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, num_heads={self.num_heads}, max_distance={self.max_distance}"
 

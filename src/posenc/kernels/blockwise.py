@@ -70,7 +70,7 @@ def blockwise_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = N
 class _BlockwiseAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, bias, q_channels, k_channels, scale, causal, block):
-        compute = _compute_dtype(q.dtype)
+        compute = compute_dtype(q.dtype)
         mask = None if bias is None else bias.to(compute)
         if q.shape[-1] == v.shape[-1] and q_channels is None:
             out, lse = getattr(torch.ops.aten, _FLASH)(q, k, v, is_causal=causal, attn_mask=mask, scale=scale)
@@ -84,7 +84,7 @@ class _BlockwiseAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         saved = ctx.saved_tensors
-        compute = _compute_dtype(saved[0].dtype)
+        compute = compute_dtype(saved[0].dtype)
         q, k, v, bias, q_channels, k_channels, out, grad_out = _cast(compute, *saved[:7], grad_out)
         lse = saved[7]
         scores = _Scores(q, k, bias, q_channels, k_channels, ctx.scale, ctx.causal)
@@ -94,7 +94,7 @@ class _BlockwiseAttention(torch.autograd.Function):
         grad_bias = torch.zeros_like(bias) if wants[3] else None  # (B or 1, H or 1, Tq, Tk)
         grad_q_channels = torch.zeros_like(q_channels) if wants[4] else None
         grad_k_channels = torch.zeros_like(k_channels) if wants[5] else None
-        for start, end, keys in _blocks(q.shape[2], k.shape[2], ctx.block, ctx.causal):
+        for start, end, keys in query_blocks(q.shape[2], k.shape[2], ctx.block, ctx.causal):
             dout_block = grad_out[:, :, start:end]
             probs = scores.block(start, end, keys).sub_(lse[:, :, start:end, None]).exp_()  # (B, H, b, keys)
             grad_v[:, :, :keys] += probs.transpose(-1, -2) @ dout_block
@@ -142,7 +142,7 @@ def _forward_in_blocks(scores: _Scores, v: Tensor, block: int) -> tuple[Tensor, 
     q_len, k_len = scores.q.shape[2], v.shape[2]
     out = v.new_zeros(scores.q.shape[:3] + v.shape[-1:])
     lse = v.new_zeros(scores.q.shape[:3])
-    for start, end, keys in _blocks(q_len, k_len, block, scores.causal):
+    for start, end, keys in query_blocks(q_len, k_len, block, scores.causal):
         logits = scores.block(start, end, keys)
         row_lse = torch.logsumexp(logits, dim=-1).nan_to_num(0.0, posinf=0.0, neginf=0.0)  # as the flash kernel
         lse[:, :, start:end] = row_lse
@@ -150,7 +150,7 @@ def _forward_in_blocks(scores: _Scores, v: Tensor, block: int) -> tuple[Tensor, 
     return out, lse
 
 
-def _blocks(q_len: int, k_len: int, block: int, causal: bool):
+def query_blocks(q_len: int, k_len: int, block: int, causal: bool):
     """(start, end, keys) per query block: causal blocks read only the keys up to their last query."""
     for start in range(0, q_len, block):
         end = min(start + block, q_len)
@@ -167,5 +167,5 @@ def _sum_to(grad: Tensor, leading: tuple[int, int]) -> Tensor:
     return grad.sum(dims, keepdim=True) if dims else grad
 
 
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
