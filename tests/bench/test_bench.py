@@ -17,7 +17,7 @@ def test_bench_rows_are_ratios_to_eager_in_the_same_run():
     rows = bench_attention("cpu", lengths=(32,), heads=2, head_dim=8, rounds=2)
     by_key = {(r["encoding"], r["backend"]): r for r in rows}
     assert by_key[("rope", "eager")]["ratio"] == 1.0
-    assert ("shaw", "sdpa") not in by_key and ("transformer_xl", "sdpa") in by_key
+    assert ("shaw", "sdpa") in by_key and ("shaw", "flex") not in by_key  # a backend that cannot serve is left out
     for r in rows:
         assert r["ms"] > 0 and r["ratio_low"] <= r["ratio"] <= r["ratio_high"]
 
