@@ -3,7 +3,8 @@ import json
 import torch
 
 from posenc.cli import main
-from posenc.verify import check_sinusoid_shift, run_checks, tolerance
+from posenc.kernels import band
+from posenc.verify import check_gradients, check_sinusoid_shift, run_checks, tolerance
 
 
 def test_verify_passes_in_float64_and_covers_every_claim():
@@ -21,6 +22,23 @@ def test_verify_passes_in_float64_and_covers_every_claim():
     assert {"none", "rope", "alibi", "t5", "shaw", "transformer_xl", "sinusoidal", "learned", "kerple", "sandwich",
             "fire", "xpos", "cope", "rope+proportional"} <= encodings
     assert {row.encoding for row in rows if row.check.startswith("channel form")} == {"alibi", "sandwich", "transformer_xl"}
+    assert {row.encoding for row in rows if row.check.startswith("sdpa gradients")} == {
+        "t5", "shaw", "transformer_xl", "kerple", "fire", "cope"}
+
+
+def test_gradient_check_catches_a_wrong_backward(monkeypatch):
+    """A band kernel whose value band gets no gradient: Shaw's row fails, the others still pass."""
+    original = band._BandAttention.backward
+
+    def without_value_band(ctx, grad_out):
+        grads = list(original(ctx, grad_out))
+        grads[4] = torch.zeros_like(grads[4])
+        return tuple(grads)
+
+    monkeypatch.setattr(band._BandAttention, "backward", staticmethod(without_value_band))
+    rows = {row.encoding: row for row in check_gradients(torch.device("cpu"), torch.float32)}
+    assert not rows["shaw"].passed and rows["shaw"].error > 1e-2
+    assert all(row.passed for name, row in rows.items() if name != "shaw")
 
 
 def test_sinusoid_residual_is_machine_zero():

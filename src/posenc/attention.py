@@ -259,10 +259,11 @@ def _sdpa(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) ->
                                     allowed=allowed)
     if encoding.has_relative_logits:
         allowed = _allowed(at.q_pos, at.k_pos, causal, mask)
-        additive = scale * at.relative_logits(q, k, allowed)
+        compute = _math_dtype(q.dtype)  # content-position terms, like biases, never run in bf16
+        additive = scale * at.relative_logits(q.to(compute), k.to(compute), allowed)
         if encoding.has_bias:
-            additive = additive + at.score_bias(_math_dtype(q.dtype))
-        attn_mask = _masked(additive, allowed).to(q.dtype)
+            additive = additive + at.score_bias(compute)
+        attn_mask = _masked(additive, allowed)
     elif mask is None:  # the usual case in a model: one mask for every layer
         attn_mask = at.memo(("sdpa_mask", causal, q.dtype), lambda: _static_mask(at, causal, q.dtype))
     else:
@@ -271,6 +272,8 @@ def _sdpa(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) ->
         # SDPA would fall back to its math path for a mask that needs a gradient
         k, v = _repeat_kv_heads(k, q.shape[1]), _repeat_kv_heads(v, q.shape[1])
         return blockwise.blockwise_attention(q, k, v, attn_mask, scale=scale, causal=plain_causal)
+    if attn_mask is not None and attn_mask.is_floating_point():
+        attn_mask = attn_mask.to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale, **gqa)
 
 
@@ -280,7 +283,7 @@ def _sdpa_sink(q, k, v, at: PositionedEncoding, causal, mask, scale, sink) -> Te
     additive = torch.zeros(1, 1, q.shape[2], k.shape[2], dtype=compute, device=q.device)
     allowed = _allowed(at.q_pos, at.k_pos, causal, mask)
     if encoding.has_relative_logits:
-        additive = additive + scale * at.relative_logits(q, k, allowed).to(compute)
+        additive = additive + scale * at.relative_logits(q.to(compute), k.to(compute), allowed)
     if encoding.has_bias:
         additive = additive + at.score_bias(compute)
     return sdpa_with_sink(q, k, v, _masked(additive, allowed), sink, scale)

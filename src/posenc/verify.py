@@ -208,6 +208,33 @@ def check_backends_and_cache(device, dtype) -> list[Check]:
     return rows
 
 
+def check_gradients(device, dtype) -> list[Check]:
+    """sdpa's gradients (q, k, v and every parameter of the encoding) = eager's in float64, per encoding it
+    serves with a gradient: on CPU the learned biases and Transformer-XL run ``kernels.blockwise`` and Shaw
+    ``kernels.band`` there, each with a hand-written backward."""
+    rows = []
+    for name in ATTENTION_ENCODINGS:
+        enc = _encoding(name, device, dtype)
+        q, k, v = (t.requires_grad_() for t in _qkv(device, dtype))
+        if not list(enc.parameters()) or not serves("sdpa", enc, q, k, v):
+            continue
+        reference_encoding = copy.deepcopy(enc).double()
+        reference_inputs = [t.detach().double().requires_grad_() for t in (q, k, v)]
+        upstream = torch.randn(q.shape, device=device, dtype=torch.float64)
+        got = _gradients(attention(q, k, v, enc, backend="sdpa"), [q, k, v, *enc.parameters()], upstream)
+        expected = _gradients(attention(*reference_inputs, reference_encoding, backend="eager"),
+                              [*reference_inputs, *reference_encoding.parameters()], upstream)
+        error = max(((a.double() - b).abs().max() / max(1.0, float(b.abs().max()))).item()
+                    for a, b in zip(got, expected))
+        rows.append(_within("sdpa gradients = eager's (q, k, v, parameters; relative)", name, error,
+                            tolerance(dtype, LENGTH)))
+    return rows
+
+
+def _gradients(out: torch.Tensor, inputs: list[torch.Tensor], upstream: torch.Tensor) -> list[torch.Tensor]:
+    return list(torch.autograd.grad(out, inputs, upstream.to(out.dtype)))
+
+
 @torch.no_grad()
 def check_score_channels(device, dtype) -> list[Check]:
     """ALiBi, Sandwich and Transformer-XL carried as extra q/k channels (the form ``attention()`` takes
@@ -267,8 +294,8 @@ def run_checks(device: str = "cpu", dtype: torch.dtype = torch.float32, seed: in
     torch.manual_seed(seed)
     device = torch.device(device)
     return (check_permutation(device, dtype) + check_dog_bites_man(device, dtype) + check_rope(device, dtype)
-            + check_sinusoid_shift() + check_backends_and_cache(device, dtype) + check_score_channels(device, dtype)
-            + check_transformers())
+            + check_sinusoid_shift() + check_backends_and_cache(device, dtype) + check_gradients(device, dtype)
+            + check_score_channels(device, dtype) + check_transformers())
 
 
 def format_table(rows: list[Check]) -> str:
