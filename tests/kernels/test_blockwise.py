@@ -48,21 +48,24 @@ def problems(draw):
                 with_bias=draw(st.booleans()), masked=draw(st.floats(0.0, 0.6)), empty_row=draw(st.booleans()),
                 channels=draw(st.sampled_from([0, 3])), channel_batches=draw(st.sampled_from([(1, 1), (batch, 1),
                                                                                              (1, batch)])),
+                built_per_block=draw(st.booleans()),
                 block=draw(st.integers(1, 48)), seed=draw(st.integers(0, 2**16)))
 
 
 @settings(max_examples=80, deadline=None)
 @given(problems())
 def test_equals_softmax_attention_in_float64(p):
-    """Output and the gradients of q, k, v, the bias and the channels, for any block size, broadcast bias and
-    channels, widths and mask; the fused forward (one width, no channels) and the blockwise one."""
+    """Output and the gradients of q, k, v, the bias and the channels (through what builds their query side, whole
+    or per block), for any block size, broadcast bias and channels, widths and mask; the fused forward (one width,
+    no channels) and the blockwise one."""
     generator = torch.Generator().manual_seed(p["seed"])
     randn = lambda *shape: torch.randn(*shape, generator=generator, dtype=torch.float64)  # noqa: E731
     q = randn(p["batch"], p["heads"], p["q_len"], p["head_dim"])
     k = randn(p["batch"], p["heads"], p["k_len"], p["head_dim"])
     v = randn(p["batch"], p["heads"], p["k_len"], p["value_dim"])
     q_batch, k_batch = p["channel_batches"]
-    q_channels, k_channels = randn(q_batch, p["heads"], p["q_len"], 3), randn(k_batch, 1, p["k_len"], 3)
+    # the query side is x @ w, handed over whole or as ChannelBlocks built per block
+    x, w, k_channels = randn(q_batch, p["heads"], p["q_len"], 5), randn(5, 3), randn(k_batch, 1, p["k_len"], 3)
     allowed = torch.rand(p["bias_shape"], generator=generator) >= p["masked"] if p["with_bias"] else \
         torch.ones(p["q_len"], p["k_len"], dtype=torch.bool)
     if p["causal"]:
@@ -72,16 +75,19 @@ def test_equals_softmax_attention_in_float64(p):
     bias = (randn(*p["bias_shape"]) if p["with_bias"] else torch.zeros(allowed.shape, dtype=torch.float64))
     bias = bias.masked_fill(~allowed, float("-inf"))
     if not p["channels"]:
-        q_channels, k_channels = q_channels[..., :0], k_channels[..., :0]
+        w, k_channels = w[:, :0], k_channels[..., :0]
     upstream = randn(p["batch"], p["heads"], p["q_len"], p["value_dim"])
 
-    def kernel(q, k, v, bias, q_channels, k_channels):
+    def kernel(q, k, v, bias, x, w, k_channels):
+        q_channels = blockwise.ChannelBlocks(lambda start, end, x, w: x[:, :, start:end] @ w, (x, w), p["q_len"], 3) \
+            if p["built_per_block"] else x @ w
         return blockwise.blockwise_attention(
             q, k, v, bias if p["with_bias"] else None, scale=0.4, causal=p["causal"], block=p["block"],
             q_channels=q_channels if p["channels"] else None, k_channels=k_channels if p["channels"] else None)
 
-    got = output_and_grads(kernel, upstream, q, k, v, bias, q_channels, k_channels)
-    expected = output_and_grads(lambda *t: reference(*t, 0.4), upstream, q, k, v, bias, q_channels, k_channels)
+    got = output_and_grads(kernel, upstream, q, k, v, bias, x, w, k_channels)
+    expected = output_and_grads(lambda q, k, v, b, x, w, kc: reference(q, k, v, b, x @ w, kc, 0.4), upstream,
+                                q, k, v, bias, x, w, k_channels)
     if not p["with_bias"]:
         expected[4] = torch.zeros_like(bias)  # the kernel had no bias (it masked causal pairs itself)
     for a, b in zip(got, expected, strict=True):
@@ -115,7 +121,7 @@ def test_low_precision_within_verify_tolerance(dtype):
     (lambda q, b: blockwise.blockwise_attention(q, q, q, scale=1.0, q_channels=q), r"go together"),
     (lambda q, b: blockwise.blockwise_attention(q, q, q, scale=1.0, q_channels=q, k_channels=q), r"go together"),
     (lambda q, b: blockwise.blockwise_attention(q, q, q, scale=1.0, q_channels=q, k_channels=q[:, :1, :, :3]),
-     r"go together.*\(2, 2, 5, 4\) and \(2, 1, 5, 3\)"),
+     r"go together.*\(2, 5, 4\) and \(2, 1, 5, 3\)"),
 ])
 def test_bad_input_is_a_value_error(call, message):
     with pytest.raises(ValueError, match=message):

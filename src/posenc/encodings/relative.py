@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import checks
+from ..kernels.blockwise import ChannelBlocks
 from .base import PositionalEncoding
 
 
@@ -215,30 +216,35 @@ class TransformerXL(PositionalEncoding):
         self.content_bias = nn.Parameter(torch.randn(num_heads, head_dim) * 0.02)  # u: (H, Dh)
         self.position_bias = nn.Parameter(torch.randn(num_heads, head_dim) * 0.02)  # v: (H, Dh)
 
-    def _position_factors(self, q: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
-        """(Q (B, H, Tq, R), K (B or 1, 1, Tk, R)) with Q_i · K_j = (q_i + v) · W_R r_{i−j}."""
+    def _position_factors(self, q: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[ChannelBlocks, Tensor]:
+        """(Q, K (B or 1, 1, Tk, R)) with Q_i · K_j = (q_i + v) · W_R r_{i−j}; Q (B, H, Tq, R) is built per query
+        block (``ChannelBlocks``) from q + v and W_R, so the blockwise kernel need not keep it."""
         exponent = torch.arange(0, self.r_width, 2, dtype=torch.float64, device=q.device) / self.r_width
         inv_freq = self.base**-exponent  # (R/2,), the frequencies of ``sinusoid``
         q_angles = (q_pos.to(torch.float64)[..., None] * inv_freq).unsqueeze(1)  # (B or 1, 1, Tq, R/2)
         k_angles = (k_pos.to(torch.float64)[..., None] * inv_freq).unsqueeze(1)  # (B or 1, 1, Tk, R/2)
-        q_sin, q_cos = q_angles.sin().to(q.dtype), q_angles.cos().to(q.dtype)
+        q_sin, q_cos = q_angles.sin(), q_angles.cos()
+
+        def query_terms(start: int, end: int, query_side: Tensor, weight: Tensor) -> Tensor:
+            y = torch.einsum("bhqd,hdr->bhqr", query_side[:, :, start:end], weight)  # W_Rᵀ (q + v)
+            y_sin, y_cos = y[..., 0::2], y[..., 1::2]  # coefficients of sin and cos channels of r
+            sin, cos = q_sin[:, :, start:end].to(y.dtype), q_cos[:, :, start:end].to(y.dtype)
+            return torch.cat((y_sin * sin + y_cos * cos, y_cos * sin - y_sin * cos), dim=-1)  # (B, H, b, R)
+
         weight = self.position_proj.weight.to(q.dtype).view(self.num_heads, self.head_dim, self.r_width)
         query_side = q + self.position_bias.to(q.dtype)[None, :, None, :]  # (B, H, Tq, Dh)
-        y = torch.einsum("bhqd,hdr->bhqr", query_side, weight)  # (B, H, Tq, R): W_Rᵀ (q + v)
-        y_sin, y_cos = y[..., 0::2], y[..., 1::2]  # coefficients of sin and cos channels of r
-        query_terms = torch.cat((y_sin * q_sin + y_cos * q_cos, y_cos * q_sin - y_sin * q_cos), dim=-1)  # (B, H, Tq, R)
         key_terms = torch.cat((k_angles.cos(), k_angles.sin()), dim=-1).to(q.dtype)  # (B or 1, 1, Tk, R)
-        return query_terms, key_terms
+        return ChannelBlocks(query_terms, (query_side, weight), q.shape[2], self.r_width), key_terms
 
     def relative_logits(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, allowed: Tensor | None = None
                         ) -> Tensor:
         query_terms, key_terms = self._position_factors(q, q_pos, k_pos)
-        position_terms = query_terms @ key_terms.transpose(-1, -2)  # (B, H, Tq, Tk)
+        position_terms = query_terms.full() @ key_terms.transpose(-1, -2)  # (B, H, Tq, Tk)
         content_terms = torch.einsum("hd,bhkd->bhk", self.content_bias.to(q.dtype), k)  # (B, H, Tk)
         return position_terms + content_terms[:, :, None, :]
 
     def score_channel_parts(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, scale: float
-                            ) -> tuple[Tensor, Tensor, Tensor]:
+                            ) -> tuple[Tensor, ChannelBlocks, Tensor]:
         """q' = [q + u, Q] and k' = [k, K] (width Dh + R): q'·k' = q·k + u·k + (q + v)·W_R r, the whole logit,
         so one attention call with no mask tensor runs it and gradients reach u, v and W_R through q'."""
         query_terms, key_terms = self._position_factors(q, q_pos, k_pos)

@@ -19,6 +19,9 @@ query (half the products, as the fused causal kernel skips them). Computed in fl
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -30,8 +33,25 @@ def available(q: Tensor) -> bool:
     return q.device.type == "cpu" and hasattr(torch.ops.aten, _FLASH)
 
 
+@dataclass(frozen=True)
+class ChannelBlocks:
+    """Query-side channels built one query block at a time: ``build(start, end, *inputs)`` returns the
+    (B or 1, H, end − start, width) channels of queries start..end−1, differentiably in ``inputs``. The
+    blockwise kernel then keeps only the inputs for the backward and rebuilds each block there, where a
+    (B, H, Tq, width) tensor would be four times q for Transformer-XL's 128 channels on a 32-wide head."""
+
+    build: Callable[..., Tensor]
+    inputs: tuple[Tensor, ...]
+    length: int
+    width: int
+
+    def full(self) -> Tensor:
+        """Every query's channels, (B or 1, H, Tq, width)."""
+        return self.build(0, self.length, *self.inputs)
+
+
 def blockwise_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, *, scale: float,
-                        causal: bool = False, block: int = 64, q_channels: Tensor | None = None,
+                        causal: bool = False, block: int = 64, q_channels: Tensor | ChannelBlocks | None = None,
                         k_channels: Tensor | None = None) -> Tensor:
     """``softmax(scale·(q·kᵀ + q_channels·k_channelsᵀ) + bias)·v``; its backward also returns the gradients of
     the bias and the channels.
@@ -40,9 +60,9 @@ def blockwise_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = N
         q: (B, H, Tq, Dh); k: (B, H, Tk, Dh); v: (B, H, Tk, Dv), any Dv (repeat grouped key/value heads first).
         bias: float (B or 1, H or 1, Tq, Tk), −inf where a pair may not attend; None for no bias.
             A row with no allowed key returns zeros, as SDPA does.
-        q_channels: (B or 1, H, Tq, C) and k_channels: (B or 1, 1, Tk, C), score terms as channels
-            (``PositionalEncoding.score_channel_parts``): the key side is shared by every head, so each block
-            meets it in one product for all heads, where widened q and k would take one per head.
+        q_channels: (B or 1, H, Tq, C), or ``ChannelBlocks`` that build them per block, and
+            k_channels: (B or 1, 1, Tk, C): score terms as channels (``PositionalEncoding.score_channel_parts``);
+            the key side is shared by every head, so each block meets it in one product for all heads.
         scale: logit scale.
         causal: also mask every key after its query; needs Tq = Tk with queries and keys at the same
             positions (a training step, a prefill). Blocks then skip the keys after their last query.
@@ -58,27 +78,34 @@ def blockwise_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = N
                          f"got {tuple(bias.shape)}")
     if causal and q.shape[2] != k.shape[2]:
         raise ValueError(f"causal needs as many queries as keys, got Tq={q.shape[2]} and Tk={k.shape[2]}")
+    lazy = q_channels if isinstance(q_channels, ChannelBlocks) else None
+    query_shape = None if q_channels is None else (
+        (q.shape[1], lazy.length, lazy.width) if lazy else tuple(q_channels.shape[1:]))
     if (q_channels is None) != (k_channels is None) or q_channels is not None and (
-            q_channels.shape[1:3] != q.shape[1:3] or k_channels.shape[1:3] != (1, k.shape[2])
-            or q_channels.shape[-1] != k_channels.shape[-1]):
+            query_shape[:2] != q.shape[1:3] or k_channels.shape[1:3] != (1, k.shape[2])
+            or query_shape[-1] != k_channels.shape[-1]):
         raise ValueError("q_channels and k_channels go together, shaped (B or 1, H, Tq, C) and (B or 1, 1, Tk, C): "
-                         f"got {None if q_channels is None else tuple(q_channels.shape)} and "
+                         f"got (H, Tq, C) = {query_shape} and "
                          f"{None if k_channels is None else tuple(k_channels.shape)}")
-    return _BlockwiseAttention.apply(q, k, v, bias, q_channels, k_channels, scale, causal, block)
+    if lazy:
+        return _BlockwiseAttention.apply(q, k, v, bias, None, k_channels, scale, causal, block, lazy.build,
+                                         *lazy.inputs)
+    return _BlockwiseAttention.apply(q, k, v, bias, q_channels, k_channels, scale, causal, block, None)
 
 
 class _BlockwiseAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, bias, q_channels, k_channels, scale, causal, block):
+    def forward(ctx, q, k, v, bias, q_channels, k_channels, scale, causal, block, build, *build_inputs):
         compute = compute_dtype(q.dtype)
         mask = None if bias is None else bias.to(compute)
-        if q.shape[-1] == v.shape[-1] and q_channels is None:
+        if q.shape[-1] == v.shape[-1] and k_channels is None:
             out, lse = getattr(torch.ops.aten, _FLASH)(q, k, v, is_causal=causal, attn_mask=mask, scale=scale)
         else:
             q_, k_, v_, q_channels_, k_channels_ = _cast(compute, q, k, v, q_channels, k_channels)
-            out, lse = _forward_in_blocks(_Scores(q_, k_, mask, q_channels_, k_channels_, scale, causal), v_, block)
-        ctx.save_for_backward(q, k, v, bias, q_channels, k_channels, out, lse)
-        ctx.scale, ctx.causal, ctx.block = scale, causal, block
+            scores = _Scores(q_, k_, mask, q_channels_, k_channels_, scale, causal, build, _cast(compute, *build_inputs))
+            out, lse = _forward_in_blocks(scores, v_, block)
+        ctx.save_for_backward(q, k, v, bias, q_channels, k_channels, out, lse, *build_inputs)
+        ctx.scale, ctx.causal, ctx.block, ctx.build = scale, causal, block, build
         return out.to(q.dtype)
 
     @staticmethod
@@ -86,11 +113,12 @@ class _BlockwiseAttention(torch.autograd.Function):
         saved = ctx.saved_tensors
         compute = compute_dtype(saved[0].dtype)
         q, k, v, bias, q_channels, k_channels, out, grad_out = _cast(compute, *saved[:7], grad_out)
-        lse = saved[7]
-        scores = _Scores(q, k, bias, q_channels, k_channels, ctx.scale, ctx.causal)
+        lse, build_inputs = saved[7], saved[8:]
+        wants = ctx.needs_input_grad
+        built = _Rebuilt(ctx.build, _cast(compute, *build_inputs), wants[10:]) if ctx.build else None
+        scores = _Scores(q, k, bias, q_channels, k_channels, ctx.scale, ctx.causal, built and built.block)
         row_terms = (grad_out * out).sum(-1, keepdim=True)  # (B, H, Tq, 1): Σ_j p_ij dp_ij
         grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        wants = ctx.needs_input_grad
         grad_bias = torch.zeros_like(bias) if wants[3] else None  # (B or 1, H or 1, Tq, Tk)
         grad_q_channels = torch.zeros_like(q_channels) if wants[4] else None
         grad_k_channels = torch.zeros_like(k_channels) if wants[5] else None
@@ -103,30 +131,73 @@ class _BlockwiseAttention(torch.autograd.Function):
             grad_k[:, :, :keys] += (grad_scores.transpose(-1, -2) @ q[:, :, start:end]).mul_(ctx.scale)
             if grad_bias is not None:
                 grad_bias[:, :, start:end, :keys] = _sum_to(grad_scores, grad_bias.shape[:2])
-            if grad_q_channels is not None:  # heads folded into rows: one product against the shared key side
-                rows = grad_scores.flatten(1, 2) @ k_channels[:, 0, :keys]  # (B, H·b, C)
-                grad_q_channels[:, :, start:end] = _sum_to(rows.unflatten(1, (q.shape[1], -1)).mul_(ctx.scale),
-                                                           grad_q_channels.shape[:2])
+            if grad_q_channels is not None or built is not None:  # heads folded into rows, as in the scores
+                rows = (grad_scores.flatten(1, 2) @ k_channels[:, 0, :keys]).unflatten(1, (q.shape[1], -1))
+                if built is not None:
+                    built.backward(start, end, rows.mul_(ctx.scale))
+                else:
+                    grad_q_channels[:, :, start:end] = _sum_to(rows.mul_(ctx.scale), grad_q_channels.shape[:2])
             if grad_k_channels is not None:
-                rows = grad_scores.flatten(1, 2).transpose(-1, -2) @ q_channels[:, :, start:end].flatten(1, 2)
+                query_side = scores.q_channels_block(start, end).flatten(1, 2)  # (B or 1, H·b, C)
+                rows = grad_scores.flatten(1, 2).transpose(-1, -2) @ query_side
                 grad_k_channels[:, 0, :keys] += _sum_to(rows.mul_(ctx.scale)[:, None], grad_k_channels.shape[:2])[:, 0]
         grads = (grad_q, grad_k, grad_v, grad_bias, grad_q_channels, grad_k_channels)
-        return (*(None if g is None else g.to(t.dtype) for g, t in zip(grads, saved)), None, None, None)
+        built_grads = built.grads if built else ()
+        return (*(None if g is None else g.to(t.dtype) for g, t in zip(grads, saved)), None, None, None, None,
+                *(None if g is None else g.to(t.dtype) for g, t in zip(built_grads, build_inputs)))
+
+
+class _Rebuilt:
+    """``ChannelBlocks`` in the backward: each block rebuilt with autograd on, its channels' gradient sent back
+    through the build into the inputs' gradients."""
+
+    def __init__(self, build, inputs, wanted):
+        self.build, self.wanted = build, wanted
+        self.inputs = [t.detach().requires_grad_(w) for t, w in zip(inputs, wanted)]
+        self.grads = [torch.zeros_like(t) if w else None for t, w in zip(inputs, wanted)]
+        self._block = None
+
+    def block(self, start: int, end: int) -> Tensor:
+        with torch.enable_grad():
+            self._block = self.build(start, end, *self.inputs)
+        return self._block.detach()
+
+    def backward(self, start: int, end: int, grad_channels: Tensor) -> None:
+        """Add the inputs' share of this block's channel gradient; ``block(start, end)`` ran last."""
+        needed = [t for t, w in zip(self.inputs, self.wanted) if w]
+        if not needed:
+            return
+        shares = iter(torch.autograd.grad(self._block, needed, _sum_to(grad_channels, self._block.shape[:2])))
+        for index, wanted in enumerate(self.wanted):
+            if wanted:
+                self.grads[index] += next(shares)
 
 
 class _Scores:
     """``scale·(q·kᵀ + q_channels·k_channelsᵀ) + bias`` one query block at a time, −inf after the query when
     causal; every tensor already in the compute dtype."""
 
-    def __init__(self, q, k, bias, q_channels, k_channels, scale, causal):
+    def __init__(self, q, k, bias, q_channels, k_channels, scale, causal, build=None, build_inputs=()):
+        """``build``: the query side is built per block, ``build(start, end, *build_inputs)``."""
         self.q, self.k, self.bias, self.scale, self.causal = q, k, bias, scale, causal
         self.q_channels, self.k_channels = q_channels, k_channels
+        self.build, self.build_inputs = build, build_inputs
+        self._last = None
+
+    def q_channels_block(self, start: int, end: int) -> Tensor:
+        """(B or 1, H, end − start, C): the query side of the channels, built once per block."""
+        if self.build is None:
+            return self.q_channels[:, :, start:end]
+        if self._last is None or self._last[0] != (start, end):
+            self._last = ((start, end), self.build(start, end, *self.build_inputs))
+        return self._last[1]
 
     def block(self, start: int, end: int, keys: int) -> Tensor:
         """(B, H, end − start, keys) logits of queries start..end−1 against keys 0..keys−1."""
         logits = self.q[:, :, start:end] @ self.k[:, :, :keys].transpose(-1, -2)
-        if self.q_channels is not None:  # heads folded into rows: one product against the shared key side
-            rows = self.q_channels[:, :, start:end].flatten(1, 2) @ self.k_channels[:, 0, :keys].transpose(-1, -2)
+        if self.k_channels is not None:  # heads folded into rows: one product against the shared key side
+            query_side = self.q_channels_block(start, end).flatten(1, 2)
+            rows = query_side @ self.k_channels[:, 0, :keys].transpose(-1, -2)
             logits.add_(rows.unflatten(1, (self.q.shape[1], -1)))
         logits.mul_(self.scale)
         if self.bias is not None:
