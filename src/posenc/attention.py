@@ -246,7 +246,7 @@ def _sdpa(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) ->
     if encoding.has_relative_values:  # served only with a band form (Shaw)
         if plain_causal and mask is None:
             key_band, value_band, value_floor = encoding.band_parts(_math_dtype(q.dtype))
-            return (band_attention(q, k, v, key_band, value_band, scale=scale) + value_floor).to(q.dtype)
+            return band_attention(q, k, v, key_band, value_band, value_floor, scale=scale)
         return _eager(q, k, v, at, causal, mask, scale)
     gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
     if not (encoding.has_relative_logits or encoding.has_bias) and plain_causal and mask is None:

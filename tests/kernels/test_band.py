@@ -12,10 +12,10 @@ from posenc.verify import tolerance
 from tests.kernels.test_channels import assert_all_close, outputs_and_grads
 
 
-def reference(q, k, v, key_band, value_band, scale):
+def reference(q, k, v, key_band, value_band, value_floor, scale):
     """float64, from the definition: logit_ij = scale·(q_i·k_j + [0 <= i−j < K] q_i·key_band[i−j]), causal;
-    out_i = Σ_j p_ij v_j + Σ_{d<K} p_{i,i−d} value_band[d]."""
-    q, k, v, key_band, value_band = (t.double() for t in (q, k, v, key_band, value_band))
+    out_i = Σ_j p_ij v_j + Σ_{d<K} p_{i,i−d} value_band[d] + value_floor."""
+    q, k, v, key_band, value_band, value_floor = (t.double() for t in (q, k, v, key_band, value_band, value_floor))
     length, width = q.shape[2], key_band.shape[0]
     distance = torch.arange(length)[:, None] - torch.arange(length)[None, :]  # (T, T): i − j
     near = (distance >= 0) & (distance < width)
@@ -23,7 +23,7 @@ def reference(q, k, v, key_band, value_band, scale):
     band_logits = torch.einsum("bhid,ijd->bhij", q, key_band[rows] * near[..., None])
     logits = (scale * (q @ k.transpose(-1, -2) + band_logits)).masked_fill(distance < 0, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
-    return probs @ v + torch.einsum("bhij,ijd->bhid", probs, value_band[rows] * near[..., None])
+    return probs @ v + torch.einsum("bhij,ijd->bhid", probs, value_band[rows] * near[..., None]) + value_floor
 
 
 def grads_of(function, upstream, *tensors):
@@ -41,7 +41,8 @@ def test_equals_its_formula_in_float64(batch, heads, length, width, head_dim, va
     generator = torch.Generator().manual_seed(seed)
     randn = lambda *shape: torch.randn(*shape, generator=generator, dtype=torch.float64)  # noqa: E731
     tensors = (randn(batch, heads, length, head_dim), randn(batch, heads, length, head_dim),
-               randn(batch, heads, length, value_dim), randn(width, head_dim), randn(width, value_dim))
+               randn(batch, heads, length, value_dim), randn(width, head_dim), randn(width, value_dim),
+               randn(value_dim))
     upstream = randn(batch, heads, length, value_dim)
     got = grads_of(lambda *t: band.band_attention(*t, scale=0.3, block=block), upstream, *tensors)
     expected = grads_of(lambda *t: reference(*t, 0.3), upstream, *tensors)
@@ -54,6 +55,7 @@ def test_equals_its_formula_in_float64(batch, heads, length, width, head_dim, va
     (lambda q, t: band.band_attention(q, q[:, :, :3], q[:, :, :3], t, t, scale=1.0), r"needs Tq = Tk"),
     (lambda q, t: band.band_attention(q, q, q, t[:, :3], t, scale=1.0), r"key_band \(K, Dh\)"),
     (lambda q, t: band.band_attention(q, q, q, t, t[:2], scale=1.0), r"value_band \(K, Dv\)"),
+    (lambda q, t: band.band_attention(q, q, q, t, t, t[0, :3], scale=1.0), r"value_floor \(Dv,\): .*\(3,\)"),
 ])
 def test_bad_input_is_a_value_error(call, message):
     with pytest.raises(ValueError, match=message):

@@ -48,15 +48,15 @@ def problems(draw):
                 with_bias=draw(st.booleans()), masked=draw(st.floats(0.0, 0.6)), empty_row=draw(st.booleans()),
                 channels=draw(st.sampled_from([0, 3])), channel_batches=draw(st.sampled_from([(1, 1), (batch, 1),
                                                                                              (1, batch)])),
-                built_per_block=draw(st.booleans()),
+                built_per_block=draw(st.booleans()), shifted=draw(st.booleans()),
                 block=draw(st.integers(1, 48)), seed=draw(st.integers(0, 2**16)))
 
 
 @settings(max_examples=80, deadline=None)
 @given(problems())
 def test_equals_softmax_attention_in_float64(p):
-    """Output and the gradients of q, k, v, the bias and the channels (through what builds their query side, whole
-    or per block), for any block size, broadcast bias and channels, widths and mask; the fused forward (one width,
+    """Output and the gradients of q, k, v, the bias, the channels (through what builds their query side, whole
+    or per block) and a per-head query shift, for any block size, broadcast bias and channels, widths and mask; the fused forward (one width,
     no channels) and the blockwise one."""
     generator = torch.Generator().manual_seed(p["seed"])
     randn = lambda *shape: torch.randn(*shape, generator=generator, dtype=torch.float64)  # noqa: E731
@@ -66,6 +66,8 @@ def test_equals_softmax_attention_in_float64(p):
     q_batch, k_batch = p["channel_batches"]
     # the query side is x @ w, handed over whole or as ChannelBlocks built per block
     x, w, k_channels = randn(q_batch, p["heads"], p["q_len"], 5), randn(5, 3), randn(k_batch, 1, p["k_len"], 3)
+    shift = randn(p["heads"], p["head_dim"]) if p["shifted"] else torch.zeros(p["heads"], p["head_dim"],
+                                                                               dtype=torch.float64)
     allowed = torch.rand(p["bias_shape"], generator=generator) >= p["masked"] if p["with_bias"] else \
         torch.ones(p["q_len"], p["k_len"], dtype=torch.bool)
     if p["causal"]:
@@ -78,16 +80,20 @@ def test_equals_softmax_attention_in_float64(p):
         w, k_channels = w[:, :0], k_channels[..., :0]
     upstream = randn(p["batch"], p["heads"], p["q_len"], p["value_dim"])
 
-    def kernel(q, k, v, bias, x, w, k_channels):
+    def kernel(q, k, v, bias, x, w, k_channels, shift):
         q_channels = blockwise.ChannelBlocks(lambda start, end, x, w: x[:, :, start:end] @ w, (x, w), p["q_len"], 3) \
             if p["built_per_block"] else x @ w
         return blockwise.blockwise_attention(
             q, k, v, bias if p["with_bias"] else None, scale=0.4, causal=p["causal"], block=p["block"],
-            q_channels=q_channels if p["channels"] else None, k_channels=k_channels if p["channels"] else None)
+            q_channels=q_channels if p["channels"] else None, k_channels=k_channels if p["channels"] else None,
+            q_shift=shift if p["shifted"] else None)
 
-    got = output_and_grads(kernel, upstream, q, k, v, bias, x, w, k_channels)
-    expected = output_and_grads(lambda q, k, v, b, x, w, kc: reference(q, k, v, b, x @ w, kc, 0.4), upstream,
-                                q, k, v, bias, x, w, k_channels)
+    got = output_and_grads(kernel, upstream, q, k, v, bias, x, w, k_channels, shift)
+    expected = output_and_grads(lambda q, k, v, b, x, w, kc, u: reference(q + u[None, :, None, :], k, v, b, x @ w, kc,
+                                                                           0.4), upstream, q, k, v, bias, x, w,
+                                k_channels, shift)
+    if not p["shifted"]:
+        expected[-1] = torch.zeros_like(shift)  # the kernel had no shift
     if not p["with_bias"]:
         expected[4] = torch.zeros_like(bias)  # the kernel had no bias (it masked causal pairs itself)
     for a, b in zip(got, expected, strict=True):
@@ -119,6 +125,7 @@ def test_low_precision_within_verify_tolerance(dtype):
     (lambda q, b: blockwise.blockwise_attention(q[:, :, :2], q, q, b[:, :, :2], scale=1.0, causal=True),
      r"causal needs as many queries as keys"),
     (lambda q, b: blockwise.blockwise_attention(q, q, q, scale=1.0, q_channels=q), r"go together"),
+    (lambda q, b: blockwise.blockwise_attention(q, q, q, scale=1.0, q_shift=q[0, 0]), r"q_shift must be \(H, Dh\)"),
     (lambda q, b: blockwise.blockwise_attention(q, q, q, scale=1.0, q_channels=q, k_channels=q), r"go together"),
     (lambda q, b: blockwise.blockwise_attention(q, q, q, scale=1.0, q_channels=q, k_channels=q[:, :1, :, :3]),
      r"go together.*\(2, 5, 4\) and \(2, 1, 5, 3\)"),
@@ -202,3 +209,19 @@ def test_no_batch_sized_score_tensor_is_kept_for_the_backward():
         posenc.attention(q, k, v, enc, backend="sdpa").sum().backward()
     assert max(saved) < batch * heads * length * length
     assert enc.table.grad is not None and enc.table.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("name", ["t5", "shaw", "transformer_xl", "kerple"])
+def test_a_training_step_keeps_about_what_nope_keeps(name):
+    """Bytes autograd keeps for the backward, 8 sequences of 256 tokens (Transformer-XL takes its channels there
+    on CPU; T5 keeps one (H, T, T) bias shared by the batch): within 5% of NoPE's, where SDPA's math path kept
+    B·H·T² probabilities (T5 1.95×, Shaw 3.2× NoPE's at 512)."""
+    from posenc.bench.training import saved_activation_bytes
+    from posenc.lm.model import LanguageModel, ModelConfig
+
+    tokens = torch.randint(0, 256, (8, 257))
+    sizes = {}
+    for encoding in ("none", name):
+        torch.manual_seed(0)
+        sizes[encoding] = saved_activation_bytes(LanguageModel(ModelConfig(encoding=encoding, max_positions=256)), tokens)
+    assert sizes[name] <= 1.05 * sizes["none"], sizes

@@ -191,11 +191,11 @@ class PositionalEncoding(nn.Module):
         ``scale · q'·k'ᵀ`` equals ``scale · (q·kᵀ + relative_logits) + score_bias`` up to a constant per
         query row (which the softmax ignores)."""
         content, query_side, key_side = self.score_channel_parts(q, k, q_pos, k_pos, scale)
-        return widen(content, materialized(query_side)), widen(k, key_side)
+        return widen(materialized(content), materialized(query_side)), widen(k, key_side)
 
     def score_channel_parts(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, scale: float
                             ) -> tuple[Tensor, Tensor, Tensor]:
-        """``score_channels`` before widening: (q's content side (B, H, Tq, Dh), the query side of the extra
+        """``score_channels`` before widening: (q's content side (B, H, Tq, Dh), or ``ShiftedQueries``, the query side of the extra
         channels (B or 1, H, Tq, C), or ``ChannelBlocks`` building it per query block, and their key side
         (B or 1, 1, Tk, C), shared by every head)."""
         raise NotImplementedError(f"{type(self).__name__} has no score channels")

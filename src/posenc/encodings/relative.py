@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import checks
-from ..kernels.blockwise import ChannelBlocks
+from ..kernels.blockwise import ChannelBlocks, ShiftedQueries
 from .base import PositionalEncoding
 
 
@@ -225,16 +225,17 @@ class TransformerXL(PositionalEncoding):
         k_angles = (k_pos.to(torch.float64)[..., None] * inv_freq).unsqueeze(1)  # (B or 1, 1, Tk, R/2)
         q_sin, q_cos = q_angles.sin(), q_angles.cos()
 
-        def query_terms(start: int, end: int, query_side: Tensor, weight: Tensor) -> Tensor:
-            y = torch.einsum("bhqd,hdr->bhqr", query_side[:, :, start:end], weight)  # W_Rᵀ (q + v)
+        def query_terms(start: int, end: int, q: Tensor, position_bias: Tensor, weight: Tensor) -> Tensor:
+            query_side = q[:, :, start:end] + position_bias[None, :, None, :]  # (B, H, b, Dh): q + v
+            y = torch.einsum("bhqd,hdr->bhqr", query_side, weight)  # W_Rᵀ (q + v)
             y_sin, y_cos = y[..., 0::2], y[..., 1::2]  # coefficients of sin and cos channels of r
             sin, cos = q_sin[:, :, start:end].to(y.dtype), q_cos[:, :, start:end].to(y.dtype)
             return torch.cat((y_sin * sin + y_cos * cos, y_cos * sin - y_sin * cos), dim=-1)  # (B, H, b, R)
 
         weight = self.position_proj.weight.to(q.dtype).view(self.num_heads, self.head_dim, self.r_width)
-        query_side = q + self.position_bias.to(q.dtype)[None, :, None, :]  # (B, H, Tq, Dh)
         key_terms = torch.cat((k_angles.cos(), k_angles.sin()), dim=-1).to(q.dtype)  # (B or 1, 1, Tk, R)
-        return ChannelBlocks(query_terms, (query_side, weight), q.shape[2], self.r_width), key_terms
+        inputs = (q, self.position_bias.to(q.dtype), weight)  # q is kept anyway: no (B, H, Tq, ·) tensor of its own
+        return ChannelBlocks(query_terms, inputs, q.shape[2], self.r_width), key_terms
 
     def relative_logits(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, allowed: Tensor | None = None
                         ) -> Tensor:
@@ -244,12 +245,11 @@ class TransformerXL(PositionalEncoding):
         return position_terms + content_terms[:, :, None, :]
 
     def score_channel_parts(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, scale: float
-                            ) -> tuple[Tensor, ChannelBlocks, Tensor]:
+                            ) -> tuple[ShiftedQueries, ChannelBlocks, Tensor]:
         """q' = [q + u, Q] and k' = [k, K] (width Dh + R): q'·k' = q·k + u·k + (q + v)·W_R r, the whole logit,
         so one attention call with no mask tensor runs it and gradients reach u, v and W_R through q'."""
         query_terms, key_terms = self._position_factors(q, q_pos, k_pos)
-        content = q + self.content_bias.to(q.dtype)[None, :, None, :]  # (B, H, Tq, Dh)
-        return content, query_terms, key_terms
+        return ShiftedQueries(q, self.content_bias.to(q.dtype)), query_terms, key_terms
 
     def channels_exact(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype, contiguous: bool) -> bool:
         return True  # sums of O(1) products: no cancellation (tests: float32 and bf16 at offset 2^20)

@@ -25,45 +25,51 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .blockwise import compute_dtype, query_blocks
+from .blockwise import compute_dtype, query_blocks, token_major_zeros
 
 
-def band_attention(q: Tensor, k: Tensor, v: Tensor, key_band: Tensor, value_band: Tensor, *, scale: float,
-                   block: int = 64) -> Tensor:
-    """Causal ``softmax(scale·(q·kᵀ + band))·v`` plus the value band, at positions 0..T−1.
+def band_attention(q: Tensor, k: Tensor, v: Tensor, key_band: Tensor, value_band: Tensor,
+                   value_floor: Tensor | None = None, *, scale: float, block: int = 64) -> Tensor:
+    """Causal ``softmax(scale·(q·kᵀ + band))·v`` plus the value band and floor, at positions 0..T−1.
 
     Args:
         q, k: (B, H, T, Dh); v: (B, H, T, Dv).
         key_band: (K, Dh), added to the logit of the key d = i − j < K behind the query as ``q_i·key_band[d]``.
         value_band: (K, Dv), added to the output as ``Σ_{d<K} p_{i,i−d}·value_band[d]``.
+        value_floor: (Dv,), added to every output (Shaw's a^V_{−K}); None for zeros.
         scale: logit scale.
         block: queries per block.
     Returns:
-        (B, H, T, Dv) in q's dtype; gradients reach q, k, v and both bands.
+        (B, H, T, Dv) in q's dtype, laid out as (B, T, H, Dv) like SDPA's output; gradients reach q, k, v,
+        both bands and the floor.
     """
     if block < 1:
         raise ValueError(f"block must be a positive number of queries, got {block}")
     if q.shape[2] != k.shape[2] or key_band.dim() != 2 or key_band.shape != (value_band.shape[0], q.shape[-1]) \
-            or value_band.shape[-1] != v.shape[-1]:
-        raise ValueError(f"band_attention needs Tq = Tk, key_band (K, Dh) and value_band (K, Dv): got q "
-                         f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, key_band "
-                         f"{tuple(key_band.shape)}, value_band {tuple(value_band.shape)}")
-    return _BandAttention.apply(q, k, v, key_band, value_band, scale, block)
+            or value_band.shape[-1] != v.shape[-1] or value_floor is not None and value_floor.shape != v.shape[-1:]:
+        raise ValueError(f"band_attention needs Tq = Tk, key_band (K, Dh), value_band (K, Dv) and value_floor "
+                         f"(Dv,): got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, key_band "
+                         f"{tuple(key_band.shape)}, value_band {tuple(value_band.shape)}, value_floor "
+                         f"{None if value_floor is None else tuple(value_floor.shape)}")
+    value_floor = value_band.new_zeros(v.shape[-1]) if value_floor is None else value_floor
+    return _BandAttention.apply(q, k, v, key_band, value_band, value_floor, scale, block)
 
 
 class _BandAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, key_band, value_band, scale, block):
+    def forward(ctx, q, k, v, key_band, value_band, value_floor, scale, block):
         compute = compute_dtype(q.dtype)
-        q_, k_, v_, key_band_, value_band_ = (t.to(compute) for t in (q, k, v, key_band, value_band))
-        out = v_.new_zeros(q.shape[:3] + v.shape[-1:])
+        q_, k_, v_, key_band_, value_band_, value_floor_ = (
+            t.to(compute) for t in (q, k, v, key_band, value_band, value_floor))
+        out = token_major_zeros(q.shape[:3] + v.shape[-1:], v_)
         lse = v_.new_zeros(q.shape[:3])
         for start, end, keys in query_blocks(q.shape[2], k.shape[2], block, causal=True):
             logits = _logits(q_, k_, key_band_, start, end, keys, scale)
             lse[:, :, start:end] = row_lse = torch.logsumexp(logits, dim=-1)
             probs = logits.sub_(row_lse[..., None]).exp_()
-            out[:, :, start:end] = probs @ v_[:, :, :keys] + _read_band(probs, start, len(key_band)) @ value_band_
-        ctx.save_for_backward(q, k, v, key_band, value_band, out, lse)
+            near = _read_band(probs, start, len(key_band))
+            out[:, :, start:end] = (probs @ v_[:, :, :keys]).add_(near @ value_band_).add_(value_floor_)
+        ctx.save_for_backward(q, k, v, key_band, value_band, value_floor, out, lse)
         ctx.scale, ctx.block = scale, block
         return out.to(q.dtype)
 
@@ -71,9 +77,9 @@ class _BandAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         saved = ctx.saved_tensors
         compute = compute_dtype(saved[0].dtype)
-        q, k, v, key_band, value_band, out, grad_out = (t.to(compute) for t in (*saved[:6], grad_out))
-        lse, scale, width = saved[6], ctx.scale, len(key_band)
-        row_terms = (grad_out * out).sum(-1, keepdim=True)  # (B, H, T, 1): Σ_j p_ij dp_ij
+        q, k, v, key_band, value_band, value_floor, out, grad_out = (t.to(compute) for t in (*saved[:7], grad_out))
+        lse, scale, width = saved[7], ctx.scale, len(key_band)
+        row_terms = (grad_out * (out - value_floor)).sum(-1, keepdim=True)  # (B, H, T, 1): Σ_j p_ij dp_ij
         grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         grad_key_band, grad_value_band = torch.zeros_like(key_band), torch.zeros_like(value_band)
         for start, end, keys in query_blocks(q.shape[2], k.shape[2], ctx.block, causal=True):
@@ -89,7 +95,7 @@ class _BandAttention(torch.autograd.Function):
             grad_q[:, :, start:end] = (grad_scores @ k[:, :, :keys] + grad_near @ key_band).mul_(scale)
             grad_k[:, :, :keys] += (grad_scores.transpose(-1, -2) @ q_block).mul_(scale)
             grad_key_band += (grad_near.flatten(0, 2).transpose(0, 1) @ q_block.flatten(0, 2)).mul_(scale)
-        grads = (grad_q, grad_k, grad_v, grad_key_band, grad_value_band)
+        grads = (grad_q, grad_k, grad_v, grad_key_band, grad_value_band, grad_out.sum((0, 1, 2)))
         return (*(g.to(t.dtype) for g, t in zip(grads, saved)), None, None)
 
 

@@ -50,9 +50,21 @@ class ChannelBlocks:
         return self.build(0, self.length, *self.inputs)
 
 
+@dataclass(frozen=True)
+class ShiftedQueries:
+    """Queries plus one vector per head, ``q + shift[h]`` (Transformer-XL's q + u), added inside the kernel so
+    that the sum is never kept for the backward. q: (B, H, Tq, Dh); shift: (H, Dh)."""
+
+    q: Tensor
+    shift: Tensor
+
+    def full(self) -> Tensor:
+        return self.q + self.shift[None, :, None, :]
+
+
 def blockwise_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, *, scale: float,
                         causal: bool = False, block: int = 64, q_channels: Tensor | ChannelBlocks | None = None,
-                        k_channels: Tensor | None = None) -> Tensor:
+                        k_channels: Tensor | None = None, q_shift: Tensor | None = None) -> Tensor:
     """``softmax(scale·(q·kᵀ + q_channels·k_channelsᵀ) + bias)·v``; its backward also returns the gradients of
     the bias and the channels.
 
@@ -63,6 +75,8 @@ def blockwise_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = N
         q_channels: (B or 1, H, Tq, C), or ``ChannelBlocks`` that build them per block, and
             k_channels: (B or 1, 1, Tk, C): score terms as channels (``PositionalEncoding.score_channel_parts``);
             the key side is shared by every head, so each block meets it in one product for all heads.
+        q_shift: (H, Dh), added to every query (Transformer-XL's content bias u) inside the kernel, so that
+            q + u is never kept for the backward.
         scale: logit scale.
         causal: also mask every key after its query; needs Tq = Tk with queries and keys at the same
             positions (a training step, a prefill). Blocks then skip the keys after their last query.
@@ -76,6 +90,8 @@ def blockwise_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = N
             b not in (1, n) for b, n in zip(bias.shape[:2], q.shape[:2]))):
         raise ValueError(f"bias must be (B or 1, H or 1, Tq, Tk) = {tuple(q.shape[:3]) + (k.shape[2],)}, "
                          f"got {tuple(bias.shape)}")
+    if q_shift is not None and q_shift.shape != (q.shape[1], q.shape[3]):
+        raise ValueError(f"q_shift must be (H, Dh) = {(q.shape[1], q.shape[3])}, got {tuple(q_shift.shape)}")
     if causal and q.shape[2] != k.shape[2]:
         raise ValueError(f"causal needs as many queries as keys, got Tq={q.shape[2]} and Tk={k.shape[2]}")
     lazy = q_channels if isinstance(q_channels, ChannelBlocks) else None
@@ -88,23 +104,24 @@ def blockwise_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = N
                          f"got (H, Tq, C) = {query_shape} and "
                          f"{None if k_channels is None else tuple(k_channels.shape)}")
     if lazy:
-        return _BlockwiseAttention.apply(q, k, v, bias, None, k_channels, scale, causal, block, lazy.build,
+        return _BlockwiseAttention.apply(q, k, v, bias, None, k_channels, q_shift, scale, causal, block, lazy.build,
                                          *lazy.inputs)
-    return _BlockwiseAttention.apply(q, k, v, bias, q_channels, k_channels, scale, causal, block, None)
+    return _BlockwiseAttention.apply(q, k, v, bias, q_channels, k_channels, q_shift, scale, causal, block, None)
 
 
 class _BlockwiseAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, bias, q_channels, k_channels, scale, causal, block, build, *build_inputs):
+    def forward(ctx, q, k, v, bias, q_channels, k_channels, q_shift, scale, causal, block, build, *build_inputs):
         compute = compute_dtype(q.dtype)
         mask = None if bias is None else bias.to(compute)
+        shifted = q if q_shift is None else q + q_shift[None, :, None, :]
         if q.shape[-1] == v.shape[-1] and k_channels is None:
-            out, lse = getattr(torch.ops.aten, _FLASH)(q, k, v, is_causal=causal, attn_mask=mask, scale=scale)
+            out, lse = getattr(torch.ops.aten, _FLASH)(shifted, k, v, is_causal=causal, attn_mask=mask, scale=scale)
         else:
-            q_, k_, v_, q_channels_, k_channels_ = _cast(compute, q, k, v, q_channels, k_channels)
+            q_, k_, v_, q_channels_, k_channels_ = _cast(compute, shifted, k, v, q_channels, k_channels)
             scores = _Scores(q_, k_, mask, q_channels_, k_channels_, scale, causal, build, _cast(compute, *build_inputs))
             out, lse = _forward_in_blocks(scores, v_, block)
-        ctx.save_for_backward(q, k, v, bias, q_channels, k_channels, out, lse, *build_inputs)
+        ctx.save_for_backward(q, k, v, bias, q_channels, k_channels, q_shift, out, lse, *build_inputs)
         ctx.scale, ctx.causal, ctx.block, ctx.build = scale, causal, block, build
         return out.to(q.dtype)
 
@@ -112,10 +129,11 @@ class _BlockwiseAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         saved = ctx.saved_tensors
         compute = compute_dtype(saved[0].dtype)
-        q, k, v, bias, q_channels, k_channels, out, grad_out = _cast(compute, *saved[:7], grad_out)
-        lse, build_inputs = saved[7], saved[8:]
+        q, k, v, bias, q_channels, k_channels, q_shift, out, grad_out = _cast(compute, *saved[:8], grad_out)
+        lse, build_inputs = saved[8], saved[9:]
+        q = q if q_shift is None else q + q_shift[None, :, None, :]  # lives for this backward only
         wants = ctx.needs_input_grad
-        built = _Rebuilt(ctx.build, _cast(compute, *build_inputs), wants[10:]) if ctx.build else None
+        built = _Rebuilt(ctx.build, _cast(compute, *build_inputs), wants[11:]) if ctx.build else None
         scores = _Scores(q, k, bias, q_channels, k_channels, ctx.scale, ctx.causal, built and built.block)
         row_terms = (grad_out * out).sum(-1, keepdim=True)  # (B, H, Tq, 1): Σ_j p_ij dp_ij
         grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -141,7 +159,8 @@ class _BlockwiseAttention(torch.autograd.Function):
                 query_side = scores.q_channels_block(start, end).flatten(1, 2)  # (B or 1, H·b, C)
                 rows = grad_scores.flatten(1, 2).transpose(-1, -2) @ query_side
                 grad_k_channels[:, 0, :keys] += _sum_to(rows.mul_(ctx.scale)[:, None], grad_k_channels.shape[:2])[:, 0]
-        grads = (grad_q, grad_k, grad_v, grad_bias, grad_q_channels, grad_k_channels)
+        grad_q_shift = grad_q.sum((0, 2)) if wants[6] else None
+        grads = (grad_q, grad_k, grad_v, grad_bias, grad_q_channels, grad_k_channels, grad_q_shift)
         built_grads = built.grads if built else ()
         return (*(None if g is None else g.to(t.dtype) for g, t in zip(grads, saved)), None, None, None, None,
                 *(None if g is None else g.to(t.dtype) for g, t in zip(built_grads, build_inputs)))
@@ -211,7 +230,7 @@ class _Scores:
 def _forward_in_blocks(scores: _Scores, v: Tensor, block: int) -> tuple[Tensor, Tensor]:
     """(out (B, H, Tq, Dv), log-sum-exp (B, H, Tq)); a row with no allowed key: zeros and log-sum-exp 0."""
     q_len, k_len = scores.q.shape[2], v.shape[2]
-    out = v.new_zeros(scores.q.shape[:3] + v.shape[-1:])
+    out = token_major_zeros(scores.q.shape[:3] + v.shape[-1:], v)
     lse = v.new_zeros(scores.q.shape[:3])
     for start, end, keys in query_blocks(q_len, k_len, block, scores.causal):
         logits = scores.block(start, end, keys)
@@ -219,6 +238,13 @@ def _forward_in_blocks(scores: _Scores, v: Tensor, block: int) -> tuple[Tensor, 
         lse[:, :, start:end] = row_lse
         out[:, :, start:end] = logits.sub_(row_lse[..., None]).exp_() @ v[:, :, :keys]
     return out, lse
+
+
+def token_major_zeros(shape: tuple[int, int, int, int], like: Tensor) -> Tensor:
+    """Zeros (B, H, T, D) laid out as (B, T, H, D), as SDPA returns its output: a model's
+    ``out.transpose(1, 2).reshape(B, T, H·D)`` is then a view, not a copy autograd keeps once more."""
+    batch, heads, length, width = shape
+    return like.new_zeros(batch, length, heads, width).transpose(1, 2)
 
 
 def query_blocks(q_len: int, k_len: int, block: int, causal: bool):

@@ -29,9 +29,10 @@ from torch import Tensor
 from . import blockwise
 
 
-def materialized(channels: Tensor | blockwise.ChannelBlocks) -> Tensor:
-    """Query-side channels as one tensor, building ``ChannelBlocks`` for every query at once."""
-    return channels.full() if isinstance(channels, blockwise.ChannelBlocks) else channels
+def materialized(x: Tensor | blockwise.ChannelBlocks | blockwise.ShiftedQueries) -> Tensor:
+    """One tensor of a score-channel part: ``ChannelBlocks`` built for every query at once, ``ShiftedQueries``
+    added up."""
+    return x if isinstance(x, Tensor) else x.full()
 
 
 def widen(x: Tensor, channels: Tensor) -> Tensor:
@@ -63,13 +64,13 @@ def sdpa_with_channels(q: Tensor, k: Tensor, v: Tensor, *, scale: float, is_caus
     return out[..., :value_width]
 
 
-def attend_with_channels(content: Tensor, k: Tensor, v: Tensor, query_side: Tensor | blockwise.ChannelBlocks,
-                         key_side: Tensor, *,
-                         scale: float, is_causal: bool = False, allowed: Tensor | None = None) -> Tensor:
+def attend_with_channels(content: Tensor | blockwise.ShiftedQueries, k: Tensor, v: Tensor,
+                         query_side: Tensor | blockwise.ChannelBlocks, key_side: Tensor, *, scale: float,
+                         is_causal: bool = False, allowed: Tensor | None = None) -> Tensor:
     """Attention with score channels (``PositionalEncoding.score_channel_parts``), by the faster route.
 
     Args:
-        content: (B, H, Tq, Dh) q's content side; k: (B, Hkv, Tk, Dh); v: (B, Hkv, Tk, Dv).
+        content: (B, H, Tq, Dh) q's content side, or ``ShiftedQueries``; k: (B, Hkv, Tk, Dh); v: (B, Hkv, Tk, Dv).
         query_side: (B or 1, H, Tq, C), or ``ChannelBlocks``; key_side: (B or 1, 1, Tk, C).
         is_causal: keys after their query are masked, Tq = Tk at the same positions; allowed: otherwise a
             bool mask broadcastable to (B, H, Tq, Tk) (True = may attend), or None for all pairs.
@@ -77,13 +78,14 @@ def attend_with_channels(content: Tensor, k: Tensor, v: Tensor, query_side: Tens
         (B, H, Tq, Dv).
     """
     width = query_side.width if isinstance(query_side, blockwise.ChannelBlocks) else query_side.shape[-1]
-    if width > v.shape[-1] and blockwise.available(content):
-        heads = content.shape[1]
+    q, shift = (content.q, content.shift) if isinstance(content, blockwise.ShiftedQueries) else (content, None)
+    if width > v.shape[-1] and blockwise.available(q):
+        heads = q.shape[1]
         k, v = (x.repeat_interleave(heads // x.shape[1], dim=1) if x.shape[1] != heads else x for x in (k, v))
-        compute = torch.float64 if content.dtype == torch.float64 else torch.float32
+        compute = torch.float64 if q.dtype == torch.float64 else torch.float32
         bias = None if allowed is None else torch.zeros(allowed.shape, dtype=compute, device=allowed.device
                                                         ).masked_fill(~allowed, float("-inf"))
-        return blockwise.blockwise_attention(content, k, v, bias, scale=scale, causal=is_causal,
-                                             q_channels=query_side, k_channels=key_side)
-    return sdpa_with_channels(widen(content, materialized(query_side)), widen(k, key_side), v, scale=scale,
-                              is_causal=is_causal, attn_mask=allowed)
+        return blockwise.blockwise_attention(q, k, v, bias, scale=scale, causal=is_causal, q_channels=query_side,
+                                             k_channels=key_side, q_shift=shift)
+    return sdpa_with_channels(widen(materialized(content), materialized(query_side)), widen(k, key_side), v,
+                              scale=scale, is_causal=is_causal, attn_mask=allowed)
