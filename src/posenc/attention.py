@@ -268,8 +268,10 @@ def _sdpa(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) ->
         attn_mask = at.memo(("sdpa_mask", causal, q.dtype), lambda: _static_mask(at, causal, q.dtype))
     else:
         attn_mask = _static_mask(at, causal, q.dtype, mask)
-    if attn_mask is not None and attn_mask.requires_grad and blockwise.available(q):
-        # SDPA would fall back to its math path for a mask that needs a gradient
+    if attn_mask is not None and attn_mask.is_floating_point() and blockwise.available(q) and (
+            attn_mask.requires_grad or plain_causal and k.shape[2] >= blockwise.CPU_CAUSAL_MASK_FROM_KEYS):
+        # SDPA would fall back to its math path for a mask that needs a gradient, and with a mask it visits
+        # every block of the upper triangle, which the fused kernel skips when told the mask is causal
         k, v = _repeat_kv_heads(k, q.shape[1]), _repeat_kv_heads(v, q.shape[1])
         return blockwise.blockwise_attention(q, k, v, attn_mask, scale=scale, causal=plain_causal)
     if attn_mask is not None and attn_mask.is_floating_point():

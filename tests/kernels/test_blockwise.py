@@ -225,3 +225,34 @@ def test_a_training_step_keeps_about_what_nope_keeps(name):
         torch.manual_seed(0)
         sizes[encoding] = saved_activation_bytes(LanguageModel(ModelConfig(encoding=encoding, max_positions=256)), tokens)
     assert sizes[name] <= 1.05 * sizes["none"], sizes
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_bias_without_a_gradient_takes_the_fused_backward(causal):
+    """q, k and v's gradients from the fused kernel's own backward (told the mask is causal) equal the formula."""
+    generator = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 3, 40, 8, generator=generator, dtype=torch.float64) for _ in range(3))
+    allowed = torch.ones(40, 40, dtype=torch.bool).tril() if causal else torch.rand(40, 40, generator=generator) > 0.3
+    bias = torch.randn(1, 3, 40, 40, generator=generator, dtype=torch.float64).masked_fill(~allowed, float("-inf"))
+    upstream = torch.randn(2, 3, 40, 8, generator=generator, dtype=torch.float64)
+    none = torch.zeros(1, 1, 1, 0, dtype=torch.float64)
+    got = output_and_grads(lambda q, k, v: blockwise.blockwise_attention(q, k, v, bias, scale=0.3, causal=causal),
+                           upstream, q, k, v)
+    expected = output_and_grads(lambda q, k, v: reference(q, k, v, bias, none, none, 0.3), upstream, q, k, v)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+def test_a_long_causal_mask_runs_on_the_kernel_told_it_is_causal(spy):
+    """Sandwich's parameter-free bias from 1,024 keys: the kernel serves with causal=True, equal to eager."""
+    enc = posenc.build("sandwich", num_heads=2, sinusoid_dim=16).double()
+    q, k, v = (torch.randn(1, 2, blockwise.CPU_CAUSAL_MASK_FROM_KEYS, 8, dtype=torch.float64, requires_grad=True)
+               for _ in range(3))
+    expected = outputs_and_grads(enc, q, k, v, "eager")
+    got = outputs_and_grads(enc, q, k, v, "sdpa")
+    assert len(spy) == 1 and spy[0]["causal"]
+    assert_all_close(got, expected, atol=1e-10)
+    spy.clear()
+    short = [t[:, :, :-1].detach().requires_grad_() for t in (q, k, v)]
+    outputs_and_grads(enc, *short, "sdpa")
+    assert not spy  # below the length SDPA's masked path is as fast
