@@ -6,11 +6,14 @@ compile with the ``aot_eager`` backend: dynamo and the autograd graph are real, 
 built. One case runs inductor end to end.
 """
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from posenc.encodings import ENCODINGS
+from posenc.encodings.relative import TransformerXL
 from posenc.lm.model import KVCache, LanguageModel, ModelConfig
 
 SCALED_ROPE = {"scaling": {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 4}}
@@ -66,6 +69,15 @@ def test_fullgraph_kv_cache_decoding_equals_eager_decoding(encoding):
 
     with torch.no_grad():
         torch.testing.assert_close(decode(compiled), decode(model), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("channels_from_keys", [0, math.inf], ids=["channels", "bias"])
+def test_transformer_xl_compiles_in_either_form(channels_from_keys, monkeypatch):
+    """The channel form (what serves from 256 keys on CPU) and the bias form, both under fullgraph compile: the
+    per-block rebuild of the query channels calls autograd.grad, which dynamo does not trace, so a compiled
+    model hands the kernel whole channels instead."""
+    monkeypatch.setattr(TransformerXL, "cpu_channels_from_keys", channels_from_keys)
+    check_training_step(tiny_model("transformer_xl"), "aot_eager")
 
 
 def test_inductor_training_step_equals_eager():

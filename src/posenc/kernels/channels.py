@@ -80,6 +80,8 @@ def attend_with_channels(content: Tensor | blockwise.ShiftedQueries, k: Tensor, 
     width = query_side.width if isinstance(query_side, blockwise.ChannelBlocks) else query_side.shape[-1]
     q, shift = (content.q, content.shift) if isinstance(content, blockwise.ShiftedQueries) else (content, None)
     if width > v.shape[-1] and blockwise.available(q):
+        if torch.compiler.is_compiling():  # rebuilding per block calls autograd.grad, which dynamo does not trace
+            query_side = materialized(query_side)
         heads = q.shape[1]
         k, v = (x.repeat_interleave(heads // x.shape[1], dim=1) if x.shape[1] != heads else x for x in (k, v))
         compute = torch.float64 if q.dtype == torch.float64 else torch.float32
