@@ -156,7 +156,7 @@ def choose_backend(backend: str, encoding: PositionalEncoding, q: Tensor, k: Ten
 
 def _refusal(backend: str, encoding: PositionalEncoding, q: Tensor, needs_grad: bool, sink: bool = False
              ) -> str | None:
-    if backend == "sdpa" and encoding.has_relative_values and (sink or not getattr(encoding, "has_band_form", False)):
+    if backend == "sdpa" and encoding.has_relative_values and (sink or not encoding.has_band_form):
         return "its value-side term is outside SDPA's softmax(QKᵀ+mask)·V; use backend='eager'"
     if backend == "flex" and sink:
         return "a sink logit is one more key, outside a score_mod; use backend='sdpa' or 'eager'"

@@ -119,6 +119,9 @@ class PositionalEncoding(nn.Module):
     has_bias = False
     has_relative_logits = False
     has_relative_values = False
+    #: causal attention at the model's own positions can run the content-position terms as attention plus a
+    #: band of near offsets (``band_parts``, served by ``kernels.band``)
+    has_band_form = False
     #: the score terms can also ride along q and k as extra channels (``score_channels``)
     has_score_channels = False
     #: the score bias is a function of (offset, head) alone (``bias_at``); False when it also reads
@@ -184,6 +187,11 @@ class PositionalEncoding(nn.Module):
     def relative_values(self, probs: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """Content-position values: Σ_j probs_ij a_{i-j}. probs: (B, H, Tq, Tk) -> (B, H, Tq, Dh)."""
         raise NotImplementedError(f"{type(self).__name__} has no content-position values")
+
+    def band_parts(self, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+        """Where ``has_band_form``: (key_band (K, Dh), value_band (K, Dv), value_floor (Dv,)) for
+        ``kernels.band``, whose causal attention then equals the content-position doors'."""
+        raise NotImplementedError(f"{type(self).__name__} has no band form")
 
     def score_channels(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, scale: float
                        ) -> tuple[Tensor, Tensor]:
