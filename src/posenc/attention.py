@@ -272,7 +272,6 @@ def _sdpa(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) ->
             attn_mask.requires_grad or plain_causal and k.shape[2] >= blockwise.CPU_CAUSAL_MASK_FROM_KEYS):
         # SDPA would fall back to its math path for a mask that needs a gradient, and with a mask it visits
         # every block of the upper triangle, which the fused kernel skips when told the mask is causal
-        k, v = _repeat_kv_heads(k, q.shape[1]), _repeat_kv_heads(v, q.shape[1])
         return blockwise.blockwise_attention(q, k, v, attn_mask, scale=scale, causal=plain_causal)
     if attn_mask is not None and attn_mask.is_floating_point():
         attn_mask = attn_mask.to(q.dtype)

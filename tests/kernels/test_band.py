@@ -51,7 +51,8 @@ def test_equals_its_formula_in_float64(batch, heads, length, width, head_dim, va
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda q, t: band.band_attention(q, q, q, t, t, scale=1.0, block=0), r"block must be a positive"),
+    (lambda q, t: band.band_attention(q, q, q, t, t, scale=1.0, block=0), r"block must be an integer >= 1, got 0"),
+    (lambda q, t: band.band_attention(q, q, q, t, t, scale=1.0, block=2.5), r"block must be an integer >= 1, got 2.5"),
     (lambda q, t: band.band_attention(q, q[:, :, :3], q[:, :, :3], t, t, scale=1.0), r"needs Tq = Tk"),
     (lambda q, t: band.band_attention(q, q, q, t[:, :3], t, scale=1.0), r"key_band \(K, Dh\)"),
     (lambda q, t: band.band_attention(q, q, q, t, t[:2], scale=1.0), r"value_band \(K, Dv\)"),

@@ -119,7 +119,9 @@ def test_low_precision_within_verify_tolerance(dtype):
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda q, b: blockwise.blockwise_attention(q, q, q, b, scale=1.0, block=0), r"block must be a positive"),
+    (lambda q, b: blockwise.blockwise_attention(q, q, q, b, scale=1.0, block=0), r"block must be an integer >= 1, got 0"),
+    (lambda q, b: blockwise.blockwise_attention(q, q, q, b, scale=1.0, block=-3), r"block must be an integer >= 1, got -3"),
+    (lambda q, b: blockwise.blockwise_attention(q, q, q, b > 0, scale=1.0), r"bias must be a float tensor.*torch.bool"),
     (lambda q, b: blockwise.blockwise_attention(q, q, q, b[..., :3], scale=1.0), r"bias must be \(B or 1"),
     (lambda q, b: blockwise.blockwise_attention(q, q, q, b[0], scale=1.0), r"bias must be \(B or 1"),
     (lambda q, b: blockwise.blockwise_attention(q[:, :, :2], q, q, b[:, :, :2], scale=1.0, causal=True),
@@ -256,3 +258,19 @@ def test_a_long_causal_mask_runs_on_the_kernel_told_it_is_causal(spy):
     short = [t[:, :, :-1].detach().requires_grad_() for t in (q, k, v)]
     outputs_and_grads(enc, *short, "sdpa")
     assert not spy  # below the length SDPA's masked path is as fast
+
+
+def test_grouped_key_value_heads_are_repeated_inside():
+    """k and v with fewer heads serve H/Hkv consecutive query heads each, as repeated heads would."""
+    generator = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 4, 20, 8, generator=generator, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, 20, 8, generator=generator, dtype=torch.float64) for _ in range(2))
+    bias = torch.randn(1, 4, 20, 20, generator=generator, dtype=torch.float64)
+    upstream = torch.randn(2, 4, 20, 8, generator=generator, dtype=torch.float64)
+    none = torch.zeros(1, 1, 1, 0, dtype=torch.float64)
+    got = output_and_grads(lambda q, k, v: blockwise.blockwise_attention(q, k, v, bias, scale=0.3, block=7),
+                           upstream, q, k, v)
+    expected = output_and_grads(lambda q, k, v: reference(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1),
+                                                          bias, none, none, 0.3), upstream, q, k, v)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)

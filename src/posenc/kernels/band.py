@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .. import checks
+
 from .blockwise import compute_dtype, query_blocks, token_major_zeros
 
 
@@ -43,8 +45,7 @@ def band_attention(q: Tensor, k: Tensor, v: Tensor, key_band: Tensor, value_band
         (B, H, T, Dv) in q's dtype, laid out as (B, T, H, Dv) like SDPA's output; gradients reach q, k, v,
         both bands and the floor.
     """
-    if block < 1:
-        raise ValueError(f"block must be a positive number of queries, got {block}")
+    checks.positive_int("block", block)
     if q.shape[2] != k.shape[2] or key_band.dim() != 2 or key_band.shape != (value_band.shape[0], q.shape[-1]) \
             or value_band.shape[-1] != v.shape[-1] or value_floor is not None and value_floor.shape != v.shape[-1:]:
         raise ValueError(f"band_attention needs Tq = Tk, key_band (K, Dh), value_band (K, Dv) and value_floor "

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .. import checks
+
 _FLASH = "_scaled_dot_product_flash_attention_for_cpu"
 #: keys from which a causal float mask runs faster through this kernel (SDPA's CPU flash kernel told the mask
 #: is causal, so it skips the upper triangle) than through ``scaled_dot_product_attention``, which cannot be
@@ -75,7 +77,8 @@ def blockwise_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = N
     the bias and the channels.
 
     Args:
-        q: (B, H, Tq, Dh); k: (B, H, Tk, Dh); v: (B, H, Tk, Dv), any Dv (repeat grouped key/value heads first).
+        q: (B, H, Tq, Dh); k: (B, Hkv, Tk, Dh); v: (B, Hkv, Tk, Dv), any Dv; H a multiple of Hkv (grouped-query
+            attention: each key/value head serves H/Hkv consecutive query heads).
         bias: float (B or 1, H or 1, Tq, Tk), −inf where a pair may not attend; None for no bias.
             A row with no allowed key returns zeros, as SDPA does.
         q_channels: (B or 1, H, Tq, C), or ``ChannelBlocks`` that build them per block, and
@@ -90,8 +93,11 @@ def blockwise_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = N
     Returns:
         (B, H, Tq, Dv) in q's dtype.
     """
-    if block < 1:
-        raise ValueError(f"block must be a positive number of queries, got {block}")
+    checks.positive_int("block", block)
+    if bias is not None and not bias.is_floating_point():
+        raise ValueError(f"bias must be a float tensor (−inf where a pair may not attend), got {bias.dtype}")
+    if k.shape[1] != q.shape[1]:
+        k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
     if bias is not None and (bias.dim() != 4 or bias.shape[2:] != (q.shape[2], k.shape[2]) or any(
             b not in (1, n) for b, n in zip(bias.shape[:2], q.shape[:2]))):
         raise ValueError(f"bias must be (B or 1, H or 1, Tq, Tk) = {tuple(q.shape[:3]) + (k.shape[2],)}, "

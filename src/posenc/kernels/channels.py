@@ -82,8 +82,6 @@ def attend_with_channels(content: Tensor | blockwise.ShiftedQueries, k: Tensor, 
     if width > v.shape[-1] and blockwise.available(q):
         if torch.compiler.is_compiling():  # rebuilding per block calls autograd.grad, which dynamo does not trace
             query_side = materialized(query_side)
-        heads = q.shape[1]
-        k, v = (x.repeat_interleave(heads // x.shape[1], dim=1) if x.shape[1] != heads else x for x in (k, v))
         compute = torch.float64 if q.dtype == torch.float64 else torch.float32
         bias = None if allowed is None else torch.zeros(allowed.shape, dtype=compute, device=allowed.device
                                                         ).masked_fill(~allowed, float("-inf"))
