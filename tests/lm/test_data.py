@@ -64,7 +64,7 @@ def test_folder_corpus_splits_by_file(tmp_path):
     corpus = text_corpus(tmp_path)
     assert corpus.fingerprint["files"] == 60
     assert 0 < len(corpus.dev) < len(corpus.train) and 0 < len(corpus.test) < len(corpus.train)
-    assert corpus.fingerprint["split"].startswith("by file")
+    assert corpus.fingerprint["split"].startswith("by document: sha256(name) % 20 < 1 is test")
 
 
 def test_a_single_file_is_split_by_bytes_into_three(tmp_path):
@@ -197,7 +197,7 @@ def test_a_folder_skips_hidden_files_reads_subfolders_and_fingerprints_itself(tm
     names = corpus.train.files + corpus.dev.files + corpus.test.files
     assert len(names) == 200 and all(n.startswith("sub/doc") for n in names)
     f = corpus.fingerprint
-    assert f["source"] == str(tmp_path) and f["files"] == 200 and f["split"].startswith("by file")
+    assert f["source"] == str(tmp_path) and f["files"] == 200 and f["split"].startswith("by document")
     assert f["bytes"] == len(corpus.train) + len(corpus.dev) + len(corpus.test) == sum(
         len(f"document {i} " * 20) + 1 for i in range(200))
 

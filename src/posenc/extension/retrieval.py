@@ -1,10 +1,15 @@
 """Multi-key retrieval from one prefilled haystack (RULER's multi-key needle, Hsieh et al. 2024).
 
-Labelled keys ("The pass key of the red door is 48213.") are hidden at several depths of one long text. The
-haystack is run once; every question ("What is the pass key of the red door? The pass key of the red door is")
-then continues from its KV cache, which is cropped back to the haystack after each one, so a length costs one
-long forward plus a few short ones. Per key: the greedy answer (right or wrong) and the teacher-forced
-log-probability of the right digits, which works for base models and shows partial decay.
+Labelled keys ("The secret word for kayak: candle.") are planted at several depths of one long text. The haystack
+is run once; every question ("The secret word for kayak:") then continues from its KV cache, which is cropped back
+to the haystack after each one, so a haystack costs one long forward plus a few short ones. Per key: the greedy
+answer, scored by exact match of its first word (no substring credit), and the teacher-forced log-probability of
+the right word, which shows partial decay.
+
+The format was calibrated on dev documents with SmolLM2-135M at half its context (4,096 tokens, four keys per
+document): five-digit numbers as values were found 2 to 6 times in 32 (the model copies the first digits and
+drifts); one-token words 12 of 16, every miss in the deepest band (docs/pretrained.md). Labels are words unlikely
+in the text (not colours, which the Bible uses), each the last word before the answer.
 
 Asking from the cache equals asking with the whole prompt at once (tests say so) for every scaling whose
 frequencies are fixed. ``dynamic`` NTK (and LongRoPE across its switch) changes frequencies with the length, so
@@ -21,16 +26,19 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-LABELS = ("red", "blue", "green", "yellow", "black", "white", "orange", "purple", "brown", "grey", "pink", "gold",
-          "silver", "violet", "amber", "teal")
-KEY = " The pass key of the {label} door is {key}. Remember it."
-QUESTION = "\nWhat is the pass key of the {label} door? The pass key of the {label} door is"
+LABELS = ("kayak", "tractor", "violin", "penguin", "laptop", "tulip", "volcano", "saxophone", "cactus", "rocket",
+          "igloo", "walrus", "bicycle", "pyramid", "tornado", "mango")
+VALUES = ("apple", "river", "candle", "garden", "silver", "thunder", "pencil", "window", "orange", "planet", "castle",
+          "forest", "button", "mirror", "engine", "pillow", "rabbit", "ticket", "wallet", "bridge", "basket", "copper",
+          "meadow", "parrot", "saddle", "lantern", "marble", "pepper", "harbor", "velvet", "ladder", "cotton")
+KEY = "\nThe secret word for {label}: {key}.\n"
+QUESTION = "\nThe secret word for {label}:"
 
 
 @dataclass(frozen=True)
 class Needle:
     label: str
-    key: str  # 5 digits
+    key: str  # one word of VALUES
     depth: float  # where its sentence starts, as a fraction of the haystack
     band: int  # which depth band it was drawn for
 
@@ -39,6 +47,14 @@ class Needle:
 class Haystack:
     ids: list[int]  # exactly `length` token ids
     needles: tuple[Needle, ...]
+    spans: tuple[tuple[int, int], ...] = ()  # [start, end) of each needle's sentence in ids
+
+    def scored(self) -> torch.Tensor:
+        """(length − 1,) bool: next-token targets that are text, not a needle's sentence (the loss reads these)."""
+        keep = torch.ones(len(self.ids), dtype=torch.bool)
+        for start, end in self.spans:
+            keep[start:end] = False
+        return keep[1:]
 
 
 def depth_grid(bands: int, per_band: int) -> list[tuple[int, float]]:
@@ -53,27 +69,28 @@ def make_haystack(encode, text_ids: list[int], length: int, bands: int, per_band
         raise ValueError(f"at most {len(LABELS)} keys per haystack (bands × keys per band), got {len(grid)}")
     rng = random.Random(seed)
     labels = rng.sample(LABELS, len(grid))
-    keys = [f"{rng.randint(10000, 99999)}" for _ in grid]
+    keys = rng.sample(VALUES, len(grid))
     sentences = [encode(KEY.format(label=label, key=key)) for label, key in zip(labels, keys)]
     budget = length - sum(len(s) for s in sentences)
     if budget < len(grid) or not text_ids:
         raise ValueError(f"retrieval length {length} is too short for {len(grid)} key sentences "
                          f"({length - budget} tokens)")
     filler = (text_ids * (budget // len(text_ids) + 1))[:budget]
-    ids, needles, taken = [], [], 0
+    ids, needles, spans, taken = [], [], [], 0
     for (band, depth), label, key, sentence in zip(grid, labels, keys, sentences):
         cut = round(depth * budget)
         ids += filler[taken:cut]
         taken = cut
         needles.append(Needle(label, key, len(ids) / length, band))
+        spans.append((len(ids), len(ids) + len(sentence)))
         ids += sentence
     ids += filler[taken:]
-    return Haystack(ids, tuple(needles))
+    return Haystack(ids, tuple(needles), tuple(spans))
 
 
 def read_answer(text: str) -> str | None:
-    """The first run of digits in a continuation."""
-    match = re.search(r"\d+", text)
+    """The first word (a run of letters) of a continuation."""
+    match = re.search(r"[A-Za-z]+", text)
     return match.group(0) if match else None
 
 
@@ -125,13 +142,14 @@ def ask_whole(model, prefix: list[int], question: list[int], answer: list[int], 
 
 
 @torch.no_grad()
-def retrieve(model, haystack: Haystack, encode, decode, max_new_tokens: int = 8, whole_prompt: bool = False
-             ) -> list[dict]:
-    """Prefill the haystack once, ask for every key from the cache (``whole_prompt``: prefill haystack + question
-    for each key instead): one record per needle."""
+def retrieve(model, haystack: Haystack, encode, decode, max_new_tokens: int = 8, whole_prompt: bool = False,
+             cache=None) -> list[dict]:
+    """Ask for every key of a haystack: from ``cache`` (the haystack's own, prefilled by the caller, e.g. while
+    scoring its loss) or from one prefill made here; ``whole_prompt``: haystack + question prefilled per key
+    instead. One record per needle."""
     device = next(model.parameters()).device
-    ids = torch.tensor([haystack.ids], device=device)
-    cache = None if whole_prompt else model(input_ids=ids, use_cache=True).past_key_values
+    if cache is None and not whole_prompt:
+        cache = model(input_ids=torch.tensor([haystack.ids], device=device), use_cache=True).past_key_values
     records = []
     for needle in haystack.needles:
         question, answer = encode(QUESTION.format(label=needle.label)), encode(" " + needle.key)

@@ -27,8 +27,8 @@ def loss_figure(results: dict) -> Figure:
     ax.axvline(results["original_context"], color="black", linewidth=0.8, linestyle=":")
     ax.set_xlabel(f"token position in a {results['config']['to']:,}-token window (dotted: the model's context)")
     ax.set_ylabel("next-token loss (nats), mean per bin")
-    ax.set_title(f"{results['config']['model']}: loss by position over {len(results['windows']['test'])} test "
-                 "windows (bands: min..max)")
+    ax.set_title(f"{results['config']['model']}: loss by position over {len(results['documents']['test'])} test "
+                 "documents (bands: min..max)")
     ax.set_ylim(min(lows) * 0.9, min(max(tops) * 1.2, min(lows) * 6))
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
@@ -36,26 +36,26 @@ def loss_figure(results: dict) -> Figure:
 
 
 def retrieval_figure(results: dict) -> Figure:
-    """One heatmap per row: retrieval accuracy per (length, depth band), with the digits' log-probability."""
-    config, rows = results["config"], list(results["rows"])
-    figure = Figure(figsize=(2.4 * len(rows) + 1, 0.6 * len(config["retrieval_lengths"]) + 2.2), layout="constrained")
-    axes = figure.subplots(1, len(rows), squeeze=False)[0]
-    image = None
-    for ax, name in zip(axes, rows):
-        cells = results["rows"][name]["retrieval_cells"]
-        grid = [cells[str(n)]["accuracy"] for n in config["retrieval_lengths"]]
-        image = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
-        ax.set_xticks(range(config["bands"]), [f"{b + 1}" for b in range(config["bands"])])
-        ax.set_yticks(range(len(grid)), [f"{n:,}" for n in config["retrieval_lengths"]])
-        ax.set_xlabel("depth band (1: start)")
-        ax.set_title(name, fontsize=9)
-        for i, n in enumerate(config["retrieval_lengths"]):
-            for j, (acc, lp) in enumerate(zip(cells[str(n)]["accuracy"], cells[str(n)]["log_prob"])):
-                ax.text(j, i, f"{acc:.0%}\n{lp:.0f}", ha="center", va="center", fontsize=7)
-    axes[0].set_ylabel("haystack length (tokens)")
-    figure.colorbar(image, ax=list(axes), shrink=0.8, label="accuracy (text: log-prob of the digits)")
-    figure.suptitle(f"{config['model']}: multi-key retrieval, {config['keys_per_band']} keys per band "
-                    f"(context {results['original_context']:,})")
+    """Keys found per (row, depth band) at the run's length, and the unscaled model inside its context, with the
+    mean log-probability of the right digits."""
+    config = results["config"]
+    cells = {name: row["keys"] for name, row in results["rows"].items()}
+    cells[f"none, first {results['in_context']['length']:,} (in context)"] = results["in_context"]["test_keys"]
+    names = list(cells)
+    figure = Figure(figsize=(1.3 * config["bands"] + 3.5, 0.45 * len(names) + 1.8), layout="constrained")
+    ax = figure.add_subplot()
+    grid = [[float("nan") if a is None else a for a in cells[n]["by_band"]] for n in names]
+    image = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+    ax.set_xticks(range(config["bands"]), [f"{b + 1}" for b in range(config["bands"])])
+    ax.set_yticks(range(len(names)), [f"{n} ({cells[n]['found']}/{cells[n]['total']})" for n in names])
+    ax.set_xlabel("depth band of the key (1: the document's start, farthest from the question)")
+    for i, name in enumerate(names):
+        for j, (acc, lp) in enumerate(zip(cells[name]["by_band"], cells[name]["log_prob_by_band"])):
+            if acc is not None:
+                ax.text(j, i, f"{acc:.0%}\n{lp:.1f}", ha="center", va="center", fontsize=7)
+    figure.colorbar(image, ax=ax, shrink=0.8, label="keys found (text: log-prob of the digits)")
+    ax.set_title(f"{config['model']}: keys planted in {len(results['documents']['test'])} test documents of "
+                 f"{config['to']:,} tokens (context {results['original_context']:,})", fontsize=9)
     return figure
 
 

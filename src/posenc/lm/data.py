@@ -61,11 +61,12 @@ class Corpus:
                 f"sha256 {f['sha256'][:12]}")
 
 
-def split_of(relative_path: str) -> str:
-    """'train', 'dev' or 'test' for a file, by a hash of its path (stable across machines and runs)."""
+def split_of(relative_path: str, every: int = SPLIT_EVERY, test: int = 1, dev: int = 1) -> str:
+    """'train', 'dev' or 'test' for a file, by a hash of its path (stable across machines and runs): of ``every``
+    hash buckets, the first ``test`` go to test and the next ``dev`` to dev."""
     digest = hashlib.sha256(relative_path.encode()).digest()
-    bucket = int.from_bytes(digest[:4], "little") % SPLIT_EVERY
-    return {0: "test", 1: "dev"}.get(bucket, "train")
+    bucket = int.from_bytes(digest[:4], "little") % every
+    return "test" if bucket < test else "dev" if bucket < test + dev else "train"
 
 
 class _SplitBuilder:
@@ -81,22 +82,28 @@ class _SplitBuilder:
         return Split(_as_tensor(self.data), tuple(self.files), tuple(self.starts))
 
 
-def _corpus_from_files(root: Path, files: list[Path], source: str) -> Corpus:
-    splits, hasher = {name: _SplitBuilder() for name in ("train", "dev", "test")}, hashlib.sha256()
-    for path in files:
-        data = path.read_bytes()
+def corpus_from_documents(documents, source: str, *, every: int = SPLIT_EVERY, test: int = 1, dev: int = 1
+                          ) -> Corpus:
+    """A corpus from ``(name, bytes)`` documents in order, each sent whole to one split by a hash of its name
+    (``split_of``); the fingerprint hashes every document's bytes in order."""
+    splits, hasher, count = {name: _SplitBuilder() for name in ("train", "dev", "test")}, hashlib.sha256(), 0
+    for name, data in documents:
         hasher.update(data)
-        relative = path.relative_to(root).as_posix()
-        splits[split_of(relative)].add(relative, data)
+        splits[split_of(name, every, test, dev)].add(name, data)
+        count += 1
     fingerprint = {
         "source": source,
-        "files": len(files),
+        "files": count,
         "bytes": sum(len(b.data) for b in splits.values()),
         "sha256": hasher.hexdigest(),
         "python_version": platform.python_version(),
-        "split": f"by file: sha256(path) % {SPLIT_EVERY} == 0 is test, == 1 is dev, the rest train",
+        "split": f"by document: sha256(name) % {every} < {test} is test, < {test + dev} is dev, the rest train",
     }
     return Corpus(splits["train"].build(), splits["dev"].build(), splits["test"].build(), fingerprint)
+
+
+def _corpus_from_files(root: Path, files: list[Path], source: str) -> Corpus:
+    return corpus_from_documents(((path.relative_to(root).as_posix(), path.read_bytes()) for path in files), source)
 
 
 def _split_by_bytes(name: str, data: bytes | bytearray) -> tuple[Split, Split, Split]:

@@ -15,7 +15,9 @@ import torch
 
 from posenc.cli import main
 from posenc.experiments.pretrained import PretrainedConfig
-from posenc.experiments.pretrained.measure import ByteTokens, long_documents, position_losses, sliding_losses
+from posenc.experiments.pretrained.measure import (ByteTokens, long_documents, position_losses, sliding_losses,
+                                                   tiny_llama)
+from posenc.extension.retrieval import make_haystack
 from posenc.experiments.pretrained.stages import plan_rows
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -35,49 +37,73 @@ def test_hf_smoke_writes_every_file_row_and_measure(smoke):
     for name in ("results.json", "results.md", "loss_by_position.png", "retrieval.png", "finetune_curve.png",
                  "rope_parameters.json"):
         assert (out / name).stat().st_size > 0, name
-    assert list(results["rows"]) == ROWS and results["factor"] == 16.0 and results["original_context"] == 64
+    assert list(results["rows"]) == ROWS and results["factor"] == 2.0 and results["original_context"] == 512
     config = results["config"]
     for name, row in results["rows"].items():
-        assert len(row["test"]) == config["documents"] == 4 and len(row["dev"]) == config["dev_documents"]
-        for length in config["retrieval_lengths"]:
-            keys = row["retrieval"][str(length)]
-            assert len(keys) == config["bands"] * config["keys_per_band"] == 12
-            assert all(k["log_prob"] < 0 for k in keys)
+        assert len(row["test"]) == config["documents"] == 4
+        assert len(row["dev"]) == (config["dev_documents"] if name not in ("none", "self-extend") else 0)
+        for document in row["test"]:  # every planted key asked, from the document's own prefill
+            assert len(document["retrieval"]) == config["bands"] * config["keys_per_band"] == 4
+            assert all(k["log_prob"] < 0 for k in document["retrieval"])
         assert row["past"]["low"] <= row["past"]["mean"] <= row["past"]["high"]
+        assert row["keys"]["total"] == 16 and row["keys"]["low"] <= row["keys"]["accuracy"] <= row["keys"]["high"]
     past = {name: round(row["past"]["mean"], 6) for name, row in results["rows"].items()}
     assert len(set(past.values())) == len(ROWS)  # every row changes the model
     # Self-Extend is exact inside its window: its first tokens score as the unscaled model's
     assert results["rows"]["self-extend"]["first"]["mean"] == pytest.approx(results["rows"]["none"]["first"]["mean"],
                                                                              abs=1e-5)
     assert set(results["finetune"]) == {"yarn+pose", "yarn+control"}
-    assert "yarn+pose − yarn+control" in results["comparisons"] and "| yarn+pose |" in (out / "results.md").read_text()
+    assert "loss past: yarn+pose − yarn+control" in results["comparisons"]
+    assert "| yarn+pose |" in (out / "results.md").read_text()
+    assert results["in_context"]["length"] == 256 and results["in_context"]["test_keys"]["total"] == 16
+    assert results["control"]["context"] == [512 - 128 + 1, 512]
+    assert results["corpus"]["sha256"] and results["documents"]["test"][0].startswith("stdlib/")
 
 
-def test_test_and_dev_windows_come_from_different_files_each_inside_one_document(smoke):
+def test_every_comparison_carries_its_documents_and_the_run_wide_correction(smoke):
     _, results = smoke
-    test = {w["file"] for w in results["windows"]["test"]}
-    dev = {w["file"] for w in results["windows"]["dev"]}
-    assert test and dev and not test & dev
+    family = results["comparisons"]
+    assert len(family) == 13 and all(c["comparisons"] == 13 for c in family.values())
+    for name, c in family.items():
+        assert list(c["per_document"]) == results["documents"]["test"], name  # pairs stay pairs
+        low, high = c["corrected"]
+        assert low <= c["low"] <= c["mean"] <= c["high"] <= high  # the corrected interval is the wider
+        assert c["p_holm"] >= c["p"] and c["verdict"] == (not low <= 0 <= high and c["p_holm"] < 0.05)
+    rows = results["rows"]
+    none = family["loss past: none − context control"]
+    want = [d["past"] - k["past"] for d, k in zip(rows["none"]["test"], results["control"]["test"])]
+    assert list(none["per_document"].values()) == pytest.approx(want)
+
+
+def test_test_and_dev_documents_differ_each_window_inside_one_document(smoke):
+    _, results = smoke
+    test, dev = set(results["documents"]["test"]), set(results["documents"]["dev"])
+    assert len(test) == 4 and len(dev) == 2 and not test & dev
     config = PretrainedConfig.from_preset("smoke")
     windows = long_documents(config, ByteTokens(), "test", 4, config.to)
     assert all(w["ids"].shape == (config.to,) for w in windows)
+    assert [w["file"] for w in windows] == results["documents"]["test"]
 
 
 def test_the_best_row_is_chosen_on_dev_and_exported_as_a_folder_from_pretrained_loads(smoke):
     transformers = pytest.importorskip("transformers")
     out, results = smoke
     rows = results["rows"]
-    candidates = {n: r["dev_past"] for n, r in rows.items() if n not in ("none", "self-extend")}
+    candidates = {n: sum(d["past"] for d in r["dev"]) / len(r["dev"]) for n, r in rows.items()
+                  if n not in ("none", "self-extend")}
     assert results["best_row"] == min(candidates, key=candidates.get)
     exported = json.loads((out / "rope_parameters.json").read_text())
     assert exported["metadata"]["row"] == results["best_row"]
     model = transformers.AutoModelForCausalLM.from_pretrained(out.parent / "exported", local_files_only=True)
     assert model.config.rope_parameters == results["best_rope_parameters"]
-    # the exported model scores the first test window as the run measured the best row
+    # the exported model scores the first test document (its keys' tokens excluded) as the run measured
     config = PretrainedConfig.from_preset("smoke")
     window = long_documents(config, ByteTokens(), "test", 1, config.to)[0]["ids"]
-    losses = position_losses(model, window, config.chunk)
-    assert losses[63:].mean().item() == pytest.approx(rows[results["best_row"]]["test"][0]["past"], abs=1e-5)
+    haystack = make_haystack(ByteTokens().encode, window.tolist(), config.to, config.bands, config.keys_per_band,
+                             seed=0)
+    losses = position_losses(model, torch.tensor(haystack.ids), config.chunk)
+    past = losses[511:][haystack.scored()[511:]].mean().item()
+    assert past == pytest.approx(rows[results["best_row"]]["test"][0]["past"], abs=1e-5)
 
 
 def test_the_context_control_reads_at_most_the_context():
@@ -96,8 +122,39 @@ def test_the_context_control_reads_at_most_the_context():
     finally:
         measure.position_losses = original
     assert losses.shape == (200 - 1 - 63,) and max(calls) <= 65 and len(calls) == 5
-    # each value is the scored position's index in its window = its context: between context − stride and context
+    # each value is the scored position's index in its window = its context − 1: context − stride + 1 .. context
     assert losses.min().item() == 32 and losses.max().item() == 63 and losses[-1].item() == 63
+
+
+@pytest.mark.parametrize("stride", [1, 5])
+def test_the_control_equals_rereading_each_target_from_scratch(stride):
+    """Stride 1: every target is scored by a fresh read of exactly its last ``context`` tokens; stride s: by a
+    fresh read of the window that ends at its block's end (a causal model ignores what follows it)."""
+    torch.manual_seed(0)
+    model = tiny_llama(0, 16).double()
+    tokens = torch.randint(0, 256, (40,))
+    context, start = 16, 15
+    got = sliding_losses(model, tokens, context, stride, start, chunk=7)
+    want = []
+    for p in range(start, 39):
+        end = min(start + stride * ((p - start) // stride + 1), 39)  # the end of p's stride block
+        first = max(0, end - context)
+        reread = model(input_ids=tokens[None, first : p + 1]).logits[0, -1]
+        assert context - stride + 1 <= p - first + 1 <= context  # what the target at p + 1 sees
+        want.append(torch.nn.functional.cross_entropy(reread[None], tokens[p + 1 : p + 2]).item())
+    torch.testing.assert_close(got.double(), torch.tensor(want, dtype=torch.float64), rtol=0, atol=2e-6)  # float32 logits
+
+
+def test_a_sliding_window_mask_is_not_rereading_past_one_layer():
+    """Why the control re-reads: one pass under a sliding-window mask lets a deep layer see keys whose own
+    states were built from tokens further back, so it differs from re-reading for a model of two layers."""
+    model = tiny_llama(0, 16).double()
+    tokens = torch.randint(0, 256, (33,), generator=torch.Generator().manual_seed(1))
+    allowed = torch.ones(33, 33, dtype=torch.bool).tril() & ~torch.ones(33, 33, dtype=torch.bool).tril(-8)
+    mask = torch.zeros(33, 33, dtype=torch.float64).masked_fill(~allowed, float("-inf"))[None, None]
+    one_pass = model(input_ids=tokens[None], attention_mask=mask).logits[0, -1]
+    reread = model(input_ids=tokens[None, -8:]).logits[0, -1]
+    assert (one_pass - reread).abs().max().item() > 1e-3
 
 
 def test_rows_follow_the_methods_and_the_finetune_mode():
@@ -108,9 +165,14 @@ def test_rows_follow_the_methods_and_the_finetune_mode():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--to", "64"], "--to 64 is not above the model's context (64)"),
+    (["--to", "512"], "--to 512 is not above the model's context (512)"),
+    (["--corpus", "kjv,bible"], "--corpus must be one or more of stdlib, kjv"),
+    (["--corpus", "stdlib", "--text", "x.txt"], "--corpus and --text both name the documents: pass one"),
+    (["--control-stride", "1000"], "--control-stride (1000) must be at most the model's context (512)"),
+    (["--documents", "1"], "--documents must be an integer >= 2"),
+    (["--keys-per-band", "5"], "--keys-per-band (5) x 4 bands is over the 16 labels"),
     (["--methods", "none,self-extended"], "unknown methods ['self-extended']"),
-    (["--finetune-window", "128"], "--finetune-window (128) is longer than the model's context (64): PoSE"),
+    (["--finetune-window", "600"], "--finetune-window (600) is longer than the model's context (512): PoSE"),
     (["--lora", "0"], "--lora must be a rank >= 1"),
     (["--self-extend-group", "1"], "--self-extend-group must be an integer >= 2"),
     (["--self-extend-window", "1024"], "--self-extend-window (1024) must be below --to (1024)"),
@@ -129,7 +191,7 @@ def test_not_enough_long_documents_says_how_many_there_are(tmp_path, capsys):
     text = tmp_path / "short.txt"
     text.write_text("x = 1\n" * 200)
     assert main(["extend", "--hf", "tiny", "--preset", "smoke", "--text", str(text), "--out", str(tmp_path / "o")]) == 2
-    assert "not enough long text: the test split has 0 windows of 1,024 tokens" in capsys.readouterr().err
+    assert "not enough long text: the test split has 0 documents of at least 1,024 tokens" in capsys.readouterr().err
 
 
 def test_export_refuses_a_folder_it_did_not_write_before_any_work(tmp_path, capsys):

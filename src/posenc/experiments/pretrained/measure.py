@@ -12,8 +12,12 @@ from tqdm.auto import tqdm
 
 from ... import hf
 from ...extension.methods import method_scaling
-from ...lm.data import stdlib_corpus, text_corpus
+from ...lm.corpora import named_corpus
+from ...lm.data import text_corpus
 from .config import PretrainedConfig
+
+
+TINY_CONTEXT = 512  # the smoke model's context: its first half holds four planted keys of ~55 byte tokens
 
 
 class ByteTokens:
@@ -53,7 +57,7 @@ def tiny_llama(seed: int = 0, context: int = 64):
 def load_model(config: PretrainedConfig):
     """(model, tokens) for the config's model."""
     if config.model == "tiny":
-        return tiny_llama(config.seed), ByteTokens()
+        return tiny_llama(config.seed, TINY_CONTEXT), ByteTokens()
     model, tokenizer = hf.load(config.model)
     if tokenizer is None:
         raise ValueError(f"{config.model} has no tokenizer (tokenizer.json); posenc extend --hf needs one")
@@ -68,9 +72,9 @@ def method_parameters(method: str, factor: float, original: int, theta: float, o
 
 
 @contextmanager
-def layer_progress(model, label: str):
-    """A progress bar (with ETA) advanced by every decoder layer of one long forward pass."""
-    layers = list(getattr(model.model, "layers", []))
+def layer_progress(decoder, label: str):
+    """A progress bar (with ETA) advanced by every layer of one long forward pass through ``decoder``."""
+    layers = list(getattr(decoder, "layers", []))
     bar = tqdm(total=len(layers), desc=label, leave=False, dynamic_ncols=True)
 
     def advance(*_) -> None:  # a forward hook that returns something replaces the layer's output
@@ -85,67 +89,79 @@ def layer_progress(model, label: str):
         bar.close()
 
 
-@torch.no_grad()
-def position_losses(model, tokens: torch.Tensor, chunk: int = 2048, label: str = "forward") -> torch.Tensor:
-    """Next-token loss (nats) at every position of one window, from hidden states in chunks.
+def decoder_and_head(model):
+    """(the decoder stack, the output projection) of a causal LM, a peft-wrapped one included (its ``.model`` is
+    the wrapped CausalLM, not the decoder)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.model, base.lm_head
 
-    tokens: (T,) int64. Returns (T - 1,) float32. Never holds more than chunk × vocab logits.
+
+@torch.no_grad()
+def prefill(model, tokens: torch.Tensor, chunk: int = 2048, label: str = "forward", keep_cache: bool = False):
+    """Next-token loss (nats) at every position of one window, from hidden states in chunks, and (with
+    ``keep_cache``) the KV cache the questions of a retrieval continue from.
+
+    tokens: (T,) int64. Returns ((T - 1,) float32, cache or None). Never holds more than chunk × vocab logits.
     """
     device = next(model.parameters()).device
-    with layer_progress(model, f"{label} ({tokens.shape[0] - 1:,} tokens)"):
-        hidden = model.model(input_ids=tokens[None].to(device)).last_hidden_state[0]  # (T, D)
+    decoder, head = decoder_and_head(model)
+    with layer_progress(decoder, f"{label} ({tokens.shape[0] - 1:,} tokens)"):
+        out = decoder(input_ids=tokens[None].to(device), use_cache=keep_cache)
+    hidden = out.last_hidden_state[0]  # (T, D)
     losses = []
     for start in range(0, tokens.shape[0] - 1, chunk):
         end = min(start + chunk, tokens.shape[0] - 1)
-        logits = model.lm_head(hidden[start:end]).float()  # (chunk, V)
+        logits = head(hidden[start:end]).float()  # (chunk, V)
         losses.append(F.cross_entropy(logits, tokens[start + 1 : end + 1].to(device), reduction="none").cpu())
-    return torch.cat(losses)
+    return torch.cat(losses), (out.past_key_values if keep_cache else None)
+
+
+def position_losses(model, tokens: torch.Tensor, chunk: int = 2048, label: str = "forward") -> torch.Tensor:
+    """``prefill``'s losses alone: (T - 1,) float32 for tokens (T,)."""
+    return prefill(model, tokens, chunk, label)[0]
 
 
 def binned(losses: torch.Tensor, bins: int) -> dict:
+    """Mean loss per equal bin of positions; NaN marks positions that are not scored (a needle's tokens)."""
     edges = [round(i * losses.shape[0] / bins) for i in range(bins + 1)]
-    return {"bin_edges": edges, "loss": [losses[a:b].mean().item() for a, b in zip(edges[:-1], edges[1:])]}
+    return {"bin_edges": edges, "loss": [losses[a:b].nanmean().item() for a, b in zip(edges[:-1], edges[1:])]}
 
 
 @functools.cache
-def corpus_of(text: str | None):
-    """``--text`` or the embedded corpus, read once per process (the run reads its test, dev and train splits)."""
-    return text_corpus(text) if text else stdlib_corpus()
+def corpus_of(text: str | None, corpus: str = "stdlib"):
+    """``--text`` or the named ``--corpus``, read once per process (the run reads its test, dev and train splits)."""
+    return text_corpus(text) if text else named_corpus(corpus)
 
 
 TRAIN_BYTES = 4_000_000  # fine-tuning text: at most this much of the train split (far more than a run reads)
 
 
 def read_text_tokens(config: PretrainedConfig, tokens, split: str = "test", limit: int | None = None) -> torch.Tensor:
-    """The ``split`` of the corpus (``--text`` or the embedded one) in the model's tokens: (T,); at most ``limit``
-    bytes of it."""
-    corpus = corpus_of(config.text)
-    data = getattr(corpus, split).data[:limit]
+    """The ``split`` of the corpus in the model's tokens: (T,); at most ``limit`` bytes of it."""
+    data = getattr(corpus_of(config.text, config.corpus), split).data[:limit]
     return torch.tensor(tokens.encode(bytes(data.tolist()).decode("utf-8", errors="replace")), dtype=torch.int64)
 
 
 def long_documents(config: PretrainedConfig, tokens, split: str, count: int, length: int) -> list[dict]:
-    """``count`` windows of ``length`` tokens, each inside one document of ``split``: the first window of each of
-    the longest documents, then (when too few are long enough) their next non-overlapping windows.
-    Returns [{"file", "start" (token offset in the file), "ids" (length,) int64}]."""
-    corpus = corpus_of(config.text)
-    part = getattr(corpus, split)
+    """The first ``length`` tokens of ``count`` documents of ``split`` that are at least that long: one window per
+    document (the unit every interval resamples), taken in turn from each source (the first path component of a
+    name that has one: "kjv/Genesis" is from kjv), longest first within a source. Returns [{"file", "start": 0, "ids" (length,) int64}]."""
+    part = getattr(corpus_of(config.text, config.corpus), split)
     ends = list(part.starts[1:]) + [len(part.data)]
-    documents = []
+    by_source: dict[str, list[tuple[str, list[int]]]] = {}
     for name, start, end in zip(part.files, part.starts, ends):
         if end - start > length:  # a token is at least one byte
             ids = tokens.encode(bytes(part.data[start:end].tolist()).decode("utf-8", errors="replace"))
             if len(ids) >= length:
-                documents.append((name, ids))
-    documents.sort(key=lambda d: -len(d[1]))
-    windows = sorted(((k, i) for i, (_, ids) in enumerate(documents) for k in range(len(ids) // length)))
-    if len(windows) < count:
-        raise ValueError(f"not enough long text: the {split} split has {len(windows)} windows of {length:,} tokens "
-                         f"inside one document; {count} are needed. Pass a --text with longer documents, a smaller "
-                         "--to, or fewer --documents")
-    return [{"file": documents[i][0], "start": k * length,
-             "ids": torch.tensor(documents[i][1][k * length : (k + 1) * length], dtype=torch.int64)}
-            for k, i in windows[:count]]
+                by_source.setdefault(name.split("/")[0] if "/" in name else "", []).append((name, ids))
+    queues = [sorted(documents, key=lambda d: (-len(d[1]), d[0])) for documents in by_source.values()]
+    documents = [queue[i] for i in range(max(map(len, queues), default=0)) for queue in queues if i < len(queue)]
+    if len(documents) < count:
+        raise ValueError(f"not enough long text: the {split} split has {len(documents)} documents of at least "
+                         f"{length:,} tokens; {count} are needed. Pass a --corpus or --text with more long "
+                         "documents, a smaller --to, or fewer --documents / --dev-documents")
+    return [{"file": name, "start": 0, "ids": torch.tensor(ids[:length], dtype=torch.int64)}
+            for name, ids in documents[:count]]
 
 
 @torch.no_grad()

@@ -2,14 +2,17 @@
 
 Rows: the zero-shot methods (each scaling at factor = ``--to`` / the model's context; ``self-extend`` and
 ``rerope`` through the attention registry) and, with ``--finetune``, the fine-tuned scaling (``pose`` adds its
-control: the same tokens and steps at plain ids). For every row:
-  - loss by position on ``documents`` test windows of ``--to`` tokens, each inside one long document, and on
-    ``dev_documents`` dev windows; per window: the mean over the first ``first_tokens`` (the cost inside the
-    context), inside the original context and past it, and per position bin;
-  - multi-key retrieval at every ``retrieval_lengths`` (``extension.retrieval``: one prefill, a question per key).
-Plus the context-use control: the unscaled model scoring the same windows with a sliding context of at most its
-original length. The best row (for the export and the recommendation) has the lowest dev loss past the context;
-every reported number is on test, comparisons paired over the same test windows.
+control: the same tokens and steps at plain ids). For every row, one prefill per test document (its first ``--to``
+tokens, with ``bands × keys_per_band`` labelled keys planted at spread depths) gives both the loss by position
+(the keys' tokens not scored) and, from its KV cache, the answer to every planted key; the rows that could be
+exported are also scored on the dev documents, which choose the export. Beside the rows:
+  - the context control: the unscaled model re-reading, so that each target past the context sees between
+    ``original − control_stride + 1`` and ``original`` tokens (not one pass under a sliding-window mask: for a
+    model of more than one layer that lets information through from further back, and a model trained without
+    it loses its first-token attention sink there: docs/pretrained.md);
+  - the unscaled model's retrieval inside its context (keys in the first ``original // 2`` tokens): the
+    calibration every retrieval number is read against.
+Statistics are over documents (``report``, ``experiments.documents``).
 
 Every measurement is a file under ``measurements/`` and every fine-tune a folder under ``finetune/``, written
 atomically: a killed run resumed with ``--resume`` loses no finished one. Under ``torchrun`` the processes share
@@ -34,7 +37,7 @@ from ...extension.self_extend import smallest_group, use_attention, use_self_ext
 from ...lm.runtime import Runtime
 from . import report
 from .config import PretrainedConfig
-from .measure import (TRAIN_BYTES, binned, load_model, long_documents, method_parameters, position_losses,
+from .measure import (TRAIN_BYTES, binned, load_model, long_documents, method_parameters, position_losses, prefill,
                       read_text_tokens, sliding_losses)
 
 LENGTH_DEPENDENT = ("dynamic", "longrope")  # frequencies change with the length: no shared retrieval cache
@@ -77,17 +80,17 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
     for params in parameters.values():  # every dict is checked against this model before the long work
         hf.full_rope_parameters(model, params)
     group = config.self_extend_group or (smallest_group(original, config.to, config.self_extend_window)
-                                         if config.uses_self_extend else None)
+                                         if "self-extend" in config.methods else None)  # ReRoPE has no group
     test = long_documents(config, tokens, "test", config.documents, config.to)
     dev = long_documents(config, tokens, "dev", config.dev_documents, config.to)
-    for length in config.retrieval_lengths:  # ... and every haystack length against its key sentences
-        retrieval.make_haystack(tokens.encode, test[0]["ids"].tolist(), length, config.bands, config.keys_per_band, 0)
+    haystacks = [_haystack(tokens, w["ids"], config.to, config, i) for i, w in enumerate(test)]
+    _haystack(tokens, test[0]["ids"][: original // 2], original // 2, config, 0)  # the in-context keys fit
     if runtime.rank == 0:
         _pin(out, config, resume)
     runtime.barrier()
     stages = {"load model and text": time.perf_counter() - began}
     log(f"model: {config.model} ({model.config.model_type}, context {original}, rope_theta {theta:g}); to "
-        f"{config.to} (factor {factor:g}); {len(test)} test and {len(dev)} dev windows of {config.to:,} tokens")
+        f"{config.to} (factor {factor:g}); {len(test)} test and {len(dev)} dev documents, {config.to:,} tokens each")
     pristine = {name: p.detach().clone() for name, p in model.named_parameters()}
     if "longrope" in rows:
         started = time.perf_counter()
@@ -103,6 +106,8 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
     if runtime.rank != 0:
         return None
     measured = {}
+    exportable = [name for name, row in rows.items() if report.exportable(name, row)]
+    choosing = exportable if len(exportable) > 1 else []  # dev documents only where there is a choice
     for name, row in rows.items():
         started = time.perf_counter()
         _restore(model, pristine)
@@ -113,22 +118,30 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
             use_attention(model, "sdpa")
         else:
             use_self_extend(model, config.self_extend_window, group if row["attention"] == "self-extend" else None)
+        whole = row["method"] in LENGTH_DEPENDENT
         measured[name] = {
             "rope_parameters": hf.full_rope_parameters(model, parameters[name]), **row,
-            "test": [_window_losses(model, w, f"{name}-test{i}", config, original, out) for i, w in enumerate(test)],
-            "dev": [_window_losses(model, w, f"{name}-dev{i}", config, original, out) for i, w in enumerate(dev)],
-            "retrieval": _retrieval(model, tokens, name, row["method"] in LENGTH_DEPENDENT, test[0]["ids"], config,
-                                    out)}
+            "test": [_document(model, tokens, f"{name}-test{i}", haystack, config, original, out, whole)
+                     for i, haystack in enumerate(haystacks)],
+            "dev": [_document(model, tokens, f"{name}-dev{i}", w["ids"], config, original, out, whole)
+                    for i, w in enumerate(dev)] if name in choosing else []}
         stages[f"measure {name}"] = time.perf_counter() - started
-        log(f"  {name}: test loss past the context {_mean(measured[name]['test'], 'past'):.3f}")
+        log(f"  {name}: test loss past the context {_mean(measured[name]['test'], 'past'):.3f}, keys found "
+            f"{sum(k['correct'] for d in measured[name]['test'] for k in d['retrieval'])}")
     started = time.perf_counter()
     _restore(model, pristine)
     hf.apply_scaling(model, own)
     use_attention(model, "sdpa")
-    control = {"test": [_control(model, w, f"test{i}", config, original, out) for i, w in enumerate(test)],
-               "dev": [_control(model, w, f"dev{i}", config, original, out) for i, w in enumerate(dev)]}
+    half = original // 2
+    in_context = {split: [_in_context(model, tokens, f"{split}{i}", w["ids"], half, config, out, i)
+                          for i, w in enumerate(windows)] for split, windows in (("test", test), ("dev", dev))}
+    stages["in-context retrieval (unscaled)"] = time.perf_counter() - started
+    started = time.perf_counter()
+    control = {"test": [_control(model, haystack, f"test{i}", config, original, out)
+                        for i, haystack in enumerate(haystacks)]}
     stages["context control"] = time.perf_counter() - started
-    results = report.collect(config, model, original, factor, group, test, dev, measured, control, tuned, stages)
+    results = report.collect(config, model, original, factor, group, test, dev, measured, control, in_context, tuned,
+                             stages)
     results.update(device=runtime.label, peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
                    versions={"posenc": __version__, "torch": torch.__version__, "python": platform.python_version()})
     report.write_all(results, out)
@@ -151,6 +164,9 @@ def _check_against_model(config: PretrainedConfig, original: int) -> None:
                          f"({original})")
     if config.first_tokens > original:
         raise ValueError(f"--first-tokens ({config.first_tokens}) must be at most the model's context ({original})")
+    if config.control_stride > original:
+        raise ValueError(f"--control-stride ({config.control_stride}) must be at most the model's context "
+                         f"({original}): the control re-reads the last {original} tokens every stride")
 
 
 def _restore(model, pristine: dict) -> None:
@@ -185,40 +201,66 @@ def _finetune(model, tokens, name, mode, params, pristine, config, original, cur
     return record
 
 
-def _window_losses(model, window: dict, key: str, config, original: int, out: Path) -> dict:
-    path = out / "measurements" / f"loss-{key}.json"
+def _haystack(tokens, ids: torch.Tensor, length: int, config: PretrainedConfig, index: int) -> retrieval.Haystack:
+    """A document's first ``length`` tokens with ``bands × keys_per_band`` labelled keys planted in it (the same
+    for every row: seeded by the document's index)."""
+    return retrieval.make_haystack(tokens.encode, ids.tolist(), length, config.bands, config.keys_per_band,
+                                   seed=config.seed * 1000 + index)
+
+
+def _losses_record(losses: torch.Tensor, scored: torch.Tensor, config, original: int) -> dict:
+    """Means over the scored targets (a needle's tokens are not text): the first tokens, inside the context, past
+    it, the whole window, and per position bin. losses, scored: (T − 1,)."""
+    losses = losses.masked_fill(~scored, float("nan"))
+    return {"first": losses[: config.first_tokens].nanmean().item(), "inside": losses[: original - 1].nanmean().item(),
+            "past": losses[original - 1 :].nanmean().item(), "mean": losses.nanmean().item(),
+            "bins": binned(losses, config.bins)}
+
+
+def _document(model, tokens, key: str, source, config, original: int, out: Path, whole_prompt: bool) -> dict:
+    """One row on one document, one prefill: the loss by position and, for a test document (a ``Haystack``), every
+    planted key asked from that prefill's KV cache (``whole_prompt``: re-read per key, for the scalings whose
+    frequencies follow the length)."""
+    path = out / "measurements" / f"doc-{key}.json"
     if path.exists():
         return storage.read_json(path)
-    losses = position_losses(model, window["ids"], config.chunk, label=f"loss {key}")  # (to − 1,)
-    record = {"file": window["file"], "start": window["start"], "first": losses[: config.first_tokens].mean().item(),
-              "inside": losses[: original - 1].mean().item(), "past": losses[original - 1 :].mean().item(),
-              "mean": losses.mean().item(), "bins": binned(losses, config.bins)}
+    asking = isinstance(source, retrieval.Haystack)
+    ids = torch.tensor(source.ids, dtype=torch.int64) if asking else source
+    losses, cache = prefill(model, ids, config.chunk, label=f"loss {key}", keep_cache=asking and not whole_prompt)
+    scored = source.scored() if asking else torch.ones(ids.shape[0] - 1, dtype=torch.bool)
+    record = _losses_record(losses, scored, config, original)
+    if asking:
+        record["retrieval"] = retrieval.retrieve(model, source, tokens.encode, tokens.decode, cache=cache,
+                                                 whole_prompt=whole_prompt)
     storage.write_json(path, record)
     return record
 
 
-def _control(model, window: dict, key: str, config, original: int, out: Path) -> dict:
-    """The unscaled model with at most ``original`` tokens of context, past the context (stride original / 2)."""
+def _in_context(model, tokens, key: str, ids: torch.Tensor, length: int, config, out: Path, index: int) -> list:
+    """The unscaled model asked for keys planted in a document's first ``length`` tokens (inside its context):
+    the calibration every retrieval table shows."""
+    path = out / "measurements" / f"in-context-{key}.json"
+    if path.exists():
+        return storage.read_json(path)
+    haystack = _haystack(tokens, ids[:length], length, config, index)
+    records = retrieval.retrieve(model, haystack, tokens.encode, tokens.decode)
+    storage.write_json(path, records)
+    return records
+
+
+def _control(model, haystack: retrieval.Haystack, key: str, config, original: int, out: Path) -> dict:
+    """The unscaled model past its context, re-reading: every target past the context is scored by a fresh read
+    of the window that ends at its stride block's end, so it sees between ``original − control_stride + 1`` and
+    ``original`` tokens (``sliding_losses``); a needle's tokens are not scored, as in the rows."""
     path = out / "measurements" / f"control-{key}.json"
     if path.exists():
         return storage.read_json(path)
-    losses = sliding_losses(model, window["ids"], original, max(1, original // 2), original - 1, config.chunk)
-    record = {"file": window["file"], "past": losses.mean().item()}
+    ids = torch.tensor(haystack.ids, dtype=torch.int64)
+    losses = sliding_losses(model, ids, original, config.control_stride, original - 1, config.chunk)
+    scored = haystack.scored()[original - 1 :]
+    record = {"past": losses.masked_fill(~scored, float("nan")).nanmean().item()}
     storage.write_json(path, record)
     return record
-
-
-def _retrieval(model, tokens, name, whole_prompt, text_ids, config, out) -> dict:
-    results = {}
-    for length in config.retrieval_lengths:
-        path = out / "measurements" / f"retrieval-{name}-{length}.json"
-        if not path.exists():
-            haystack = retrieval.make_haystack(tokens.encode, text_ids.tolist(), length, config.bands,
-                                               config.keys_per_band, seed=config.seed + length)
-            storage.write_json(path, {"length": length, "records": retrieval.retrieve(
-                model, haystack, tokens.encode, tokens.decode, whole_prompt=whole_prompt)})
-        results[str(length)] = storage.read_json(path)["records"]
-    return results
 
 
 def _export(model, tokens, results, pristine, out, folder, log) -> None:

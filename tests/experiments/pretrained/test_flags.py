@@ -1,0 +1,66 @@
+"""Every documented ``extend --hf`` flag, end to end at smoke size (several per run): LoRA, full fine-tuning of
+another scaling, the length-dependent scalings (retrieval re-read per key), ReRoPE's and Self-Extend's options,
+the named corpora. --export and --resume run in test_pretrained.py."""
+
+import json
+
+import pytest
+import torch
+
+from posenc.cli import main
+from posenc.experiments.pretrained import PretrainedConfig
+from posenc.experiments.pretrained.measure import ByteTokens, long_documents, tiny_llama
+from posenc.extension import retrieval
+from posenc import hf
+
+
+def _run(tmp_path, *flags) -> dict:
+    out = tmp_path / "run"
+    assert main(["extend", "--hf", "tiny", "--preset", "smoke", *flags, "--out", str(out)]) == 0
+    return json.loads((out / "results.json").read_text())
+
+
+def test_lora_fine_tunes_pose_and_its_control_and_measures_them(tmp_path):
+    got = _run(tmp_path, "--lora", "4", "--methods", "none", "--finetune-steps", "2")
+    assert set(got["finetune"]) == {"yarn+pose", "yarn+control"} and got["config"]["lora"] == 4
+    for name in ("yarn+pose", "yarn+control"):  # the curve ran through the peft-wrapped model
+        assert set(got["finetune"][name]["curve"]) == {"0", "1", "2"}
+    assert got["rows"]["yarn+pose"]["past"]["mean"] != got["rows"]["none"]["past"]["mean"]
+
+
+def test_full_fine_tuning_of_ntk_with_rerope_and_the_length_dependent_scalings(tmp_path):
+    got = _run(tmp_path, "--finetune", "full", "--finetune-method", "ntk", "--finetune-steps", "2",
+               "--methods", "none,dynamic,longrope,rerope", "--self-extend-window", "16", "--corpus", "stdlib",
+               "--search-population", "4", "--search-generations", "1", "--control-stride", "256")
+    assert list(got["rows"]) == ["none", "dynamic", "longrope", "rerope", "ntk+full"]
+    assert got["rows"]["rerope"]["attention"] == "rerope" and got["self_extend_group"] is None
+    assert got["rows"]["longrope"]["rope_parameters"]["rope_type"] == "longrope"
+    assert got["control"]["context"] == [257, 512]
+    # dynamic NTK's keys were asked with the whole prompt re-read per key, not from a cache of other frequencies
+    config = PretrainedConfig.from_preset("smoke")
+    model = tiny_llama(0, 512)
+    hf.apply_scaling(model, got["rows"]["dynamic"]["rope_parameters"])
+    window = long_documents(config, ByteTokens(), "test", 1, config.to)[0]["ids"]
+    haystack = retrieval.make_haystack(ByteTokens().encode, window.tolist(), config.to, 4, 1, seed=0)
+    needle = haystack.needles[0]
+    encode = ByteTokens().encode
+    _, whole = retrieval.ask_whole(model, haystack.ids, encode(retrieval.QUESTION.format(label=needle.label)),
+                                   encode(" " + needle.key))
+    assert got["rows"]["dynamic"]["test"][0]["retrieval"][0]["log_prob"] == pytest.approx(whole, abs=1e-4)
+
+
+def test_self_extend_options_and_the_bible(tmp_path):
+    pytest.importorskip("torch")
+    try:
+        from posenc.lm.corpora import kjv_path
+
+        kjv_path()
+    except ValueError as error:
+        pytest.skip(str(error))
+    got = _run(tmp_path, "--finetune", "none", "--methods", "none,self-extend", "--self-extend-window", "64",
+               "--self-extend-group", "4", "--corpus", "kjv,stdlib", "--documents", "3", "--dev-documents", "1",
+               "--keys-per-band", "1", "--to", "640")
+    assert got["self_extend_group"] == 4 and got["config"]["to"] == 640
+    assert [d.split("/")[0] for d in got["documents"]["test"]] == ["kjv", "stdlib", "kjv"]  # sources in turn
+    assert got["corpus"]["parts"]["kjv"]["file_is_pinned_release"]
+    assert torch.tensor([d["past"] for d in got["rows"]["self-extend"]["test"]]).isfinite().all()

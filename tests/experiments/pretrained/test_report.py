@@ -1,0 +1,88 @@
+"""The numbers extend --hf's report computes, by hand: which split a choice reads, the sign of a difference,
+that pairs stay pairs, and what a verdict needs."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from posenc.experiments.pretrained import report
+from posenc.experiments.pretrained.config import PretrainedConfig
+
+FILES = ["kjv/A", "kjv/B", "stdlib/c.py", "stdlib/d.py", "kjv/E", "kjv/F"]
+
+
+def _doc(past, found, dev=False):
+    record = {"first": 2.0, "inside": 2.1, "past": past, "mean": 2.2, "bins": {"bin_edges": [0, 1], "loss": [2.0]}}
+    if not dev:
+        record["retrieval"] = [{"band": b, "correct": b < found, "log_prob": -1.0} for b in range(4)]
+    return record
+
+
+def _row(method, attention, test_past, found, dev_past):
+    return {"method": method, "attention": attention, "finetune": None, "rope_parameters": {},
+            "test": [_doc(p, f) for p, f in zip(test_past, found)], "dev": [_doc(p, 0, True) for p in dev_past]}
+
+
+def results(monkeypatch):
+    monkeypatch.setattr(report, "corpus_fingerprint", lambda config: {"source": "test", "sha256": "0"})
+    measured = {
+        "none": _row("none", "sdpa", [3.0, 3.2, 3.1, 3.3, 3.0, 3.4], [2, 2, 2, 2, 2, 2], []),
+        "yarn": _row("yarn", "sdpa", [2.5, 2.6, 2.7, 2.5, 2.6, 2.7], [2, 2, 1, 2, 2, 1], [2.9, 2.9, 2.9, 2.9]),
+        "self-extend": _row("none", "self-extend", [2.4, 2.5, 2.6, 2.4, 2.5, 2.6], [3, 3, 4, 3, 3, 4], []),
+        # best on test, worst on dev: the export must follow dev
+        "yarn+pose": _row("yarn", "sdpa", [2.0, 2.0, 2.0, 2.0, 2.0, 2.0], [2] * 6, [3.5, 3.5, 3.5, 3.5]),
+        "yarn+control": _row("yarn", "sdpa", [2.2, 2.2, 2.2, 2.2, 2.2, 2.2], [2] * 6, [2.5, 2.6, 2.4, 2.5]),
+    }
+    control = {"test": [{"past": p} for p in [2.6, 2.7, 2.6, 2.8, 2.6, 2.8]]}
+    in_context = {"test": [[{"band": b, "correct": True, "log_prob": -0.1} for b in range(4)]] * 6,
+                  "dev": [[{"band": b, "correct": b > 0, "log_prob": -0.2} for b in range(4)]] * 4}
+    config = PretrainedConfig.from_preset("smoke", finetune="pose", methods="none,yarn,self-extend",
+                                          keys_per_band=1)
+    windows = [{"file": f} for f in FILES]
+    model = SimpleNamespace(config=SimpleNamespace(model_type="llama"))
+    return report.collect(config, model, 512, 2.0, 3, windows, windows[:4], measured, control, in_context, {},
+                          {"stage": 1.0})
+
+
+def test_the_export_is_chosen_on_dev_not_test(monkeypatch):
+    got = results(monkeypatch)
+    assert got["best_row"] == "yarn+control"  # dev 2.5 against yarn's 2.9 and PoSE's 3.5 (PoSE is best on test)
+    assert got["rows"]["yarn+control"]["dev_past"] == pytest.approx(2.5)
+    assert got["rows"]["none"]["dev_past"] is None and "4 dev documents" in got["chosen_by"]
+
+
+def test_loss_differences_are_a_minus_b_per_document(monkeypatch):
+    family = results(monkeypatch)["comparisons"]
+    yarn = family["loss past: yarn − context control"]
+    assert list(yarn["per_document"]) == FILES
+    assert list(yarn["per_document"].values()) == pytest.approx([-0.1, -0.1, 0.1, -0.3, 0.0, -0.1])
+    assert yarn["mean"] == pytest.approx(-0.5 / 6)
+    pose = family["loss past: yarn+pose − yarn+control"]
+    assert pose["mean"] == pytest.approx(-0.2) and pose["low"] == pytest.approx(-0.2)  # no spread: a point
+    none = family["loss past: none − context control"]
+    assert none["mean"] == pytest.approx(2.9 / 6) and none["p"] == pytest.approx(2 / 64) and len(family) == 12
+    # +0.4..+0.6 on 6 of 6 documents, yet 12 × 1/32 is Holm's smallest p: six documents carry no verdict here
+    assert not none["corrected"][0] <= 0 <= none["corrected"][1] and none["verdict"] is False
+
+
+def test_keys_found_are_per_document_shares_and_positive_means_more(monkeypatch):
+    got = results(monkeypatch)
+    keys = got["comparisons"]["keys found: self-extend − none"]
+    assert list(keys["per_document"].values()) == pytest.approx([0.25, 0.25, 0.5, 0.25, 0.25, 0.5])
+    assert got["rows"]["self-extend"]["keys"]["found"] == 20 and got["rows"]["self-extend"]["keys"]["total"] == 24
+    assert got["rows"]["yarn"]["keys"]["by_band"] == pytest.approx([1.0, 4 / 6, 0.0, 0.0])
+    assert got["in_context"]["dev_keys"]["found"] == 12 and got["in_context"]["test_keys"]["found"] == 24
+    assert not any(c["verdict"] for c in got["comparisons"].values())
+
+
+def test_a_verdict_needs_the_corrected_interval_and_holms_p(monkeypatch):
+    got = results(monkeypatch)
+    lines = report.verdicts(got)
+    for name, c in got["comparisons"].items():
+        line = next(line for line in lines if line.startswith(f"- {name}:"))
+        assert ("no verdict" in line) == (not c["verdict"]), name
+        if c["verdict"]:
+            assert not c["corrected"][0] <= 0 <= c["corrected"][1] and c["p_holm"] < 0.05
+    markdown = report.markdown({**got, "peak_rss_gib": 1.0, "device": "cpu",
+                                "versions": {"posenc": "0", "torch": "0"}})
+    assert "| yarn+control |" in markdown and "In-context retrieval" in markdown
