@@ -37,7 +37,7 @@ def loss_figure(results: dict) -> Figure:
 
 def retrieval_figure(results: dict) -> Figure:
     """Keys found per (row, depth band) at the run's length, and the unscaled model inside its context, with the
-    mean log-probability of the right digits."""
+    mean log-probability of the right word."""
     config = results["config"]
     cells = {name: row["keys"] for name, row in results["rows"].items()}
     cells[f"none, first {results['in_context']['length']:,} (in context)"] = results["in_context"]["test_keys"]
@@ -53,7 +53,7 @@ def retrieval_figure(results: dict) -> Figure:
         for j, (acc, lp) in enumerate(zip(cells[name]["by_band"], cells[name]["log_prob_by_band"])):
             if acc is not None:
                 ax.text(j, i, f"{acc:.0%}\n{lp:.1f}", ha="center", va="center", fontsize=7)
-    figure.colorbar(image, ax=ax, shrink=0.8, label="keys found (text: log-prob of the digits)")
+    figure.colorbar(image, ax=ax, shrink=0.8, label="keys found (text: log-prob of the right word)")
     ax.set_title(f"{config['model']}: keys planted in {len(results['documents']['test'])} test documents of "
                  f"{config['to']:,} tokens (context {results['original_context']:,})", fontsize=9)
     return figure

@@ -172,7 +172,7 @@ def markdown(results: dict) -> str:
     bands = [f"band {b + 1}/{config['bands']}" for b in range(config["bands"])]
     body = [[name] + [f"{acc:.0%} ({lp:.1f})" for acc, lp in zip(row["keys"]["by_band"], row["keys"]["log_prob_by_band"])]
             for name, row in results["rows"].items()]
-    lines += markdown_table(["row (mean log-prob of the digits)"] + bands, body)
+    lines += markdown_table(["row (mean log-prob of the right word)"] + bands, body)
     if results["best_row"]:
         lines += ["", f"Best row on dev ({results['chosen_by']}): **{results['best_row']}**; its "
                   "`rope_parameters` (rope_parameters.json):", "", "```json",
