@@ -24,7 +24,6 @@ def _row(method, attention, test_past, found, dev_past):
 
 
 def results(monkeypatch):
-    monkeypatch.setattr(report, "corpus_fingerprint", lambda config: {"source": "test", "sha256": "0"})
     measured = {
         "none": _row("none", "sdpa", [3.0, 3.2, 3.1, 3.3, 3.0, 3.4], [2, 2, 2, 2, 2, 2], []),
         "yarn": _row("yarn", "sdpa", [2.5, 2.6, 2.7, 2.5, 2.6, 2.7], [2, 2, 1, 2, 2, 1], [2.9, 2.9, 2.9, 2.9]),
@@ -40,7 +39,7 @@ def results(monkeypatch):
                                           keys_per_band=1)
     windows = [{"file": f} for f in FILES]
     model = SimpleNamespace(config=SimpleNamespace(model_type="llama"))
-    return report.collect(config, model, 512, 2.0, 3, windows, windows[:4], measured, control, in_context, {},
+    return report.collect(config, model, 512, 2.0, 3, {"source": "test", "sha256": "0"}, windows, windows[:4], measured, control, in_context, {},
                           {"stage": 1.0})
 
 

@@ -22,7 +22,7 @@ MEASURES = ("first", "inside", "past")
 CONTROL = "context control"
 
 
-def exportable(name: str, row: dict) -> bool:
+def exportable(row: dict) -> bool:
     """A row that is a model plus rope_parameters (what export writes): plain attention, a scaling."""
     return row["attention"] == "sdpa" and row["method"] != "none"
 
@@ -63,7 +63,9 @@ def comparisons(rows: dict, control: dict, files: list[str], finetune_method: st
     return correct(family)
 
 
-def collect(config, model, original, factor, group, test, dev, measured, control, in_context, tuned, stages) -> dict:
+def collect(config, model, original, factor, group, corpus, test, dev, measured, control, in_context, tuned, stages
+            ) -> dict:
+    """The results dict; ``corpus``: the fingerprint of the corpus the documents came from."""
     files = [w["file"] for w in test]
     rows = {}
     for name, row in measured.items():
@@ -71,13 +73,13 @@ def collect(config, model, original, factor, group, test, dev, measured, control
         rows[name] = {**row, **{key: mean_cell([d[key] for d in row["test"]]) for key in MEASURES},
                       "dev_past": sum(d["past"] for d in row["dev"]) / len(row["dev"]) if row["dev"] else None,
                       "keys": keys_cell(records, config.bands)}
-    choices = {n: r["dev_past"] for n, r in rows.items() if exportable(n, r)}
-    best = min(choices, key=lambda n: choices[n] if choices[n] is not None else 0.0) if choices else None
+    choices = {n: r["dev_past"] for n, r in rows.items() if exportable(r)}
+    best = min(choices, key=choices.get) if len(choices) > 1 else next(iter(choices), None)
     chosen_by = (f"lowest mean dev loss past the context over {len(dev)} dev documents" if len(choices) > 1
                  else "the only row that can be exported")
     return {
         "config": config.to_dict(), "model_type": model.config.model_type, "original_context": original,
-        "factor": factor, "self_extend_group": group, "corpus": corpus_fingerprint(config),
+        "factor": factor, "self_extend_group": group, "corpus": corpus,
         "documents": {split: [w["file"] for w in windows] for split, windows in (("test", test), ("dev", dev))},
         "rows": rows, "control": {**control, "past": mean_cell([d["past"] for d in control["test"]]),
                                   "stride": config.control_stride,
@@ -90,12 +92,6 @@ def collect(config, model, original, factor, group, test, dev, measured, control
         "best_rope_parameters": rows[best]["rope_parameters"] if best else None,
         "stages_s": stages, "wall_time_s": sum(stages.values()),
     }
-
-
-def corpus_fingerprint(config) -> dict:
-    from .measure import corpus_of
-
-    return corpus_of(config.text, config.corpus).fingerprint
 
 
 def _interval(cell: dict, digits: int = 3) -> str:

@@ -37,8 +37,8 @@ from ...extension.self_extend import smallest_group, use_attention, use_self_ext
 from ...lm.runtime import Runtime
 from . import report
 from .config import PretrainedConfig
-from .measure import (TRAIN_BYTES, binned, load_model, long_documents, method_parameters, position_losses, prefill,
-                      read_text_tokens, sliding_losses)
+from .measure import (TRAIN_BYTES, binned, corpus_of, load_model, long_documents, method_parameters, position_losses,
+                      prefill, read_text_tokens, sliding_losses)
 
 LENGTH_DEPENDENT = ("dynamic", "longrope")  # frequencies change with the length: no shared retrieval cache
 
@@ -106,7 +106,7 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
     if runtime.rank != 0:
         return None
     measured = {}
-    exportable = [name for name, row in rows.items() if report.exportable(name, row)]
+    exportable = [name for name, row in rows.items() if report.exportable(row)]
     choosing = exportable if len(exportable) > 1 else []  # dev documents only where there is a choice
     for name, row in rows.items():
         started = time.perf_counter()
@@ -140,8 +140,9 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
     control = {"test": [_control(model, haystack, f"test{i}", config, original, out)
                         for i, haystack in enumerate(haystacks)]}
     stages["context control"] = time.perf_counter() - started
-    results = report.collect(config, model, original, factor, group, test, dev, measured, control, in_context, tuned,
-                             stages)
+    corpus = corpus_of(config.text, config.corpus).fingerprint
+    results = report.collect(config, model, original, factor, group, corpus, test, dev, measured, control,
+                             in_context, tuned, stages)
     results.update(device=runtime.label, peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
                    versions={"posenc": __version__, "torch": torch.__version__, "python": platform.python_version()})
     report.write_all(results, out)
