@@ -226,6 +226,27 @@ def test_sigkill_then_resume_equals_the_uninterrupted_run(smoke, tmp_path):
     assert got["finetune"]["yarn+control"]["losses"] == pytest.approx(reference["finetune"]["yarn+control"]["losses"])
 
 
+def test_resume_adds_fine_tuned_rows_to_a_zero_shot_run_and_keeps_its_files(smoke, tmp_path, capsys):
+    _, reference = smoke
+    out = tmp_path / "grown"
+    base = ["extend", "--hf", "tiny", "--preset", "smoke", "--out", str(out)]
+    assert main(base + ["--finetune", "none"]) == 0
+    kept = out / "measurements" / "doc-self-extend-test0.json"
+    stamp = kept.stat().st_mtime_ns
+    assert main(base + ["--finetune", "pose", "--finetune-steps", "3", "--resume"]) == 2  # not only adding rows
+    assert "differs in ['finetune_steps']" in capsys.readouterr().err
+    assert main(base + ["--resume"]) == 0
+    assert kept.stat().st_mtime_ns == stamp  # the zero-shot rows are read back, not measured again
+    got = json.loads((out / "results.json").read_text())
+    assert list(got["rows"]) == ROWS and got["config"]["finetune"] == "pose"
+    for name, row in reference["rows"].items():
+        assert [w["past"] for w in got["rows"][name]["test"]] == pytest.approx([w["past"] for w in row["test"]],
+                                                                              abs=1e-6), name
+    assert got["best_row"] == reference["best_row"]
+    assert main(base + ["--finetune", "none", "--resume"]) == 2  # a fine-tuned run does not shrink back
+    assert "differs in ['finetune']" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(shutil.which("torchrun") is None and not Path(sys.executable).with_name("torchrun").exists(),
                     reason="torchrun not installed")
 def test_fine_tuning_under_torchrun_with_two_cpu_processes_matches_one(smoke, tmp_path):

@@ -278,21 +278,25 @@ def _export(model, tokens, results, pristine, out, folder, log) -> None:
 
 
 def _pin(out: Path, config: PretrainedConfig, resume: bool) -> None:
+    """Pin the config in ``out``; a resumed run must match it, except where it only adds rows: other ``methods``,
+    or fine-tuned rows added to a zero-shot run (``--finetune`` where the pinned run had none). Every finished
+    measurement is a function of its row, document and the pinned fields, so the files of the rows both runs
+    share stay valid."""
     pinned = out / "config.json"
     current = {"hf": config.to_dict()}
     if pinned.exists():
         if not resume:
             raise ValueError(f"--out {out} already holds a run; pass --resume to continue it or choose another --out")
         previous = storage.read_json(pinned).get("hf", {})
-        changed = sorted(k for k, v in current["hf"].items() if k not in ("methods", "preset") and previous.get(k) != v
+        adds_rows = {"methods", "preset"} | ({"finetune"} if previous.get("finetune") == "none" else set())
+        changed = sorted(k for k, v in current["hf"].items() if k not in adds_rows and previous.get(k) != v
                          and not (isinstance(v, tuple) and previous.get(k) == list(v)))
         if changed:
             raise ValueError(f"--resume: {out} was run with a different config (differs in {changed})")
     elif resume:
         raise ValueError(f"--resume: {out} holds no posenc extend --hf run (no config.json there); start one "
                          f"with: posenc extend --hf {config.model} --out {out}")
-    else:
-        storage.write_json(pinned, current)
+    storage.write_json(pinned, current)
 
 
 def _search(model, text, config, factor, original, theta, out, log) -> dict:
