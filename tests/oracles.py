@@ -89,12 +89,12 @@ def sandwich_bias_loop(positions: list[int], heads: int, dim: int) -> torch.Tens
 
 
 def fire_bias_loop(positions: list[int], c: float, threshold: float, w1, b1, w2, b2) -> torch.Tensor:
-    """FIRE: f(ψ(i−j)/ψ(max(L, i))), ψ(x) = log(c|x| + 1), f = W2 relu(W1 x + b1) + b2. (H, T, T)."""
+    """FIRE: f(ψ(i−j)/(ψ(max(L, i)) + 1e-6)), ψ(x) = log(|c·x| + 1), f = W2 relu(W1 x + b1) + b2. (H, T, T)."""
     heads = w2.shape[0]
     out = torch.zeros(heads, len(positions), len(positions), dtype=torch.float64)
     for a, i in enumerate(positions):
         for b, j in enumerate(positions):
-            x = math.log(c * abs(i - j) + 1) / math.log(c * max(threshold, i) + 1)
+            x = math.log(abs(c * (i - j)) + 1) / (math.log(abs(c * max(threshold, i)) + 1) + 1e-6)
             hidden = [max(0.0, float(w1[u, 0]) * x + float(b1[u])) for u in range(w1.shape[0])]
             for h in range(heads):
                 out[h, a, b] = sum(float(w2[h, u]) * hidden[u] for u in range(len(hidden))) + float(b2[h])
@@ -121,8 +121,9 @@ def xpos_logits_loop(q: torch.Tensor, k: torch.Tensor, positions: list[int], the
 
 
 def cope_logits_loop(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor, causal: bool = True) -> torch.Tensor:
-    """CoPE's content + contextual-position logits before the 1/√Dh scale, one pair at a time:
-    p_ij = Σ_{t between j and i} σ(q_i·k_t/√Dh), e[p] interpolated, clamped at the last row. (Tq, Tk)."""
+    """CoPE's contextual-position term q_i·e[p_ij], one pair at a time, added to the scaled logits as the paper
+    adds it: p_ij = Σ_{t between j and i} σ(q_i·k_t/√Dh), e[p] interpolated, clamped at the last row. (Tq, Tk),
+    −inf where causality masks the pair."""
     q, k, table = q.double(), k.double(), table.double()
     dim, last = q.shape[-1], table.shape[0] - 1
     out = torch.full((q.shape[0], k.shape[0]), -math.inf, dtype=torch.float64)
@@ -134,7 +135,7 @@ def cope_logits_loop(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor, caus
             p = min(sum(1 / (1 + math.exp(-float(q[i] @ k[t]) / math.sqrt(dim))) for t in span), last)
             low, high = math.floor(p), math.ceil(p)
             embedding = table[low] + (p - low) * (table[high] - table[low])
-            out[i, j] = float(q[i] @ k[j]) + float(q[i] @ embedding)
+            out[i, j] = float(q[i] @ embedding)
     return out
 
 

@@ -1,9 +1,10 @@
 """``attention()``: compose an encoding's doors with a backend.
 
 Shapes: B batch, H heads, Tq/Tk query/key lengths, Dh head width, Dv value width.
-Logits are ``scale · (q·kᵀ + content-position terms) + bias``: content-position
-terms (Shaw, Transformer-XL) are scaled with q·kᵀ as in their papers, score
-biases (ALiBi, T5) are added unscaled as in the ALiBi paper.
+Logits are ``scale · (q·kᵀ + content-position terms) + bias``, each term as its paper
+adds it: Shaw's and Transformer-XL's content-position terms are scaled with q·kᵀ,
+CoPE's is added after the scale (``relative_logits_scaled = False``), score biases
+(ALiBi, T5) are added unscaled. A NaN from an encoding is a ValueError naming it (CPU).
 
 Backends (every one agrees with ``eager``; the tests say so for every encoding):
   - ``eager``: the reference; materializes logits, computes in float32 (float64 for
@@ -181,16 +182,17 @@ def _weights(q, k, at: PositionedEncoding, causal, mask, scale, sink=None) -> Te
     """Softmax weights (B, H, Tq, Tk) from already-rotated q, k, in q's dtype (short of 1 by the sink's share)."""
     encoding = at.encoding
     allowed = _allowed(at.q_pos, at.k_pos, causal, mask)
-    logits = q @ k.transpose(-1, -2)  # (B, H, Tq, Tk)
+    logits = (q @ k.transpose(-1, -2)) * scale  # (B, H, Tq, Tk)
     if encoding.has_relative_logits:
-        logits = logits + at.relative_logits(q, k, allowed)
-    logits = logits * scale
+        logits = logits + at.relative_logits(q, k, allowed, scale)
     if encoding.has_bias:
         logits = logits + at.score_bias(q.dtype)
     if allowed is not None:
         logits = logits.masked_fill(~allowed, float("-inf"))
     probs = torch.softmax(logits, dim=-1) if sink is None else softmax_with_sink(logits, sink)
-    return probs if allowed is None else probs.nan_to_num(0.0)  # a row with no allowed key attends to nothing
+    if allowed is None:
+        return probs
+    return probs.masked_fill(~allowed.any(-1, keepdim=True), 0.0)  # a row with no allowed key attends to nothing
 
 
 def _eager(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal=False, sink=None) -> Tensor:
@@ -260,7 +262,7 @@ def _sdpa(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) ->
     if encoding.has_relative_logits:
         allowed = _allowed(at.q_pos, at.k_pos, causal, mask)
         compute = _math_dtype(q.dtype)  # content-position terms, like biases, never run in bf16
-        additive = scale * at.relative_logits(q.to(compute), k.to(compute), allowed)
+        additive = at.relative_logits(q.to(compute), k.to(compute), allowed, scale)
         if encoding.has_bias:
             additive = additive + at.score_bias(compute)
         attn_mask = _masked(additive, allowed)
@@ -284,7 +286,7 @@ def _sdpa_sink(q, k, v, at: PositionedEncoding, causal, mask, scale, sink) -> Te
     additive = torch.zeros(1, 1, q.shape[2], k.shape[2], dtype=compute, device=q.device)
     allowed = _allowed(at.q_pos, at.k_pos, causal, mask)
     if encoding.has_relative_logits:
-        additive = additive + scale * at.relative_logits(q.to(compute), k.to(compute), allowed)
+        additive = additive + at.relative_logits(q.to(compute), k.to(compute), allowed, scale)
     if encoding.has_bias:
         additive = additive + at.score_bias(compute)
     return sdpa_with_sink(q, k, v, _masked(additive, allowed), sink, scale)

@@ -22,7 +22,7 @@ HEADS, HEAD_DIM, TOKENS = 4, 32, 4096
 def _bias_form(at, q, k, v, scale):
     """The reference door: the score terms as an additive mask, on SDPA, or on ``kernels.blockwise`` where it
     needs a gradient (Transformer-XL) or is long, as ``attention()`` runs them."""
-    additive = at.score_bias(q.dtype) if at.encoding.has_bias else scale * at.relative_logits(q, k)
+    additive = at.score_bias(q.dtype) if at.encoding.has_bias else at.relative_logits(q, k, None, scale)
     allowed = at.k_pos[:, None, :] <= at.q_pos[:, :, None]
     mask = additive.masked_fill(~allowed.unsqueeze(1), float("-inf"))
     if blockwise.available(q) and (mask.requires_grad or k.shape[2] >= blockwise.CPU_CAUSAL_MASK_FROM_KEYS):

@@ -87,10 +87,16 @@ class PositionedEncoding:
         return self.encoding.rotate_positioned(self, q, k, in_place)
 
     def score_bias(self, dtype: torch.dtype) -> Tensor:
-        return self.memo(("bias", dtype), lambda: self.encoding.score_bias(self.q_pos, self.k_pos, dtype))
+        return self.memo(("bias", dtype), lambda: _finite(self.encoding, "score bias",
+                                                          self.encoding.score_bias(self.q_pos, self.k_pos, dtype)))
 
-    def relative_logits(self, q: Tensor, k: Tensor, allowed: Tensor | None = None) -> Tensor:
-        return self.encoding.relative_logits(q, k, self.q_pos, self.k_pos, allowed)
+    def relative_logits(self, q: Tensor, k: Tensor, allowed: Tensor | None, scale: float) -> Tensor:
+        """The content-position term as added to the *scaled* logits q·kᵀ·scale: ``scale ·`` the encoding's
+        ``relative_logits`` (Shaw, Transformer-XL), or the term itself where ``relative_logits_scaled`` is False
+        (CoPE, as its paper adds it)."""
+        term = self.encoding.relative_logits(q, k, self.q_pos, self.k_pos, allowed)
+        return _finite(self.encoding, "content-position logits",
+                       scale * term if self.encoding.relative_logits_scaled else term)
 
     def relative_values(self, probs: Tensor) -> Tensor:
         return self.encoding.relative_values(probs, self.q_pos, self.k_pos)
@@ -118,6 +124,7 @@ class PositionalEncoding(nn.Module):
     has_rotation = False
     has_bias = False
     has_relative_logits = False
+    relative_logits_scaled = True  # False: the content-position term is added after the logit scale (CoPE)
     has_relative_values = False
     #: causal attention at the model's own positions can run the content-position terms as attention plus a
     #: band of near offsets (``band_parts``, served by ``kernels.band``)
@@ -178,7 +185,8 @@ class PositionalEncoding(nn.Module):
 
     def relative_logits(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, allowed: Tensor | None = None
                         ) -> Tensor:
-        """Content-position logits (B, H, Tq, Tk), added to q·kᵀ *before* the 1/√Dh scale.
+        """Content-position logits (B, H, Tq, Tk), added to q·kᵀ *before* the logit scale, or after it where
+        ``relative_logits_scaled`` is False.
 
         ``allowed``: bool (B or 1, 1 or H, Tq, Tk), the pairs that may attend (None: all), for
         terms that count over the keys a query sees (CoPE); the others ignore it."""
@@ -224,6 +232,15 @@ class PositionalEncoding(nn.Module):
             "relative_values": self.has_relative_values,
         }
         return tuple(name for name, used in flags.items() if used)
+
+
+def _finite(encoding: PositionalEncoding, what: str, term: Tensor) -> Tensor:
+    """``term`` if it holds no NaN; else a ValueError naming the encoding, never a NaN that a backend could turn
+    into a silent zero. Checked on CPU only: on a GPU the check would stall the stream, and the NaN propagates."""
+    if term.device.type == "cpu" and not torch.compiler.is_compiling() and torch.isnan(term).any():
+        raise ValueError(f"{type(encoding).__name__} gave a NaN {what}: its parameters have left the range they "
+                         f"can take (non-finite after a diverged step?)")
+    return term
 
 
 def channels_from_keys(encoding: PositionalEncoding, device: torch.device) -> float:

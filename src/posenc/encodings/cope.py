@@ -14,7 +14,10 @@ Counting runs over the keys a query may attend to (``allowed``: causal, document
 which must be in position order within each query's allowed set, as a model's keys and a KV
 cache are. Bidirectionally, a key after its query counts the gates from i up to j. Values
 depend on q and k, so this is a content-position term (eager and SDPA; FlexAttention refuses),
-and its gates use the encoding's own 1/√Dh, whatever scale attention is given.
+and its gates use the encoding's own 1/√Dh, whatever scale attention is given. As in the
+paper's code, q·e[p] is added to the logits *after* the attention's scale
+(``relative_logits_scaled = False``), so the paper's table loads as it is: its
+``pos_emb`` (1, Dh, P) is ``embeddings`` (P, Dh) transposed.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class CoPE(PositionalEncoding):
     """Contextual positions: gated counts of keys, looked up in a learned table ``embeddings`` (P, Dh)."""
 
     has_relative_logits = True
+    relative_logits_scaled = False
 
     def __init__(self, head_dim: int, max_positions: int = 64):
         super().__init__()

@@ -3,7 +3,7 @@ Context Transformers" (arXiv:2310.04418).
 
 A learned MLP of the *progressively interpolated* log distance, per head:
 
-    b(i, j) = f_θ( ψ(i − j) / ψ(max(L, i)) ),   ψ(x) = log(c·|x| + 1)
+    b(i, j) = f_θ( ψ(i − j) / (ψ(max(L, i)) + ε) ),   ψ(x) = log(|c·x| + 1),  ε = 1e-6
 
 Dividing by ψ of the query's own position maps every distance a query can see into [0, 1],
 so a longer context never shows the MLP an input it was not trained on; the threshold L keeps
@@ -24,6 +24,7 @@ from .. import checks
 from .base import PositionalEncoding
 
 INIT_THRESHOLD = 512.0
+EPSILON = 1e-6  #: the paper's, added to ψ(max(L, i)): keeps the bias finite at c = 0, which training can reach
 
 
 class FIRE(PositionalEncoding):
@@ -47,7 +48,7 @@ class FIRE(PositionalEncoding):
         query = q_pos.to(dtype)[:, :, None]  # (B or 1, Tq, 1)
         offset = (q_pos[:, :, None] - k_pos[:, None, :]).to(dtype)  # (B or 1, Tq, Tk)
         normalizer = torch.maximum(query, (self.threshold.to(dtype) * INIT_THRESHOLD).abs())
-        return torch.log1p(c * offset.abs()) / torch.log1p(c * normalizer)
+        return torch.log1p(c * offset.abs()) / (torch.log1p(c * normalizer) + EPSILON)
 
     def score_bias(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
         x = self.interpolated_distance(q_pos, k_pos, dtype)

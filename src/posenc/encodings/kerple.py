@@ -5,8 +5,9 @@ A learned bias from a conditionally positive definite kernel of the distance |i 
   - ``log``:   −r1 · log(1 + r2 · |i − j|)
   - ``power``: −r1 · |i − j|^r2,  0 < r2 ≤ 2
 with r1, r2 > 0 learned per head. As in the paper's code, the constraints are kept by clamping
-in the forward pass (r ≥ 0.01, and r2 ≤ 2 for ``power``), and both start as uniform draws
-(r1 ∈ (0, 1), r2 ∈ (0, 2)), one per head. ALiBi is ``power`` with r2 = 1 and r1 its slope.
+in the forward pass (r ≥ 0.01, and r2 ≤ 2 for ``power``), and both start as uniform draws, one
+per head, in the code's ranges: the multiplier r1 ∈ (0, 2) and r2 ∈ (0, 1) for ``log``; r1 ∈
+(0, 1) and the exponent r2 ∈ (0, 2) for ``power``. ALiBi is ``power`` with r2 = 1 and r1 its slope.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from .base import PositionalEncoding
 VARIANTS = ("log", "power")
 #: the paper's clamp: keeps both parameters strictly positive
 SMALLEST = 1e-2
+#: the upper ends of the uniform draws (r1, r2) start from, per variant, as in the paper's code
+INITIAL_RANGES = {"log": (2.0, 1.0), "power": (1.0, 2.0)}
 
 
 class Kerple(PositionalEncoding):
@@ -31,8 +34,9 @@ class Kerple(PositionalEncoding):
         super().__init__()
         self.num_heads = checks.positive_int("num_heads", num_heads)
         self.variant = checks.choice("variant", variant, VARIANTS)
-        self.scale = nn.Parameter(torch.rand(num_heads))  # r1
-        self.shape = nn.Parameter(torch.rand(num_heads) * 2)  # r2
+        scale_range, shape_range = INITIAL_RANGES[self.variant]
+        self.scale = nn.Parameter(torch.rand(num_heads) * scale_range)  # r1
+        self.shape = nn.Parameter(torch.rand(num_heads) * shape_range)  # r2
 
     def kernel_parameters(self, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """(r1, r2) as the forward pass uses them, clamped into the paper's ranges; (H,) each."""
