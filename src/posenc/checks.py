@@ -38,6 +38,17 @@ def choice(name: str, value: object, options: tuple[str, ...] | list[str]) -> st
     return value
 
 
+def batched_positions(name: str, value: Tensor) -> Tensor:
+    """Positions of shape (T,) or (B or 1, T), the one convention of the public API, as (B or 1, T)."""
+    if not isinstance(value, Tensor):
+        value = torch.as_tensor(value)
+    if value.dim() == 1:
+        return value.unsqueeze(0)
+    if value.dim() != 2:
+        raise ValueError(f"{name} must have shape (T,) or (B or 1, T), got {tuple(value.shape)}")
+    return value
+
+
 def positions(name: str, value: Tensor, length: int, batch: int) -> Tensor:
     """Validate explicit positions and return them as int64 (B or 1, T)."""
     if not isinstance(value, Tensor):

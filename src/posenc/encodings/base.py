@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from .. import checks
 from ..kernels.channels import materialized, widen
 
 
@@ -154,11 +155,13 @@ class PositionalEncoding(nn.Module):
 
     def at(self, q_pos: Tensor, k_pos: Tensor, seq_len: int | None = None, contiguous: bool = False
            ) -> PositionedEncoding:
-        """This encoding at fixed positions (see ``PositionedEncoding``); (B or 1, Tq) and (B or 1, Tk)."""
-        return PositionedEncoding(self, q_pos, k_pos, seq_len, contiguous)
+        """This encoding at fixed positions (see ``PositionedEncoding``); (Tq,) or (B or 1, Tq), and likewise k."""
+        return PositionedEncoding(self, checks.batched_positions("q_pos", q_pos),
+                                  checks.batched_positions("k_pos", k_pos), seq_len, contiguous)
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
-        """q/k door. q: (B, H, Tq, Dh), k: (B, H, Tk, Dh). Returns both, same shapes."""
+        """q/k door. q: (B, H, Tq, Dh), k: (B, H, Tk, Dh); positions (T,) or (B or 1, T). Returns both, same
+        shapes."""
         return q, k
 
     def rotate_positioned(self, at: PositionedEncoding, q: Tensor, k: Tensor, in_place: bool = False
@@ -178,7 +181,8 @@ class PositionalEncoding(nn.Module):
         raise NotImplementedError(f"{type(self).__name__} has no score bias")
 
     def score_bias(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-        """Dense bias (B or 1, H, Tq, Tk) in ``dtype``, added to the scaled logits."""
+        """Dense bias (B or 1, H, Tq, Tk) in ``dtype``, added to the scaled logits; positions (T,) or (B or 1, T)."""
+        q_pos, k_pos = checks.batched_positions("q_pos", q_pos), checks.batched_positions("k_pos", k_pos)
         offset = (q_pos[:, :, None] - k_pos[:, None, :]).unsqueeze(1)  # (B, 1, Tq, Tk)
         head = torch.arange(self.num_heads, device=offset.device).view(1, -1, 1, 1)  # (1, H, 1, 1)
         return self.bias_at(offset, head, dtype)

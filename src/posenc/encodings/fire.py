@@ -51,6 +51,7 @@ class FIRE(PositionalEncoding):
         return torch.log1p(c * offset.abs()) / (torch.log1p(c * normalizer) + EPSILON)
 
     def score_bias(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+        q_pos, k_pos = checks.batched_positions("q_pos", q_pos), checks.batched_positions("k_pos", k_pos)
         x = self.interpolated_distance(q_pos, k_pos, dtype)
         weights = [(p.to(dtype)) for p in (self.mlp[0].weight, self.mlp[0].bias, self.mlp[2].weight, self.mlp[2].bias)]
         hidden = torch.relu(x.unsqueeze(-1) * weights[0][:, 0] + weights[1])  # (B or 1, Tq, Tk, width)

@@ -57,11 +57,13 @@ class MultiAxisRoPE(PositionalEncoding):
         raise NotImplementedError
 
     def axis_positions(self, positions: Tensor) -> Tensor:
-        """(A, B or 1, T): 1-D positions repeat on every axis."""
+        """(A, B or 1, T): positions (T,) or (B or 1, T) repeat on every axis."""
+        if positions.dim() == 1:
+            positions = positions.unsqueeze(0)
         if positions.dim() == 2:
             return positions.expand(self.axes, *positions.shape)
         if positions.dim() != 3 or positions.shape[0] != self.axes:
-            raise ValueError(f"positions must be (B, T) or ({self.axes}, B, T) for {type(self).__name__}, "
+            raise ValueError(f"positions must be (T,), (B, T) or ({self.axes}, B, T) for {type(self).__name__}, "
                              f"got {tuple(positions.shape)}")
         return positions
 

@@ -59,6 +59,7 @@ class Sandwich(PositionalEncoding):
 
     def score_bias(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
         """The dense bias (B or 1, H, Tq, Tk) by angle addition, in float64: no (Tq, Tk, d) tensor."""
+        q_pos, k_pos = checks.batched_positions("q_pos", q_pos), checks.batched_positions("k_pos", k_pos)
         origin = q_pos.amax(-1, keepdim=True)
         total = self.features(q_pos, origin) @ self.features(k_pos, origin).transpose(-1, -2)  # (B or 1, 1, Tq, Tk)
         return ((total - self.dim / 2) / self.temperatures(q_pos.device)[None, :, None, None]).to(dtype)

@@ -1,0 +1,55 @@
+"""One position convention across the public API: every encoding method that takes positions (``at``,
+``rotate``, ``score_bias``, ``embed``) accepts (T,) and (B or 1, T) alike, as ``attention()`` does, and refuses
+any other shape in one line naming the shapes it wants."""
+
+import pytest
+import torch
+
+import posenc
+from posenc.encodings import ENCODINGS, build_for_model
+
+HEADS, HEAD_DIM, LENGTH = 2, 8, 6
+SIZES = dict(dim=HEAD_DIM, head_dim=HEAD_DIM, num_heads=HEADS, max_positions=16)
+
+
+def every_encoding():
+    return [build_for_model(name, sizes=SIZES).double() for name in ENCODINGS]
+
+
+def qk():
+    g = torch.Generator().manual_seed(0)
+    return tuple(torch.randn(1, HEADS, LENGTH, HEAD_DIM, generator=g, dtype=torch.float64) for _ in range(2))
+
+
+def test_the_readmes_positions_work_in_rotate_and_at_too():
+    rope = posenc.build("rope", head_dim=HEAD_DIM)
+    q, k = qk()
+    flat = torch.arange(3, 3 + LENGTH)
+    for got, want in zip(rope.rotate(q, k, flat, flat), rope.rotate(q, k, flat[None], flat[None])):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert (rope.rotate(q, k, flat, flat)[0] - q).abs().max() > 0.1  # it did turn them
+    at = rope.at(flat, flat)
+    assert at.q_pos.shape == at.k_pos.shape == (1, LENGTH)
+
+
+@pytest.mark.parametrize("encoding", every_encoding(), ids=list(ENCODINGS))
+def test_every_position_taking_method_accepts_t_and_one_t_alike(encoding):
+    q, k = qk()
+    flat, batched = torch.arange(LENGTH), torch.arange(LENGTH)[None]
+    with torch.no_grad():
+        for got, want in zip(encoding.rotate(q, k, flat, flat), encoding.rotate(q, k, batched, batched)):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+        if encoding.has_bias:
+            torch.testing.assert_close(encoding.score_bias(flat, flat, torch.float64),
+                                       encoding.score_bias(batched, batched, torch.float64), rtol=0, atol=0)
+        if encoding.has_input:
+            x = torch.randn(1, LENGTH, HEAD_DIM, dtype=torch.float64)
+            torch.testing.assert_close(encoding.embed(x, flat), encoding.embed(x, batched), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["rope", "alibi", "fire", "sandwich"])
+def test_other_shapes_are_refused_in_one_line(name):
+    encoding = build_for_model(name, sizes=SIZES)
+    cube = torch.zeros(1, 1, LENGTH, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"q_pos must have shape \(T,\) or \(B or 1, T\), got \(1, 1, 6\)"):
+        encoding.score_bias(cube, cube) if encoding.has_bias else encoding.at(cube, cube)
