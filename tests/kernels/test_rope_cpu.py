@@ -1,5 +1,7 @@
 """RoPE's C++ CPU kernel equals the PyTorch form it replaces, and the PyTorch form serves without it."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -111,3 +113,15 @@ def test_switched_off_or_unbuildable_means_the_pytorch_form(monkeypatch):
         monkeypatch.undo()
         rope_cpu.extension.cache_clear()
     assert rope_cpu.serves(x, cos, sin)
+
+
+def test_the_build_is_cached_under_a_name_that_carries_what_was_built():
+    """Two checkouts or versions of posenc (another source, another torch) never share a build."""
+    source = rope_cpu.SOURCE.read_bytes()
+    other_source = source.replace(b"PYBIND11_MODULE", b"// another version\nPYBIND11_MODULE")
+    names = {rope_cpu.build_name(source), rope_cpu.build_name(other_source),
+             rope_cpu.build_name(source, torch_version="2.12.0")}
+    assert len(names) == 3 and rope_cpu.build_name(source) == rope_cpu.build_name(bytes(source))
+    assert all(name.startswith("posenc_rope_cpu_") and name.isidentifier() for name in names)
+    built = Path(rope_cpu.extension().__file__)
+    assert built.parent.name == rope_cpu.build_name(source) and built.stem.startswith(rope_cpu.build_name(source))
