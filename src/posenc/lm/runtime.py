@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+#: how long a rank waits at a barrier: long measurements (extend --hf splits hours of them) end at one
+GROUP_TIMEOUT = timedelta(hours=6)
 
 
 @dataclass
@@ -36,7 +40,7 @@ class Runtime:
         else:
             device = torch.device("cpu")
         if world_size > 1 and not dist.is_initialized():
-            dist.init_process_group("nccl" if cuda else "gloo")
+            dist.init_process_group("nccl" if cuda else "gloo", timeout=GROUP_TIMEOUT)
         name = torch.cuda.get_device_name(device) if cuda else f"cpu ({os.cpu_count()} cores)"
         return cls(device, torch.bfloat16 if cuda else None, rank, world_size, name)
 

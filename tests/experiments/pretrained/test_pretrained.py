@@ -3,6 +3,7 @@ choose on dev / report on test, the exported folder, resume after SIGKILL, torch
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -265,3 +266,18 @@ def test_fine_tuning_under_torchrun_with_two_cpu_processes_matches_one(smoke, tm
     for name in ("yarn+pose", "yarn+control"):  # two processes, one global batch: the same model
         assert [w["past"] for w in got["rows"][name]["test"]] == pytest.approx(
             [w["past"] for w in want["rows"][name]["test"]], abs=1e-4), name
+    # the measurements were split between the ranks, and rank 0 merged every one of them
+    made = [int(n) for n in re.findall(r"rank \d: made (\d+) of 26 measurements", done.stdout)]
+    assert sorted(made) == [13, 13], done.stdout[-2000:]
+    assert got["processes"] == 2 and got["best_row"] == want["best_row"]
+    for part in (lambda r: r["rows"]["none"], lambda r: r["in_context"], lambda r: r["control"]):
+        assert numbers(part(got)) == pytest.approx(numbers(part(want)), abs=1e-5)
+
+
+def numbers(record) -> list:
+    """Every number in a JSON record, in a fixed order (strings and names left out)."""
+    if isinstance(record, dict):
+        return [n for key in sorted(record) for n in numbers(record[key])]
+    if isinstance(record, list):
+        return [n for item in record for n in numbers(item)]
+    return [float(record)] if isinstance(record, (int, float)) and record is not None else []

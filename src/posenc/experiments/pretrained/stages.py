@@ -16,7 +16,8 @@ Statistics are over documents (``report``, ``experiments.documents``).
 
 Every measurement is a file under ``measurements/`` and every fine-tune a folder under ``finetune/``, written
 atomically: a killed run resumed with ``--resume`` loses no finished one. Under ``torchrun`` the processes share
-the fine-tuning; rank 0 measures.
+each fine-tune's batches, then split the measurements (``Share``: every rank takes every world_size-th file) and
+rank 0 reads them all back into the results, which equal one process's.
 """
 
 from __future__ import annotations
@@ -103,8 +104,47 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
             tuned[name] = _finetune(model, tokens, name, row["finetune"], parameters[name], pristine, config,
                                     original, dev[0]["ids"], runtime, out, log)
             stages[f"fine-tune {name}"] = time.perf_counter() - started
-    if runtime.rank != 0:
-        return None
+    measuring = dict(model=model, tokens=tokens, rows=rows, parameters=parameters, own=own, pristine=pristine,
+                     group=group, test=test, haystacks=haystacks, dev=dev, config=config, original=original, out=out)
+    if runtime.world_size > 1:  # the ranks split the measurements; rank 0 then reads them all back
+        share = Share(runtime.rank, runtime.world_size)
+        _measure_all(**measuring, share=share, stages=stages)
+        log(f"  rank {runtime.rank}: made {share.made} of {share.seen} measurements")
+        runtime.barrier()
+        if runtime.rank != 0:
+            return None
+    measured, in_context, control = _measure_all(**measuring, share=Share(), stages={} if runtime.world_size > 1
+                                                 else stages, log=log)
+    corpus = corpus_of(config.text, config.corpus).fingerprint
+    results = report.collect(config, model, original, factor, group, corpus, test, dev, measured, control,
+                             in_context, tuned, stages)
+    results.update(device=runtime.label, processes=runtime.world_size, peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+                   versions={"posenc": __version__, "torch": torch.__version__, "python": platform.python_version()})
+    report.write_all(results, out)
+    log(report.terminal_table(results))
+    log(f"\nwrote {out / 'results.json'}, results.md, loss_by_position.png, retrieval.png, rope_parameters.json")
+    if export is not None and results["best_row"]:
+        _export(model, tokens, results, pristine, out, Path(export), log)
+    return results
+
+
+class Share:
+    """Which measurements this process makes: every process walks the same keys in the same order and takes every
+    ``world_size``-th, from its ``rank`` on (one process takes them all)."""
+
+    def __init__(self, rank: int = 0, world_size: int = 1):
+        self.rank, self.world_size, self.seen, self.made = rank, world_size, 0, 0
+
+    def take(self) -> bool:
+        mine = self.seen % self.world_size == self.rank
+        self.seen += 1
+        return mine
+
+
+def _measure_all(model, tokens, rows, parameters, own, pristine, group, test, haystacks, dev, config, original, out,
+                 share, stages, log=None):
+    """Every row on every document, the in-context retrieval and the control: this process's ``share`` of them
+    measured (the others are None), each a file under measurements/. Returns (measured, in_context, control)."""
     measured = {}
     exportable = [name for name, row in rows.items() if report.exportable(row)]
     choosing = exportable if len(exportable) > 1 else []  # dev documents only where there is a choice
@@ -121,36 +161,27 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
         whole = row["method"] in LENGTH_DEPENDENT
         measured[name] = {
             "rope_parameters": hf.full_rope_parameters(model, parameters[name]), **row,
-            "test": [_document(model, tokens, f"{name}-test{i}", haystack, config, original, out, whole)
+            "test": [_document(model, tokens, f"{name}-test{i}", haystack, config, original, out, whole, share)
                      for i, haystack in enumerate(haystacks)],
-            "dev": [_document(model, tokens, f"{name}-dev{i}", w["ids"], config, original, out, whole)
+            "dev": [_document(model, tokens, f"{name}-dev{i}", w["ids"], config, original, out, whole, share)
                     for i, w in enumerate(dev)] if name in choosing else []}
         stages[f"measure {name}"] = time.perf_counter() - started
-        log(f"  {name}: test loss past the context {_mean(measured[name]['test'], 'past'):.3f}, keys found "
-            f"{sum(k['correct'] for d in measured[name]['test'] for k in d['retrieval'])}")
+        if log is not None:
+            log(f"  {name}: test loss past the context {_mean(measured[name]['test'], 'past'):.3f}, keys found "
+                f"{sum(k['correct'] for d in measured[name]['test'] for k in d['retrieval'])}")
     started = time.perf_counter()
     _restore(model, pristine)
     hf.apply_scaling(model, own)
     use_attention(model, "sdpa")
     half = original // 2
-    in_context = {split: [_in_context(model, tokens, f"{split}{i}", w["ids"], half, config, out, i)
+    in_context = {split: [_in_context(model, tokens, f"{split}{i}", w["ids"], half, config, out, i, share)
                           for i, w in enumerate(windows)] for split, windows in (("test", test), ("dev", dev))}
     stages["in-context retrieval (unscaled)"] = time.perf_counter() - started
     started = time.perf_counter()
-    control = {"test": [_control(model, haystack, f"test{i}", config, original, out)
+    control = {"test": [_control(model, haystack, f"test{i}", config, original, out, share)
                         for i, haystack in enumerate(haystacks)]}
     stages["context control"] = time.perf_counter() - started
-    corpus = corpus_of(config.text, config.corpus).fingerprint
-    results = report.collect(config, model, original, factor, group, corpus, test, dev, measured, control,
-                             in_context, tuned, stages)
-    results.update(device=runtime.label, peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-                   versions={"posenc": __version__, "torch": torch.__version__, "python": platform.python_version()})
-    report.write_all(results, out)
-    log(report.terminal_table(results))
-    log(f"\nwrote {out / 'results.json'}, results.md, loss_by_position.png, retrieval.png, rope_parameters.json")
-    if export is not None and results["best_row"]:
-        _export(model, tokens, results, pristine, out, Path(export), log)
-    return results
+    return measured, in_context, control
 
 
 def _check_against_model(config: PretrainedConfig, original: int) -> None:
@@ -218,13 +249,17 @@ def _losses_record(losses: torch.Tensor, scored: torch.Tensor, config, original:
             "bins": binned(losses, config.bins)}
 
 
-def _document(model, tokens, key: str, source, config, original: int, out: Path, whole_prompt: bool) -> dict:
+def _document(model, tokens, key: str, source, config, original: int, out: Path, whole_prompt: bool,
+              share: Share) -> dict | None:
     """One row on one document, one prefill: the loss by position and, for a test document (a ``Haystack``), every
     planted key asked from that prefill's KV cache (``whole_prompt``: re-read per key, for the scalings whose
     frequencies follow the length)."""
     path = out / "measurements" / f"doc-{key}.json"
+    if not share.take():
+        return None
     if path.exists():
         return storage.read_json(path)
+    share.made += 1
     asking = isinstance(source, retrieval.Haystack)
     ids = torch.tensor(source.ids, dtype=torch.int64) if asking else source
     losses, cache = prefill(model, ids, config.chunk, label=f"loss {key}", keep_cache=asking and not whole_prompt)
@@ -237,25 +272,33 @@ def _document(model, tokens, key: str, source, config, original: int, out: Path,
     return record
 
 
-def _in_context(model, tokens, key: str, ids: torch.Tensor, length: int, config, out: Path, index: int) -> list:
+def _in_context(model, tokens, key: str, ids: torch.Tensor, length: int, config, out: Path, index: int,
+                share: Share) -> list | None:
     """The unscaled model asked for keys planted in a document's first ``length`` tokens (inside its context):
     the calibration every retrieval table shows."""
     path = out / "measurements" / f"in-context-{key}.json"
+    if not share.take():
+        return None
     if path.exists():
         return storage.read_json(path)
+    share.made += 1
     haystack = _haystack(tokens, ids[:length], length, config, index)
     records = retrieval.retrieve(model, haystack, tokens.encode, tokens.decode)
     storage.write_json(path, records)
     return records
 
 
-def _control(model, haystack: retrieval.Haystack, key: str, config, original: int, out: Path) -> dict:
+def _control(model, haystack: retrieval.Haystack, key: str, config, original: int, out: Path,
+             share: Share) -> dict | None:
     """The unscaled model past its context, re-reading: every target past the context is scored by a fresh read
     of the window that ends at its stride block's end, so it sees between ``original − control_stride + 1`` and
     ``original`` tokens (``sliding_losses``); a needle's tokens are not scored, as in the rows."""
     path = out / "measurements" / f"control-{key}.json"
+    if not share.take():
+        return None
     if path.exists():
         return storage.read_json(path)
+    share.made += 1
     ids = torch.tensor(haystack.ids, dtype=torch.int64)
     losses = sliding_losses(model, ids, original, config.control_stride, original - 1, config.chunk)
     scored = haystack.scored()[original - 1 :]
