@@ -283,17 +283,6 @@ def _run_plot(args) -> int:
     return 0
 
 
-def _shapes(text: str) -> tuple[tuple[int, int], ...]:
-    """'64x32,512x8' -> ((64, 32), (512, 8)): training length x batch size."""
-    try:
-        shapes = tuple(tuple(int(n) for n in part.split("x")) for part in text.split(",") if part.strip())
-    except ValueError:
-        shapes = ()
-    if not shapes or any(len(s) != 2 or min(s) < 1 for s in shapes):
-        raise argparse.ArgumentTypeError(f"expected LENGTHxBATCH[,LENGTHxBATCH...] with positive integers, got {text!r}")
-    return shapes
-
-
 def _positive_floats(text: str) -> tuple[float, ...]:
     try:
         values = tuple(float(part) for part in text.split(",") if part.strip())
@@ -304,76 +293,21 @@ def _positive_floats(text: str) -> tuple[float, ...]:
     return values
 
 
-def _positive_ints(text: str) -> tuple[int, ...]:
-    values = _ints(text)
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
-    return values
-
-
 def _add_bench(commands) -> None:
-    from .bench import TABLES
+    from .bench import command
 
     p = commands.add_parser("bench", help="speed and memory per encoding, as ratios to a baseline in the same run",
-                            description="Time attention() per encoding and backend (ratio to eager), a training step "
-                                        "per encoding (ratio to NoPE), RoPE apply (ratio to copy_ of the same bytes), "
-                                        "score terms as a bias vs as q/k channels (ratio to NoPE) and count "
-                                        "activation memory (ratio to NoPE). Every table names the CPU, its cores "
-                                        "and the torch version. Timings are round-robin.")
+                            description=command.DESCRIPTION)
     _add_device_dtype_json(p)
-    p.add_argument("--tables", default="attention,training,rope,forms,memory",
-                   help=f"comma list of: {', '.join(TABLES)} (default: all)")
-    p.add_argument("--lengths", type=_positive_ints, default=(256, 1024), help="attention lengths (default 256,1024)")
-    p.add_argument("--train-shapes", type=_shapes, default=((64, 32), (512, 8)),
-                   help="training LENGTHxBATCH list (default 64x32,512x8)")
-    p.add_argument("--rope-shape", type=_positive_ints, default=(4, 16, 2048, 64), help="B,H,T,Dh (default 4,16,2048,64)")
-    p.add_argument("--rounds", type=int, default=7, help="round-robin rounds per table (default 7)")
-    p.add_argument("--compile", action="store_true", help="also time the training step under torch.compile")
-    p.add_argument("--markdown", type=Path, help="also write the tables as Markdown to this file")
+    command.add_arguments(p)
     p.set_defaults(run=_run_bench)
 
 
 def _run_bench(args) -> int:
-    import platform
-
-    import torch
-
-    from . import bench
-    from .checks import choice, positive_int
+    from .bench import command
 
     _require_device(args.device)
-    tables = [choice("--tables", name.strip(), list(bench.TABLES)) for name in args.tables.split(",") if name.strip()]
-    positive_int("--rounds", args.rounds, minimum=2)
-    if len(args.rope_shape) != 4 or args.rope_shape[-1] % 2:
-        raise ValueError(f"--rope-shape must be B,H,T,Dh with an even Dh, got {args.rope_shape}")
-    dtype = getattr(torch, args.dtype)
-    run = {
-        "attention": lambda: bench.bench_attention(args.device, dtype, args.lengths, rounds=args.rounds),
-        "training": lambda: bench.bench_training_step(args.device, args.train_shapes, rounds=args.rounds)
-        + (bench.bench_training_step(args.device, args.train_shapes, rounds=args.rounds, compile=True)
-           if args.compile else []),
-        "rope": lambda: bench.bench_rope_apply(args.device, dtype, args.rope_shape, rounds=args.rounds),
-        "forms": lambda: bench.bench_score_forms(args.device, rounds=args.rounds),
-        "memory": lambda: bench.bench_activation_memory(args.device, args.train_shapes),
-    }
-    meta = {**bench.describe(args.device), "dtype": args.dtype, "machine": platform.machine()}
-    results = {}
-    for name in tables:
-        results[name] = run[name]()
-        print(bench.plain(name, results[name], bench.one_line(meta)) + "\n", flush=True)
-        _write_bench_files(args, meta, results)  # after every table: an interrupted bench keeps what it measured
-    return 0
-
-
-def _write_bench_files(args, meta: dict, results: dict) -> None:
-    from . import bench, storage
-
-    if args.json:
-        storage.write_json(args.json, {**meta, "tables": results})
-    if args.markdown:
-        machine = bench.one_line(meta)
-        text = f"Measured on {machine}, {args.dtype}.\n\n"
-        storage.write_text(args.markdown, text + "\n".join(bench.markdown(n, rows, machine) for n, rows in results.items()))
+    return command.run(args)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -99,12 +99,12 @@ def test_bench_rejects_an_unknown_table(capsys):
 
 def test_bench_writes_its_files_after_every_table(tmp_path, monkeypatch):
     """A bench that dies in a later table keeps the tables it finished."""
-    from posenc import bench
+    from posenc.bench import command
 
     def crash(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(bench, "bench_rope_apply", crash)
+    monkeypatch.setattr(command, "bench_rope_apply", crash)
     args = ["bench", "--tables", "memory,rope", "--train-shapes", "8x2", "--rounds", "2", "--json", str(tmp_path / "b.json")]
     assert main(args) == 130
     assert set(json.loads((tmp_path / "b.json").read_text())["tables"]) == {"memory"}

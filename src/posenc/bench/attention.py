@@ -13,14 +13,14 @@ ENCODINGS = ("none", "rope", "alibi", "t5", "shaw", "transformer_xl", "kerple", 
 
 @torch.no_grad()
 def bench_attention(device: str = "cpu", dtype: torch.dtype = torch.float32, lengths=(256, 1024), batch: int = 1,
-                    heads: int = 8, head_dim: int = 64, rounds: int = 5) -> list[dict]:
+                    heads: int = 8, head_dim: int = 64, rounds: int = 5, encodings=ENCODINGS) -> list[dict]:
     """Rows {encoding, backend, length, ms, ratio (to eager), ratio_low, ratio_high}, every backend that serves."""
     device = torch.device(device)
     sizes = {"head_dim": head_dim, "num_heads": heads}
     rows = []
     for length in lengths:
         q, k, v = (torch.randn(batch, heads, length, head_dim, device=device, dtype=dtype) for _ in range(3))
-        for name in ENCODINGS:
+        for name in encodings:
             enc = build_for_model(name, sizes=sizes).to(device=device, dtype=dtype)
             contenders = {backend: (lambda b=backend: attention(q, k, v, enc, backend=b))
                           for backend in ("eager", "sdpa", "flex") if serves(backend, enc, q, k, v)}

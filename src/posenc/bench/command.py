@@ -1,0 +1,106 @@
+"""``posenc bench``: its flags and its run (``cli`` adds the device, dtype and json flags it shares with verify)."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+from pathlib import Path
+
+import torch
+
+from .. import storage
+from ..checks import choice, positive_int
+from . import attention, training
+from .attention import bench_attention
+from .forms import bench_score_forms
+from .machine import describe, one_line
+from .report import TABLES, markdown, plain
+from .rope_apply import bench_rope_apply
+from .training import bench_activation_memory, bench_training_step
+
+DESCRIPTION = ("Time attention() per encoding and backend (ratio to eager), a training step per encoding (ratio to "
+               "NoPE), RoPE apply (ratio to copy_ of the same bytes), score terms as a bias vs as q/k channels (ratio "
+               "to NoPE) and count activation memory (ratio to NoPE). Every table names the CPU, its cores and the "
+               "torch version. Timings are round-robin.")
+ENCODINGS = tuple(dict.fromkeys(training.ENCODINGS + attention.ENCODINGS))  # every encoding a table times
+
+
+def _positive_ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
+    return values
+
+
+def _shapes(text: str) -> tuple[tuple[int, int], ...]:
+    """'64x32,512x8' -> ((64, 32), (512, 8)): training length x batch size."""
+    try:
+        shapes = tuple(tuple(int(n) for n in part.split("x")) for part in text.split(",") if part.strip())
+    except ValueError:
+        shapes = ()
+    if not shapes or any(len(s) != 2 or min(s) < 1 for s in shapes):
+        raise argparse.ArgumentTypeError(f"expected LENGTHxBATCH[,LENGTHxBATCH...] with positive integers, got {text!r}")
+    return shapes
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tables", default="attention,training,rope,forms,memory",
+                   help=f"comma list of: {', '.join(TABLES)} (default: all)")
+    p.add_argument("--encodings", default="all",
+                   help=f"'all' or a comma list of: {', '.join(ENCODINGS)}; the attention, training and memory tables "
+                        "time only these (NoPE always runs, as the baseline)")
+    p.add_argument("--lengths", type=_positive_ints, default=(256, 1024), help="attention lengths (default 256,1024)")
+    p.add_argument("--train-shapes", type=_shapes, default=((64, 32), (512, 8)),
+                   help="training LENGTHxBATCH list (default 64x32,512x8)")
+    p.add_argument("--rope-shape", type=_positive_ints, default=(4, 16, 2048, 64), help="B,H,T,Dh (default 4,16,2048,64)")
+    p.add_argument("--rounds", type=int, default=7, help="round-robin rounds per table (default 7)")
+    p.add_argument("--compile", action="store_true", help="also time the training step under torch.compile")
+    p.add_argument("--markdown", type=Path, help="also write the tables as Markdown to this file")
+
+
+def chosen_encodings(text: str) -> tuple[str, ...]:
+    """--encodings as names in the tables' order, NoPE (the baseline) always among them."""
+    if text == "all":
+        return ENCODINGS
+    names = {choice("--encodings", name.strip(), list(ENCODINGS)) for name in text.split(",") if name.strip()}
+    return tuple(name for name in ENCODINGS if name in names | {"none"})
+
+
+def run(args) -> int:
+    tables = [choice("--tables", name.strip(), list(TABLES)) for name in args.tables.split(",") if name.strip()]
+    positive_int("--rounds", args.rounds, minimum=2)
+    if len(args.rope_shape) != 4 or args.rope_shape[-1] % 2:
+        raise ValueError(f"--rope-shape must be B,H,T,Dh with an even Dh, got {args.rope_shape}")
+    if args.compile and "training" not in tables:
+        raise ValueError("--compile times the training table: add training to --tables")
+    encodings = chosen_encodings(args.encodings)
+    timed, trained = (tuple(n for n in encodings if n in names) for names in (attention.ENCODINGS, training.ENCODINGS))
+    dtype = getattr(torch, args.dtype)
+    run_table = {
+        "attention": lambda: bench_attention(args.device, dtype, args.lengths, rounds=args.rounds, encodings=timed),
+        "training": lambda: bench_training_step(args.device, args.train_shapes, trained, rounds=args.rounds)
+        + (bench_training_step(args.device, args.train_shapes, trained, rounds=args.rounds, compile=True)
+           if args.compile else []),
+        "rope": lambda: bench_rope_apply(args.device, dtype, args.rope_shape, rounds=args.rounds),
+        "forms": lambda: bench_score_forms(args.device, rounds=args.rounds),
+        "memory": lambda: bench_activation_memory(args.device, args.train_shapes, trained),
+    }
+    meta = {**describe(args.device), "dtype": args.dtype, "machine": platform.machine()}
+    results = {}
+    for name in tables:
+        results[name] = run_table[name]()
+        print(plain(name, results[name], one_line(meta)) + "\n", flush=True)
+        _write_files(args, meta, results)  # after every table: an interrupted bench keeps what it measured
+    return 0
+
+
+def _write_files(args, meta: dict, results: dict) -> None:
+    if args.json:
+        storage.write_json(args.json, {**meta, "tables": results})
+    if args.markdown:
+        machine = one_line(meta)
+        text = f"Measured on {machine}, {args.dtype}.\n\n"
+        storage.write_text(args.markdown, text + "\n".join(markdown(n, rows, machine) for n, rows in results.items()))
