@@ -170,3 +170,18 @@ def test_real_smollm2_frequencies_yarn_in_range_and_export(tmp_path):
         hf.export(model, {"rope_type": "yarn", "factor": 2.0}, tmp_path / "smollm2-yarn", tokenizer),
         local_files_only=True)
     assert position_losses(exported, window).mean().item() == pytest.approx(scaled, abs=1e-5)
+
+
+def test_dynamic_follows_the_length_from_the_original_context_it_was_given():
+    """transformers' dynamic NTK reads the original context from max_position_embeddings: apply_scaling sets it, so
+    the model's frequencies at each length are posenc's for that length and that original context."""
+    model = tiny()  # max_position_embeddings = CONTEXT = 32
+    scaling = {"rope_type": "dynamic", "factor": 3.0, "original_max_position_embeddings": 16}
+    hf.apply_scaling(model, scaling)
+    assert model.config.max_position_embeddings == 16
+    for length in (16, 24, 40, 64):  # inside the original context, past it, past the model's old one
+        ids = torch.arange(length)[None]
+        cos, _ = model.model.rotary_emb(torch.zeros(1, length, 4 * HEAD_DIM), ids)
+        inv_freq, _ = posenc.rope_frequencies(HEAD_DIM, {**scaling, "rope_theta": 10000.0}, seq_len=length)
+        angles = ids[0, :, None].double() * inv_freq.double()
+        torch.testing.assert_close(cos[0].double(), torch.cat([angles, angles], -1).cos(), rtol=1e-5, atol=1e-5)

@@ -81,6 +81,18 @@ def test_lora_trains_adapters_norms_and_embeddings_and_merges_to_the_same_logits
     assert any(not torch.equal(p, before[n]) for n, p in weights(plain).items())
 
 
+def test_lora_adapts_exactly_the_four_attention_projections_of_every_layer():
+    model = tiny_llama(0, 32)
+    layers = model.config.num_hidden_layers
+    wrapped = with_lora(model, 2)
+    adapted = sorted(name.removeprefix("base_model.model.").removesuffix(".lora_A.default.weight")
+                     for name, _ in wrapped.named_parameters() if "lora_A" in name)
+    want = sorted(f"model.layers.{i}.self_attn.{p}_proj" for i in range(layers) for p in "qkvo")
+    assert adapted == want
+    trainable = {n for n, p in wrapped.named_parameters() if p.requires_grad and "lora" not in n}
+    assert trainable == {n for n, _ in wrapped.named_parameters() if "norm" in n or "embed_tokens" in n}
+
+
 def test_finished_runs_are_loaded_not_trained_again(tmp_path):
     trained, _ = adapt(tiny_llama(0, 32), TEXT, config(lora=2), tmp_path / "run")
     loaded, _ = adapt(tiny_llama(0, 32), TEXT, config(lora=2), tmp_path / "run")

@@ -19,7 +19,7 @@ from posenc.experiments.pretrained import PretrainedConfig
 from posenc.experiments.pretrained.measure import (ByteTokens, long_documents, position_losses, sliding_losses,
                                                    tiny_llama)
 from posenc.extension.retrieval import make_haystack
-from posenc.experiments.pretrained.stages import plan_rows
+from posenc.experiments.pretrained.stages import _check_against_model, plan_rows
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 ROWS = ["none", "yarn", "ntk", "self-extend", "yarn+pose", "yarn+control"]
@@ -188,6 +188,21 @@ def test_bad_hf_input_is_one_line_before_any_work(tmp_path, capsys, args, messag
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("field, edge, past, message", [
+    ("to", 513, 512, "--to 512 is not above the model's context"),
+    ("finetune_window", 512, 513, "--finetune-window (513) is longer than the model's context"),
+    ("self_extend_window", 511, 512, "--self-extend-window (512) must be below the model's context"),
+    ("first_tokens", 512, 513, "--first-tokens (513) must be at most the model's context"),
+    ("control_stride", 512, 513, "--control-stride (513) must be at most the model's context"),
+])
+def test_each_bound_against_the_models_context_holds_at_its_edge(field, edge, past, message):
+    """The value at the edge is accepted and the next one refused (a bound off by one fails here)."""
+    base = dict(to=2048) if field != "to" else {}
+    _check_against_model(PretrainedConfig.from_preset("smoke", **base, **{field: edge}), 512)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _check_against_model(PretrainedConfig.from_preset("smoke", **base, **{field: past}), 512)
+
+
 def test_not_enough_long_documents_says_how_many_there_are(tmp_path, capsys):
     text = tmp_path / "short.txt"
     text.write_text("x = 1\n" * 200)
@@ -224,7 +239,9 @@ def test_sigkill_then_resume_equals_the_uninterrupted_run(smoke, tmp_path):
     for name, row in reference["rows"].items():
         assert [w["past"] for w in got["rows"][name]["test"]] == pytest.approx([w["past"] for w in row["test"]],
                                                                               abs=1e-5), name
-    assert got["finetune"]["yarn+control"]["losses"] == pytest.approx(reference["finetune"]["yarn+control"]["losses"])
+    for name in ("yarn+pose", "yarn+control"):  # every loss and every curve point, as if never killed
+        assert got["finetune"][name]["losses"] == pytest.approx(reference["finetune"][name]["losses"]), name
+        assert got["finetune"][name]["curve"] == pytest.approx(reference["finetune"][name]["curve"]), name
 
 
 def test_resume_adds_fine_tuned_rows_to_a_zero_shot_run_and_keeps_its_files(smoke, tmp_path, capsys):

@@ -1,0 +1,55 @@
+"""Writes are atomic (a write that dies midway, even by SIGKILL, leaves the old file whole), shared-readable, and
+checkpoints never unpickle arbitrary objects."""
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from posenc import storage
+
+
+def test_a_write_that_fails_midway_leaves_the_old_file_and_no_temp(tmp_path):
+    path = storage.write_text(tmp_path / "results.json", '{"old": 1}\n')
+
+    def half_then_fail(temp):
+        Path(temp).write_text('{"new": ')
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        storage.atomic_write(path, half_then_fail)
+    assert path.read_text() == '{"old": 1}\n' and list(tmp_path.iterdir()) == [path]
+    assert os.stat(path).st_mode & 0o777 == 0o644  # shared like any result, not mkstemp's 0600
+
+
+def test_a_write_killed_midway_leaves_the_old_file_whole(tmp_path):
+    path = storage.write_text(tmp_path / "results.json", "old\n")
+    started = tmp_path / "started"
+    script = (f"import time; from pathlib import Path; from posenc import storage\n"
+              f"def slow(temp):\n"
+              f"    Path(temp).write_text('half of the new')\n"
+              f"    Path({str(started)!r}).touch()\n"
+              f"    time.sleep(60)\n"
+              f"storage.atomic_write({str(path)!r}, slow)\n")
+    process = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.time() + 60
+    while not started.exists() and time.time() < deadline:
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert started.exists() and path.read_text() == "old\n"
+
+
+def test_checkpoints_refuse_pickled_objects(tmp_path):
+    path = tmp_path / "last.pt"
+    path.write_bytes(pickle.dumps({"step": 3, "hook": print}))  # an arbitrary object to call on load
+    with pytest.raises(ValueError, match="damaged or truncated"):
+        storage.load_checkpoint(path)
+    storage.save_checkpoint(path, {"step": 3, "weights": torch.ones(2)})
+    assert storage.load_checkpoint(path)["step"] == 3
