@@ -19,9 +19,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from . import attention, build, rope_frequencies, sinusoidal_table
+from . import attention, rope_frequencies, sinusoidal_table
 from .attention import serves
 from .encodings import build_for_model
+from .encodings.registry import one_axis, symmetric
 from .encodings.rotary import apply_rope
 from .kernels.channels import attend_with_channels
 
@@ -29,24 +30,13 @@ BASE_TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-4, torch.bfloat16: 5e-
 HEADS, HEAD_DIM, LENGTH = 4, 16, 12
 DIFFERS = 1e-3  # a positional encoding must move outputs by more than this
 
-ATTENTION_ENCODINGS = {
-    "none": {},
-    "rope": {"head_dim": HEAD_DIM},
-    "alibi": {"num_heads": HEADS},
-    "t5": {"num_heads": HEADS},
-    "shaw": {"head_dim": HEAD_DIM, "num_heads": HEADS},
-    "transformer_xl": {"head_dim": HEAD_DIM, "num_heads": HEADS},
-    "kerple": {"num_heads": HEADS},
-    "sandwich": {"num_heads": HEADS, "sinusoid_dim": 32},
-    "fire": {"num_heads": HEADS},
-    "xpos": {"head_dim": HEAD_DIM},
-    "cope": {"head_dim": HEAD_DIM},
-}
-
+ATTENTION_ENCODINGS = one_axis(in_attention=True)  # every encoding attention() takes (registry order)
+SIZES = {"head_dim": HEAD_DIM, "num_heads": HEADS}
+NARROWER = {"sandwich": {"sinusoid_dim": 32}}  # its default 128 sinusoids are sized for model-wide heads
 
 #: encodings whose bidirectional scores depend on |i − j| alone (and FIRE's on max(L, i), constant for
 #: three words): reversing a sentence keeps every distance, so they cannot tell it from its reverse
-SYMMETRIC = ("kerple", "sandwich", "fire", "cope")
+SYMMETRIC = symmetric()
 
 
 @dataclass
@@ -81,7 +71,7 @@ def _differs(check, encoding, error, detail="") -> Check:
 
 
 def _encoding(name: str, device, dtype):
-    enc = build(name, **ATTENTION_ENCODINGS[name]).to(device=device, dtype=dtype)
+    enc = build_for_model(name, sizes=SIZES, **NARROWER.get(name, {})).to(device=device, dtype=dtype)
     with torch.no_grad():
         for parameter in enc.parameters():
             parameter.normal_(0, 0.5)  # trained tables are not near zero; neither are these

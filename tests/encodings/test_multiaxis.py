@@ -134,7 +134,7 @@ def test_multimodal_positions_equal_transformers_get_rope_index():
 def test_bad_input_names_the_parameter():
     with pytest.raises(ValueError, match=r"mrope_section must be 3 counts summing to head_dim/2 = 8"):
         posenc.build("mrope", head_dim=HEAD_DIM, mrope_section=[2, 2, 2])
-    with pytest.raises(ValueError, match=r"positions must be \(B, T\) or \(3, B, T\)"):
+    with pytest.raises(ValueError, match=r"positions must be \(T,\), \(B, T\) or \(3, B, T\)"):
         q, k = qk()
         posenc.build("mrope", head_dim=HEAD_DIM).rotate(q, k, torch.zeros(2, 1, 7, dtype=torch.long), torch.arange(7)[None])
     with pytest.raises(ValueError, match="head_dim must be a multiple of 4"):

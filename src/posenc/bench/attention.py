@@ -6,9 +6,10 @@ import torch
 
 from ..attention import attention, serves
 from ..encodings import build_for_model
+from ..encodings.registry import one_axis
 from .timing import round_robin
 
-ENCODINGS = ("none", "rope", "alibi", "t5", "shaw", "transformer_xl", "kerple", "sandwich", "fire", "xpos", "cope")
+ENCODINGS = one_axis(in_attention=True)  # every encoding attention() takes with one-dimensional positions
 
 
 @torch.no_grad()

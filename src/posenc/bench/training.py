@@ -11,11 +11,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..encodings.registry import one_axis
 from ..lm.model import LanguageModel, ModelConfig
 from .timing import round_robin
 
-ENCODINGS = ("none", "sinusoidal", "learned", "rope", "alibi", "t5", "shaw", "transformer_xl", "kerple", "sandwich",
-             "fire", "xpos", "cope")
+ENCODINGS = one_axis()  # every encoding the tiny LM trains
 
 
 def _model(encoding: str, length: int, device: torch.device) -> LanguageModel:

@@ -1,6 +1,7 @@
 """Every positional encoding, built by name.
 
-``build(name, **kwargs)`` is the one factory; ``ENCODINGS`` is its registry.
+``build(name, **kwargs)`` is the one factory; ``registry.REGISTRY`` declares every encoding once (class, door,
+paper, description, traits) and ``ENCODINGS`` maps its names to classes.
 ``build_for_model`` fills in the sizes a model knows (dim, head_dim, num_heads,
 max_positions) for whichever of them the encoding's constructor takes, so callers
 never branch on the encoding's name.
@@ -21,25 +22,10 @@ from .sandwich import Sandwich
 from .xpos import XPos
 from .relative import Shaw, T5RelativeBias, TransformerXL, t5_bucket
 from .rotary import RoPE, apply_rope, rope_angles
+from .registry import ENTRIES, REGISTRY, Entry
 from .scaling import SCALINGS, layer_scalings, rope_frequencies
 
-ENCODINGS: dict[str, type[PositionalEncoding]] = {
-    "none": NoPE,
-    "sinusoidal": Sinusoidal,
-    "learned": Learned,
-    "shaw": Shaw,
-    "transformer_xl": TransformerXL,
-    "t5": T5RelativeBias,
-    "alibi": ALiBi,
-    "rope": RoPE,
-    "kerple": Kerple,
-    "sandwich": Sandwich,
-    "fire": FIRE,
-    "xpos": XPos,
-    "cope": CoPE,
-    "mrope": MRoPE,
-    "axial_rope": AxialRoPE,
-}
+ENCODINGS: dict[str, type[PositionalEncoding]] = {entry.name: entry.cls for entry in REGISTRY}
 
 
 def _encoding_class(name: str) -> type[PositionalEncoding]:
@@ -71,7 +57,7 @@ def build_for_model(name: str, *, sizes: dict, **kwargs) -> PositionalEncoding:
 
 
 __all__ = [
-    "ENCODINGS", "SCALINGS", "ALiBi", "AxialRoPE", "CoPE", "FIRE", "Kerple", "Learned", "MRoPE", "NoPE", "PositionalEncoding", "RoPE",
+    "ENCODINGS", "ENTRIES", "REGISTRY", "SCALINGS", "ALiBi", "AxialRoPE", "CoPE", "FIRE", "Kerple", "Entry", "Learned", "MRoPE", "NoPE", "PositionalEncoding", "RoPE",
     "Sandwich", "Shaw", "Sinusoidal", "T5RelativeBias", "TransformerXL", "XPos", "alibi_slopes", "apply_rope", "build",
     "build_for_model", "layer_scalings", "rope_angles", "rope_frequencies", "sinusoidal_table", "t5_bucket",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ...encodings.registry import ENTRIES, one_axis
 from ...extension.methods import method_scaling
 
 
@@ -28,32 +29,27 @@ def _rope_scaling(method: str, fixed_factor: float | None = None) -> Callable[[f
     return lambda factor, train_length: {"scaling": method_scaling(method, fixed_factor or factor, train_length)}
 
 
-ROWS: dict[str, Row] = {row.name: row for row in [
-    Row("none", "none", "no positional encoding (NoPE)"),
-    Row("sinusoidal", "sinusoidal", "sinusoidal table added to the input"),
-    Row("learned", "learned", "learned table added to the input; no rows past the training length"),
-    Row("learned+interpolate", "learned", "the learned checkpoint, its table resampled to the eval length",
-        eval_kwargs=lambda factor, train_length: {"beyond": "interpolate"}),
-    Row("alibi", "alibi", "ALiBi score bias"),
-    Row("rope", "rope", "RoPE, no scaling"),
-    Row("rope+pi", "rope", "the RoPE checkpoint with position interpolation, factor = the column's",
-        eval_kwargs=_rope_scaling("pi")),
-    Row("rope+ntk", "rope", "the RoPE checkpoint with static NTK, factor = the column's",
-        eval_kwargs=_rope_scaling("ntk")),
-    Row("rope+dynamic", "rope", "the RoPE checkpoint with dynamic NTK, factor = the column's: base raised by "
-        "(f² − f + 1)^(d/(d−2)) at length f·L, a larger NTK", eval_kwargs=_rope_scaling("dynamic")),
-    Row("rope+dynamic1", "rope", "the RoPE checkpoint with dynamic NTK, factor 1: pure length-driven NTK, base "
-        "raised by f^(d/(d−2)) at length f·L", eval_kwargs=_rope_scaling("dynamic", fixed_factor=1.0)),
-    Row("rope+yarn", "rope", "the RoPE checkpoint with YaRN, factor = the column's", eval_kwargs=_rope_scaling("yarn")),
-    Row("t5", "t5", "T5 bucketed relative bias"),
-    Row("shaw", "shaw", "Shaw et al. relative keys and values"),
-    Row("transformer_xl", "transformer_xl", "Transformer-XL relative terms"),
-    Row("kerple", "kerple", "Kerple, learned logarithmic kernel of the distance (the paper's better variant)"),
-    Row("sandwich", "sandwich", "Sandwich: dot product of sinusoids as a fixed bias"),
-    Row("fire", "fire", "FIRE: learned MLP of the log distance, normalized by the query's position"),
-    Row("xpos", "xpos", "xPos: RoPE with a per-channel decay in distance"),
-    Row("cope", "cope", "CoPE: positions counted by gates on q·k"),
-]}
+#: rows that read a trained encoding's checkpoint another way, listed after the row of that encoding
+READ_ANOTHER_WAY: dict[str, list[Row]] = {
+    "learned": [
+        Row("learned+interpolate", "learned", "the learned checkpoint, its table resampled to the eval length",
+            eval_kwargs=lambda factor, train_length: {"beyond": "interpolate"})],
+    "rope": [
+        Row("rope+pi", "rope", "the RoPE checkpoint with position interpolation, factor = the column's",
+            eval_kwargs=_rope_scaling("pi")),
+        Row("rope+ntk", "rope", "the RoPE checkpoint with static NTK, factor = the column's",
+            eval_kwargs=_rope_scaling("ntk")),
+        Row("rope+dynamic", "rope", "the RoPE checkpoint with dynamic NTK, factor = the column's: base raised by "
+            "(f² − f + 1)^(d/(d−2)) at length f·L, a larger NTK", eval_kwargs=_rope_scaling("dynamic")),
+        Row("rope+dynamic1", "rope", "the RoPE checkpoint with dynamic NTK, factor 1: pure length-driven NTK, base "
+            "raised by f^(d/(d−2)) at length f·L", eval_kwargs=_rope_scaling("dynamic", fixed_factor=1.0)),
+        Row("rope+yarn", "rope", "the RoPE checkpoint with YaRN, factor = the column's",
+            eval_kwargs=_rope_scaling("yarn"))],
+}
+
+#: a row per encoding of the registry the tiny LM trains, each followed by the rows that read it another way
+ROWS: dict[str, Row] = {row.name: row for name in one_axis()
+                        for row in [Row(name, name, ENTRIES[name].description), *READ_ANOTHER_WAY.get(name, [])]}
 
 DEFAULT_ROWS = ("none", "sinusoidal", "learned", "learned+interpolate", "alibi",
                 "rope", "rope+pi", "rope+ntk", "rope+dynamic", "rope+dynamic1", "rope+yarn")

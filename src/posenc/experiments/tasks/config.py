@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ... import checks
-from ...encodings import ENCODINGS
+from ...encodings.registry import one_axis
 from ...lm.model import ModelConfig
 from ...lm.tasks import TASKS, CopyTask, RecallTask
 from ..presets import preset_values
@@ -91,8 +91,8 @@ class TaskConfig:
         rows = []
         for name in (part.strip() for part in self.encodings.split(",") if part.strip()):
             encoding = name.removesuffix(RANDOMIZED)
-            if encoding not in ENCODINGS or encoding in ("mrope", "axial_rope"):
-                valid = [e for e in ENCODINGS if e not in ("mrope", "axial_rope")]
+            if encoding not in one_axis():
+                valid = one_axis()
                 raise ValueError(f"--encodings: unknown row {name!r}; valid: encodings {', '.join(valid)}, "
                                  f"each optionally with {RANDOMIZED}")
             rows.append((name, encoding, name.endswith(RANDOMIZED)))

@@ -1,0 +1,85 @@
+"""The one list of encodings: each declared once, with what the rest of posenc reads about it.
+
+An entry names the class, the door it uses and the paper (docs/api.md's table, which a test holds to this list), a
+one-line description (the extrapolation table's row), and the traits the commands branch on: ``symmetric``
+(bidirectional scores depend on |i − j| alone, so ``verify`` expects a sentence and its reverse to score alike) and
+``axes`` (more than one: positions per axis, outside ``attention()``'s one-dimensional benches and the tiny LM).
+What a constructor needs is its signature (``build_for_model`` fills the sizes a model knows); which doors an
+encoding opens are its class flags (``PositionalEncoding.doors``). Adding an encoding is its module, its entry here,
+its oracle test and its docs line; bench, verify and ``posenc extrapolate``'s rows follow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .absolute import Learned, Sinusoidal
+from .alibi import ALiBi
+from .base import NoPE, PositionalEncoding
+from .cope import CoPE
+from .fire import FIRE
+from .kerple import Kerple
+from .multiaxis import AxialRoPE, MRoPE
+from .relative import Shaw, T5RelativeBias, TransformerXL
+from .rotary import RoPE
+from .sandwich import Sandwich
+from .xpos import XPos
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    cls: type[PositionalEncoding]
+    door: str
+    paper: str
+    description: str
+    symmetric: bool = False
+    axes: int = 1
+
+    @property
+    def in_attention(self) -> bool:
+        """Whether the encoding acts inside attention (not only on the input embeddings)."""
+        return not self.cls.has_input
+
+
+REGISTRY: tuple[Entry, ...] = (
+    Entry("none", NoPE, "—", "NoPE (Kazemnejad et al. 2023, arXiv:2305.19466)", "no positional encoding (NoPE)"),
+    Entry("sinusoidal", Sinusoidal, "input", "Vaswani et al. 2017, arXiv:1706.03762",
+          "sinusoidal table added to the input"),
+    Entry("learned", Learned, "input", "Gehring et al. 2017 / GPT-2 / BERT",
+          "learned table added to the input; no rows past the training length"),
+    Entry("alibi", ALiBi, "score bias", "Press et al. 2022, arXiv:2108.12409", "ALiBi score bias"),
+    Entry("rope", RoPE, "q/k rotation", "Su et al. 2021, arXiv:2104.09864", "RoPE, no scaling"),
+    Entry("t5", T5RelativeBias, "score bias", "Raffel et al. 2020, arXiv:1910.10683", "T5 bucketed relative bias"),
+    Entry("shaw", Shaw, "content–position (keys and values)", "Shaw et al. 2018, arXiv:1803.02155",
+          "Shaw et al. relative keys and values"),
+    Entry("transformer_xl", TransformerXL, "content–position", "Dai et al. 2019, arXiv:1901.02860",
+          "Transformer-XL relative terms"),
+    Entry("kerple", Kerple, "score bias", "Chi et al. 2022, arXiv:2205.09921",
+          "Kerple, learned logarithmic kernel of the distance (the paper's better variant)", symmetric=True),
+    Entry("sandwich", Sandwich, "score bias (+ channels)", "Chi et al. 2023, arXiv:2212.10356",
+          "Sandwich: dot product of sinusoids as a fixed bias", symmetric=True),
+    Entry("fire", FIRE, "score bias (reads the query's position)", "Li et al. 2023, arXiv:2310.04418",
+          "FIRE: learned MLP of the log distance, normalized by the query's position", symmetric=True),
+    Entry("xpos", XPos, "q/k rotation with decay", "Sun et al. 2022, arXiv:2212.10554",
+          "xPos: RoPE with a per-channel decay in distance"),
+    Entry("cope", CoPE, "content–position (gated counts)", "Golovneva et al. 2024, arXiv:2405.18719",
+          "CoPE: positions counted by gates on q·k", symmetric=True),
+    Entry("mrope", MRoPE, "q/k rotation, 3 axes", "Qwen2-VL, Wang et al. 2024, arXiv:2409.12191",
+          "M-RoPE: RoPE over (time, height, width) sections of the head", axes=3),
+    Entry("axial_rope", AxialRoPE, "q/k rotation, 2 axes",
+          "Qwen2-VL's vision tower; RoPE-Mixed, Heo et al. 2024, arXiv:2403.13298",
+          "axial RoPE over (row, column), or RoPE-Mixed's learned directions", axes=2),
+)
+
+ENTRIES: dict[str, Entry] = {entry.name: entry for entry in REGISTRY}
+
+
+def one_axis(*, in_attention: bool | None = None) -> tuple[str, ...]:
+    """Names of the encodings of one-dimensional positions (what the tiny LM trains), in registry order;
+    ``in_attention``: only those that act inside attention (True) or only on the input (False)."""
+    return tuple(e.name for e in REGISTRY if e.axes == 1 and in_attention in (None, e.in_attention))
+
+
+def symmetric() -> tuple[str, ...]:
+    return tuple(e.name for e in REGISTRY if e.symmetric)
