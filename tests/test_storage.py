@@ -53,3 +53,31 @@ def test_checkpoints_refuse_pickled_objects(tmp_path):
         storage.load_checkpoint(path)
     storage.save_checkpoint(path, {"step": 3, "weights": torch.ones(2)})
     assert storage.load_checkpoint(path)["step"] == 3
+
+
+def test_the_temp_file_sits_beside_the_target_so_the_rename_stays_on_one_filesystem(tmp_path):
+    seen = []
+    path = tmp_path / "deep" / "er" / "results.json"  # folders made on the way
+    storage.atomic_write(path, lambda temp: (seen.append(Path(temp)), Path(temp).write_text("x")))
+    temp = seen[0]
+    assert temp.parent == path.parent and temp.name.startswith(".results.json.") and temp.name.endswith(".tmp")
+    assert path.read_text() == "x"
+
+
+def test_json_is_written_indented_in_the_callers_key_order():
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = storage.write_json(Path(folder) / "r.json", {"b": 1, "a": [1, 2]})
+        assert path.read_text() == json.dumps({"b": 1, "a": [1, 2]}, indent=2) + "\n"
+        assert storage.read_json(path) == {"b": 1, "a": [1, 2]}
+
+
+def test_a_damaged_checkpoint_names_its_path_and_the_error(tmp_path):
+    path = tmp_path / "last.pt"
+    path.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError) as raised:
+        storage.load_checkpoint(path)
+    message = str(raised.value)
+    assert str(path) in message and "Error" in message.split("(")[1] and "--resume" in message
