@@ -26,6 +26,7 @@ import platform
 import resource
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -118,7 +119,8 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
     corpus = corpus_of(config.text, config.corpus).fingerprint
     results = report.collect(config, model, original, factor, group, corpus, test, dev, measured, control,
                              in_context, tuned, stages)
-    results.update(device=runtime.label, processes=runtime.world_size, peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+    results.update(device=runtime.label, processes=runtime.world_size,
+                   peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
                    versions={"posenc": __version__, "torch": torch.__version__, "python": platform.python_version()})
     report.write_all(results, out)
     log(report.terminal_table(results))
@@ -135,10 +137,19 @@ class Share:
     def __init__(self, rank: int = 0, world_size: int = 1):
         self.rank, self.world_size, self.seen, self.made = rank, world_size, 0, 0
 
-    def take(self) -> bool:
+    def measured(self, path: Path, measure: Callable[[], dict | list]) -> dict | list | None:
+        """The measurement filed at ``path`` (made by ``measure`` and written atomically first, if not there yet),
+        or None where it is another process's share."""
         mine = self.seen % self.world_size == self.rank
         self.seen += 1
-        return mine
+        if not mine:
+            return None
+        if path.exists():
+            return storage.read_json(path)
+        self.made += 1
+        record = measure()
+        storage.write_json(path, record)
+        return record
 
 
 def _measure_all(model, tokens, rows, parameters, own, pristine, group, test, haystacks, dev, config, original, out,
@@ -254,38 +265,29 @@ def _document(model, tokens, key: str, source, config, original: int, out: Path,
     """One row on one document, one prefill: the loss by position and, for a test document (a ``Haystack``), every
     planted key asked from that prefill's KV cache (``whole_prompt``: re-read per key, for the scalings whose
     frequencies follow the length)."""
-    path = out / "measurements" / f"doc-{key}.json"
-    if not share.take():
-        return None
-    if path.exists():
-        return storage.read_json(path)
-    share.made += 1
-    asking = isinstance(source, retrieval.Haystack)
-    ids = torch.tensor(source.ids, dtype=torch.int64) if asking else source
-    losses, cache = prefill(model, ids, config.chunk, label=f"loss {key}", keep_cache=asking and not whole_prompt)
-    scored = source.scored() if asking else torch.ones(ids.shape[0] - 1, dtype=torch.bool)
-    record = _losses_record(losses, scored, config, original)
-    if asking:
-        record["retrieval"] = retrieval.retrieve(model, source, tokens.encode, tokens.decode, cache=cache,
-                                                 whole_prompt=whole_prompt)
-    storage.write_json(path, record)
-    return record
+    def measure() -> dict:
+        asking = isinstance(source, retrieval.Haystack)
+        ids = torch.tensor(source.ids, dtype=torch.int64) if asking else source
+        losses, cache = prefill(model, ids, config.chunk, label=f"loss {key}", keep_cache=asking and not whole_prompt)
+        scored = source.scored() if asking else torch.ones(ids.shape[0] - 1, dtype=torch.bool)
+        record = _losses_record(losses, scored, config, original)
+        if asking:
+            record["retrieval"] = retrieval.retrieve(model, source, tokens.encode, tokens.decode, cache=cache,
+                                                     whole_prompt=whole_prompt)
+        return record
+
+    return share.measured(out / "measurements" / f"doc-{key}.json", measure)
 
 
 def _in_context(model, tokens, key: str, ids: torch.Tensor, length: int, config, out: Path, index: int,
                 share: Share) -> list | None:
     """The unscaled model asked for keys planted in a document's first ``length`` tokens (inside its context):
     the calibration every retrieval table shows."""
-    path = out / "measurements" / f"in-context-{key}.json"
-    if not share.take():
-        return None
-    if path.exists():
-        return storage.read_json(path)
-    share.made += 1
-    haystack = _haystack(tokens, ids[:length], length, config, index)
-    records = retrieval.retrieve(model, haystack, tokens.encode, tokens.decode)
-    storage.write_json(path, records)
-    return records
+    def measure() -> list:
+        haystack = _haystack(tokens, ids[:length], length, config, index)
+        return retrieval.retrieve(model, haystack, tokens.encode, tokens.decode)
+
+    return share.measured(out / "measurements" / f"in-context-{key}.json", measure)
 
 
 def _control(model, haystack: retrieval.Haystack, key: str, config, original: int, out: Path,
@@ -293,18 +295,13 @@ def _control(model, haystack: retrieval.Haystack, key: str, config, original: in
     """The unscaled model past its context, re-reading: every target past the context is scored by a fresh read
     of the window that ends at its stride block's end, so it sees between ``original − control_stride + 1`` and
     ``original`` tokens (``sliding_losses``); a needle's tokens are not scored, as in the rows."""
-    path = out / "measurements" / f"control-{key}.json"
-    if not share.take():
-        return None
-    if path.exists():
-        return storage.read_json(path)
-    share.made += 1
-    ids = torch.tensor(haystack.ids, dtype=torch.int64)
-    losses = sliding_losses(model, ids, original, config.control_stride, original - 1, config.chunk)
-    scored = haystack.scored()[original - 1 :]
-    record = {"past": losses.masked_fill(~scored, float("nan")).nanmean().item()}
-    storage.write_json(path, record)
-    return record
+    def measure() -> dict:
+        ids = torch.tensor(haystack.ids, dtype=torch.int64)
+        losses = sliding_losses(model, ids, original, config.control_stride, original - 1, config.chunk)
+        scored = haystack.scored()[original - 1 :]
+        return {"past": losses.masked_fill(~scored, float("nan")).nanmean().item()}
+
+    return share.measured(out / "measurements" / f"control-{key}.json", measure)
 
 
 def _export(model, tokens, results, pristine, out, folder, log) -> None:
