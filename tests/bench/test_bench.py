@@ -108,3 +108,15 @@ def test_bench_writes_its_files_after_every_table(tmp_path, monkeypatch):
     args = ["bench", "--tables", "memory,rope", "--train-shapes", "8x2", "--rounds", "2", "--json", str(tmp_path / "b.json")]
     assert main(args) == 130
     assert set(json.loads((tmp_path / "b.json").read_text())["tables"]) == {"memory"}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--encodings", "foo"], "--encodings must be one of"),
+    (["--encodings", ","], "--encodings names no encoding"),
+    (["--encodings", "mrope"], "--encodings must be one of"),
+    (["--tables", "rope", "--compile"], "--compile times the training table: add training to --tables"),
+])
+def test_bad_encodings_and_compile_without_training_are_one_line(args, message, tmp_path, capsys):
+    assert main(["bench", "--tables", "memory", "--train-shapes", "8x2", *args, "--json", str(tmp_path / "b.json")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "b.json").exists()

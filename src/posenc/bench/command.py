@@ -66,6 +66,8 @@ def chosen_encodings(text: str) -> tuple[str, ...]:
     if text == "all":
         return ENCODINGS
     names = {choice("--encodings", name.strip(), list(ENCODINGS)) for name in text.split(",") if name.strip()}
+    if not names:
+        raise ValueError(f"--encodings names no encoding: pass 'all' or a comma list of {', '.join(ENCODINGS)}")
     return tuple(name for name in ENCODINGS if name in names | {"none"})
 
 
