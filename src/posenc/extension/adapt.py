@@ -13,8 +13,10 @@ weights at the end. Otherwise every parameter trains. AdamW, linear warmup then 
 
 Resumable: ``last.pt`` (the trainable tensors, optimizer, data generator, step, losses, curve) is written
 atomically every ``checkpoint_every`` steps and at every curve point; a run killed at any instant continues from
-it and ends where the uninterrupted run ends. Under ``torchrun`` every rank draws the same global batch and trains
-on rows ``rank::world_size``, gradients averaged, so N processes follow one process's run.
+it and ends where the uninterrupted run ends. Under ``torchrun`` the ranks train a copy sharded with FSDP2
+(``sharding.py``: each holds 1/N of the trained parameters, gradients and optimizer state); every rank draws the
+same global batch and trains on rows ``rank::world_size``, gradients averaged, so N processes follow one process's
+run. Checkpoints hold whole tensors keyed by name: a run may resume under another number of processes.
 Finished: ``model.safetensors`` (every parameter, merged) then ``adapt.json`` (metrics and curve).
 """
 
@@ -31,6 +33,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .. import checks, storage
+from . import sharding
 from ..lm.train import learning_rate
 from ..positions import skipwise_positions
 
@@ -120,17 +123,20 @@ def adapt(model, tokens: torch.Tensor, config: AdaptConfig, folder: Path, *, poi
         raise ValueError(f"--finetune-batch ({config.batch}) must be divisible by the number of processes "
                          f"({world_size})")
     trained = with_lora(model, config.lora) if config.lora else model
-    parameters = {n: p for n, p in trained.named_parameters() if p.requires_grad}
+    sharded = world_size > 1
+    stepped = sharding.sharded_copy(trained, sharding.layer_classes(model)) if sharded else trained
+    parameters = {n: p for n, p in stepped.named_parameters() if p.requires_grad}
+    whole = {n: p for n, p in trained.named_parameters() if p.requires_grad}  # stepped's own, unless sharded
     optimizer = torch.optim.AdamW(list(parameters.values()), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
     generator = torch.Generator().manual_seed(config.seed)
     start, losses, curve, elapsed = 0, [], {}, 0.0
     checkpoint = folder / "last.pt"
     if checkpoint.exists():
         state = storage.load_checkpoint(checkpoint)
-        with torch.no_grad():
-            for name, tensor in state["trainable"].items():
-                parameters[name].copy_(tensor)
-        optimizer.load_state_dict(state["optimizer"])
+        if "moments" not in state:
+            raise ValueError(f"{checkpoint} was written by an older posenc; delete it to fine-tune from the start")
+        sharding.load_parameters(stepped, parameters, state["trainable"], sharded)
+        sharding.load_optimizer_state(parameters, optimizer, state["moments"])
         generator.set_state(state["generator"])
         start, losses, curve, elapsed = state["step"], state["losses"], state["curve"], state["elapsed"]
     device = next(model.parameters()).device
@@ -138,35 +144,39 @@ def adapt(model, tokens: torch.Tensor, config: AdaptConfig, folder: Path, *, poi
     bar = tqdm(total=config.steps, initial=start, desc=label, disable=rank != 0, dynamic_ncols=True)
     for step in range(start, config.steps + 1):
         if step in points and str(step) not in curve and measure is not None:
+            if sharded:  # every rank measures its whole model, given the trained values
+                sharding.load_parameters(trained, whole, sharding.full_parameters(parameters), sharded=False)
             trained.eval()
             curve[str(step)] = measure(trained)
             _save(checkpoint, parameters, optimizer, generator, step, losses, curve, began, rank)
         if step == config.steps:
             break
-        trained.train()
+        stepped.train()
         starts = torch.randint(0, tokens.shape[0] - config.window - 1, (config.batch,), generator=generator)
         windows = torch.stack([tokens[s : s + config.window + 1] for s in starts.tolist()])
         ids = position_ids(config, generator)
         rows = slice(rank, None, world_size)
         inputs, targets = windows[rows, :-1].to(device), windows[rows, 1:].to(device)
-        logits = trained(input_ids=inputs, position_ids=ids[rows].to(device)).logits
+        logits = stepped(input_ids=inputs, position_ids=ids[rows].to(device)).logits
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if world_size > 1:
-            for parameter in parameters.values():
-                dist.all_reduce(parameter.grad)
-                parameter.grad /= world_size
+        loss.backward()  # sharded, the reduce-scatter averages the ranks' gradients
         torch.nn.utils.clip_grad_norm_(list(parameters.values()), 1.0)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, config)
         optimizer.step()
+        if sharded:  # the record holds the global batch's loss, as one process's does
+            loss = loss.detach().clone()
+            dist.all_reduce(loss)
+            loss /= world_size
         losses.append(loss.item())
         bar.update(1)
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
         if (step + 1) % config.checkpoint_every == 0:
             _save(checkpoint, parameters, optimizer, generator, step + 1, losses, curve, began, rank)
     bar.close()
+    if sharded:
+        sharding.load_parameters(trained, whole, sharding.full_parameters(parameters), sharded=False)
     plain = merged(trained)
     record = {"config": asdict(config), "losses": losses, "curve": curve, "wall_time_s": time.perf_counter() - began}
     if rank == 0:
@@ -177,8 +187,10 @@ def adapt(model, tokens: torch.Tensor, config: AdaptConfig, folder: Path, *, poi
 
 
 def _save(path, parameters, optimizer, generator, step, losses, curve, began, rank) -> None:
+    """Write ``last.pt`` from rank 0; sharded, every rank first takes part in gathering the whole tensors."""
+    trainable = sharding.full_parameters(parameters)
+    moments = sharding.optimizer_state(parameters, optimizer)
     if rank == 0:
-        storage.save_checkpoint(path, {"trainable": {n: p.detach() for n, p in parameters.items()},
-                                       "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
-                                       "step": step, "losses": losses, "curve": curve,
-                                       "elapsed": time.perf_counter() - began})
+        storage.save_checkpoint(path, {"trainable": trainable, "moments": moments,
+                                       "generator": generator.get_state(), "step": step, "losses": losses,
+                                       "curve": curve, "elapsed": time.perf_counter() - began})
