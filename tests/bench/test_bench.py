@@ -7,7 +7,7 @@ import torch
 
 from posenc.bench import (bench_attention, bench_rope_apply, bench_score_forms, bench_training_step, describe,
                           one_line, saved_activation_bytes)
-from posenc.bench.machine import cpu_model
+from posenc.lm.runtime import cpu_model
 from posenc.bench.timing import round_robin
 from posenc.cli import main
 from posenc.lm.model import LanguageModel, ModelConfig
@@ -67,11 +67,12 @@ def test_bench_cli_writes_json_and_markdown_naming_the_machine(tmp_path, capsys)
 
 def test_cpu_model_is_read_from_proc_cpuinfo(tmp_path, monkeypatch):
     from posenc.bench import machine
+    from posenc.lm import runtime
 
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9B14\n")
-    monkeypatch.setattr(machine, "Path", lambda path: cpuinfo if path == "/proc/cpuinfo" else Path(path))
-    assert machine.cpu_model() == "AMD EPYC 9B14"
+    monkeypatch.setattr(runtime, "Path", lambda path: cpuinfo if path == "/proc/cpuinfo" else Path(path))
+    assert runtime.cpu_model() == "AMD EPYC 9B14"
     facts = {"cpu": "AMD EPYC 9B14", "cores": 2, "threads": 2, "cpu_capability": "AVX512", "torch": "2.13.0",
              "device": "cpu"}
     assert machine.one_line(facts) == "AMD EPYC 9B14 (2 cores, 2 threads, AVX512), torch 2.13.0, device cpu"

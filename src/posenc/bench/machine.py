@@ -4,20 +4,10 @@ on one 2-core machine and 5.9× on another), so every table names the machine.""
 from __future__ import annotations
 
 import os
-import platform
-from pathlib import Path
 
 import torch
 
-
-def cpu_model() -> str:
-    """The CPU's marketing name from /proc/cpuinfo (Linux), else what ``platform`` knows."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text(errors="replace").splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine() or "unknown CPU"
+from ..lm.runtime import cpu_model
 
 
 def describe(device: str = "cpu") -> dict:

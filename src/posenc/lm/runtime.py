@@ -1,4 +1,5 @@
-"""Where a process runs: device, autocast dtype and its place in a DDP group (``torchrun``).
+"""Where a process runs: device, autocast dtype and its place in a DDP group (``torchrun``), and what a results
+file must name to be reproduced (``provenance``).
 
 Every command that trains or evaluates reads this once at its start; ``barrier`` is a
 no-op outside a process group, so single-process code needs no special case.
@@ -7,11 +8,16 @@ no-op outside a process group, so single-process code needs no special case.
 from __future__ import annotations
 
 import os
+import platform
+import subprocess
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from .. import __version__
 
 #: how long a rank waits at a barrier: long measurements (extend --hf splits hours of them) end at one
 GROUP_TIMEOUT = timedelta(hours=6)
@@ -47,3 +53,42 @@ class Runtime:
     def barrier(self) -> None:
         if self.world_size > 1:
             dist.barrier()
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name from /proc/cpuinfo (Linux), else what ``platform`` knows."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def git_commit(folder: Path = Path(__file__).resolve().parent) -> str | None:
+    """The commit of the git checkout ``folder`` is in, "+modified" when tracked files differ from it; None when
+    posenc runs from an installed copy (no checkout) or git is missing."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=folder,
+                                 capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+modified" if changed else "")
+
+
+def provenance() -> dict:
+    """{"posenc", "torch", "python", "commit", "cpu"}: what every results file names, so a number can be traced to
+    the code and the machine that made it (ratios and even float sums move between CPU models)."""
+    return {"posenc": __version__, "torch": torch.__version__, "python": platform.python_version(),
+            "commit": git_commit(), "cpu": cpu_model()}
+
+
+def provenance_line(facts: dict) -> str:
+    """The one sentence a report ends with."""
+    commit = f" (commit {facts['commit'][:12]}{'+modified' if facts['commit'].endswith('+modified') else ''})" \
+        if facts.get("commit") else ""
+    return (f"posenc {facts['posenc']}{commit}, torch {facts['torch']}, Python {facts['python']}, "
+            f"CPU {facts['cpu']}.")

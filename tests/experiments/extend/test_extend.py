@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import posenc
+from posenc.lm.runtime import provenance, provenance_line
 from posenc.cli import main
 
 ENV = {**os.environ, "POSENC_FLEX_COMPILE": "0", "OMP_NUM_THREADS": "1"}
@@ -35,6 +36,8 @@ def test_smoke_writes_every_file_row_and_column(smoke):
                  "rope_parameters.json", "search_log-seed0.json", "longrope-seed0.json"):
         assert (out / name).stat().st_size > 0, name
     assert (out / "extension.png").read_bytes()[:4] == b"\x89PNG"
+    assert results["provenance"] == provenance()  # versions, commit, CPU
+    assert provenance_line(results["provenance"]) in (out / "results.md").read_text()
     names = [row["name"] for row in results["rows"]]
     assert names == ["rope", "rope+pi", "rope+ntk", "rope+dynamic", "rope+yarn", "rope+longrope"] + FINE_TUNED[:-1] + [
         "alibi", "alibi fine-tuned"]

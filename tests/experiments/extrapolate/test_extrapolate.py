@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from posenc.lm.runtime import provenance, provenance_line
 from posenc.cli import main
 from posenc.experiments.extrapolate import ROWS, ExperimentConfig, run
 
@@ -180,6 +181,8 @@ def test_resume_can_reevaluate_checkpoints_with_another_protocol(tmp_path, capsy
     assert "alibi (seed 0): already trained, skipping" in capsys.readouterr().out
     results = json.loads((out / "results.json").read_text())
     assert results["protocol"] == "sliding windows, stride 4" and results["eval_lengths"] == [16, 32]
+    assert results["provenance"] == provenance()  # versions, commit, CPU
+    assert provenance_line(results["provenance"]) in (out / "results.md").read_text()
 
 
 def _cli(*args):

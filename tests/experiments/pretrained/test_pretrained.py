@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from posenc.lm.runtime import provenance, provenance_line
 from posenc.cli import main
 from posenc.experiments.pretrained import PretrainedConfig
 from posenc.experiments.pretrained.measure import (ByteTokens, long_documents, position_losses, sliding_losses,
@@ -39,6 +40,8 @@ def test_hf_smoke_writes_every_file_row_and_measure(smoke):
                  "rope_parameters.json"):
         assert (out / name).stat().st_size > 0, name
     assert list(results["rows"]) == ROWS and results["factor"] == 2.0 and results["original_context"] == 512
+    assert results["provenance"] == provenance()  # versions, commit, CPU
+    assert provenance_line(results["provenance"]) in (out / "results.md").read_text()
     config = results["config"]
     for name, row in results["rows"].items():
         assert len(row["test"]) == config["documents"] == 4

@@ -83,5 +83,7 @@ def test_a_verdict_needs_the_corrected_interval_and_holms_p(monkeypatch):
         if c["verdict"]:
             assert not c["corrected"][0] <= 0 <= c["corrected"][1] and c["p_holm"] < 0.05
     markdown = report.markdown({**got, "peak_rss_gib": 1.0, "device": "cpu",
-                                "versions": {"posenc": "0", "torch": "0"}})
+                                "provenance": {"posenc": "0", "torch": "0", "python": "3", "commit": "abc",
+                                               "cpu": "AMD EPYC 9B14"}})
     assert "| yarn+control |" in markdown and "In-context retrieval" in markdown
+    assert markdown.rstrip().endswith("posenc 0 (commit abc), torch 0, Python 3, CPU AMD EPYC 9B14.")

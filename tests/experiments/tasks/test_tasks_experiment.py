@@ -8,6 +8,7 @@ import torch
 from posenc.cli import main
 from posenc.experiments.tasks import TASK_ROWS, TaskConfig, run
 from posenc.experiments.tasks import stages
+from posenc.lm.runtime import provenance, provenance_line
 from posenc.lm.tasks import CopyTask
 from tests.lm.test_tasks import copy_solver
 
@@ -70,7 +71,10 @@ def test_the_pipeline_scores_a_perfect_copier_1_and_one_wrong_token_0(tmp_path):
 def test_cli_task_flags(tmp_path, capsys):
     assert main(["extrapolate", "--task", "copy", "--preset", "smoke", "--out", str(tmp_path / "run"), "--device", "cpu"]) == 0
     assert "Exact match on copy" in capsys.readouterr().out
-    rows = [row["name"] for row in json.loads((tmp_path / "run" / "results.json").read_text())["rows"]]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    rows = [row["name"] for row in results["rows"]]
+    assert results["provenance"] == provenance()  # versions, commit and CPU
+    assert provenance_line(results["provenance"]) in (tmp_path / "run" / "results.md").read_text()
     assert rows == list(TASK_ROWS)  # the default rows: every encoding and rope+randomized
     for args, message in [
         (["--text", "x.txt"], "--text is for --task lm"),

@@ -3,12 +3,8 @@ paired comparisons its questions need, the fine-tuning curves at the chosen rate
 
 from __future__ import annotations
 
-import platform
-
-import torch
-
-from ... import __version__
 from ...lm.data import Windows
+from ...lm.runtime import provenance
 from .. import intervals
 from . import tuning
 from .config import ExtendRow
@@ -81,7 +77,7 @@ def collect(p: Plan, runtime, seeds: dict[int, dict], windows: Windows, longrope
                         for a, b, question in comparisons(p.rows)],
         "curves": _curves(p, seeds), "sweep": _sweep(p, seeds), "longrope": longrope,
         "stages_s": stages, "wall_time_s": sum(stages.values()),
-        "versions": {"posenc": __version__, "torch": torch.__version__, "python": platform.python_version()},
+        "provenance": provenance(),
         "device": runtime.label,
     }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ... import storage
+from ...lm.runtime import provenance_line
 from ..tables import difference_cell, interval_cell, markdown_table, stage_rows, text_table
 
 
@@ -94,8 +95,7 @@ def markdown(results: dict) -> str:
                   _compact_json(longrope["rope_parameters"]), "```"]
     lines += ["", "## Wall time per stage", ""] + markdown_table(["stage", "seconds"], stage_rows(results["stages_s"]))
     lines += ["", f"Corpus: {corpus['source']} (sha256 `{corpus['sha256'][:16]}`, split {corpus['split']}). "
-              f"Device: {results['device']}. posenc {results['versions']['posenc']}, "
-              f"torch {results['versions']['torch']}."]
+              f"Device: {results['device']}. " + provenance_line(results["provenance"])]
     return "\n".join(lines) + "\n"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ... import storage
+from ...lm.runtime import provenance_line
 from .. import tables
 
 
@@ -69,8 +70,7 @@ def markdown_table(results: dict) -> str:
         "",
         f"Corpus: {corpus['source']} ({corpus['files']} files, sha256 `{corpus['sha256'][:16]}`, "
         f"split {corpus['split']}). Device: {results['device']}, {results['processes']} process(es), "
-        f"training + evaluation {results['wall_time_s']:.0f}s. posenc {results['versions']['posenc']}, "
-        f"torch {results['versions']['torch']}, Python {results['versions']['python']}.",
+        f"training + evaluation {results['wall_time_s']:.0f}s. " + provenance_line(results["provenance"]),
         "",
         parameters_line(results),
         "",

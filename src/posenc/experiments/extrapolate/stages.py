@@ -13,18 +13,17 @@ or seeds, or evaluate the same checkpoints with another protocol.
 
 from __future__ import annotations
 
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
-from ... import __version__, storage
+from ... import storage
 from ...lm.data import Windows, load_corpus, sample_windows
 from ...lm.evaluate import evaluate
 from ...lm.model import LanguageModel
-from ...lm.runtime import Runtime
+from ...lm.runtime import Runtime, provenance
 from ...lm.train import TrainConfig, train
 from .. import intervals
 from . import report
@@ -186,7 +185,7 @@ def _collect(config, rows, corpus, windows: Windows, out, runtime, trainings, wa
         "protocol": protocol,
         "corpus": corpus.fingerprint,
         "windows": intervals.describe_windows(windows, corpus.test),
-        "versions": {"posenc": __version__, "torch": torch.__version__, "python": platform.python_version()},
+        "provenance": provenance(),
         "device": runtime.label,
         "processes": runtime.world_size,
         # Compute time of the whole run across --resume calls: every training and evaluation.

@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 from ... import storage
+from ...lm.runtime import provenance_line
 from ..documents import correct, paired, t_interval, wilson
 from ..tables import markdown_table, stage_rows, text_table
 
@@ -177,8 +178,7 @@ def markdown(results: dict) -> str:
               f"Dev documents: {', '.join(results['documents']['dev'])}.",
               f"Corpus sha256 {results['corpus']['sha256']}.", "",
               "## Wall time per stage", ""] + markdown_table(["stage", "seconds"], stage_rows(results["stages_s"]))
-    lines += ["", f"Peak memory (RSS) {results['peak_rss_gib']:.2f} GiB on {results['device']}. posenc "
-              f"{results['versions']['posenc']}, torch {results['versions']['torch']}."]
+    lines += ["", f"Peak memory (RSS) {results['peak_rss_gib']:.2f} GiB on {results['device']}. " + provenance_line(results["provenance"])]
     return "\n".join(lines) + "\n"
 
 

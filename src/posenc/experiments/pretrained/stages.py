@@ -22,7 +22,6 @@ rank 0 reads them all back into the results, which equal one process's.
 
 from __future__ import annotations
 
-import platform
 import resource
 import time
 from pathlib import Path
@@ -30,13 +29,13 @@ from typing import Callable
 
 import torch
 
-from ... import __version__, hf, storage
+from ... import hf, storage
 from ...extension import retrieval
 from ...extension.adapt import AdaptConfig, adapt
 from ...extension.longrope import default_max_factor, longrope_parameters, seed_candidates
 from ...extension.search import Candidate, SearchConfig, search
 from ...extension.self_extend import smallest_group, use_attention, use_self_extend
-from ...lm.runtime import Runtime
+from ...lm.runtime import Runtime, provenance
 from . import report
 from .config import PretrainedConfig
 from .measure import (TRAIN_BYTES, binned, corpus_of, load_model, long_documents, method_parameters, position_losses,
@@ -121,7 +120,7 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
                              in_context, tuned, stages)
     results.update(device=runtime.label, processes=runtime.world_size,
                    peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-                   versions={"posenc": __version__, "torch": torch.__version__, "python": platform.python_version()})
+                   provenance=provenance())
     report.write_all(results, out)
     log(report.terminal_table(results))
     log(f"\nwrote {out / 'results.json'}, results.md, loss_by_position.png, retrieval.png, rope_parameters.json")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ... import storage
+from ...lm.runtime import provenance_line
 from ...figures.style import save_figure
 from ...figures.tasks import task_figure
 from .. import tables
@@ -37,6 +38,7 @@ def terminal_table(results: dict) -> str:
 
 def write_all(results: dict, out: Path) -> None:
     lines = [f"# posenc extrapolate --task {results['task']}", "", caption(results), "",
-             *tables.markdown_table(*table_rows(results)), "", "![exact match vs length](tasks.png)", ""]
+             *tables.markdown_table(*table_rows(results)), "", "![exact match vs length](tasks.png)", "",
+             f"{results['wall_time_s']:.0f} s. " + provenance_line(results["provenance"]), ""]
     storage.write_text(out / "results.md", "\n".join(lines))
     save_figure(task_figure(results), out / "tasks.png")

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from ... import storage
 from ...lm.model import LanguageModel
-from ...lm.runtime import Runtime
+from ...lm.runtime import Runtime, provenance
 from ...lm.tasks import exact_match
 from ...lm.train import TrainConfig, train
 from .. import intervals
@@ -131,6 +131,6 @@ def _collect(config: TaskConfig, out: Path, trainings: dict, wall: float) -> dic
                      "train_seconds": [trainings[f"{name}-seed{s}"]["wall_time_s"] for s in seeds]})
     results = {"task": config.task, "task_spec": str(config.task_spec), "train_length": config.train_length,
                "eval_lengths": config.eval_lengths, "seeds": config.seeds, "config": config.to_dict(),
-               "rows": rows, "wall_time_s": wall}
+               "rows": rows, "wall_time_s": wall, "provenance": provenance()}
     storage.write_json(out / "results.json", results)
     return results

@@ -1,0 +1,42 @@
+"""What a results file names to be reproduced: the commit (marked when tracked files differ from it, absent
+outside a checkout), the versions and the CPU, and the sentence reports end with."""
+
+import platform
+import subprocess
+
+import torch
+
+from posenc import __version__
+from posenc.lm import runtime
+
+
+def git(folder, *args):
+    subprocess.run(["git", *args], cwd=folder, check=True, capture_output=True)
+
+
+def test_the_commit_of_a_checkout_is_named_and_a_modified_one_is_marked(tmp_path):
+    git(tmp_path, "init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    git(tmp_path, "add", "a.py")
+    git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    assert runtime.git_commit(tmp_path) == head and len(head) == 40
+    (tmp_path / "untracked.txt").write_text("not part of the code\n")
+    assert runtime.git_commit(tmp_path) == head  # untracked files are not the code
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert runtime.git_commit(tmp_path) == head + "+modified"
+
+
+def test_outside_a_checkout_there_is_no_commit(tmp_path):
+    assert runtime.git_commit(tmp_path) is None
+
+
+def test_provenance_names_versions_commit_and_cpu(monkeypatch):
+    monkeypatch.setattr(runtime, "git_commit", lambda: "0123456789abcdef0123456789abcdef01234567+modified")
+    monkeypatch.setattr(runtime, "cpu_model", lambda: "AMD EPYC 9B14")
+    facts = runtime.provenance()
+    assert facts == {"posenc": __version__, "torch": torch.__version__, "python": platform.python_version(),
+                     "commit": "0123456789abcdef0123456789abcdef01234567+modified", "cpu": "AMD EPYC 9B14"}
+    assert runtime.provenance_line({**facts, "posenc": "0.9", "torch": "2.13.0", "python": "3.11.2"}) == (
+        "posenc 0.9 (commit 0123456789ab+modified), torch 2.13.0, Python 3.11.2, CPU AMD EPYC 9B14.")
+    assert runtime.provenance_line({**facts, "commit": None}).startswith(f"posenc {__version__}, torch")
