@@ -20,7 +20,7 @@ PACKAGE = SRC / "posenc"
 # From the foundations up: each unit may import only the units before it (and itself).
 # "posenc" is the package's own __init__ (public names and __version__ over encodings and attention).
 UNITS = ("checks", "storage", "positions", "kernels", "encodings", "attention", "posenc", "lm", "extension",
-         "hf", "figures", "experiments", "verify", "bench", "cli", "__main__")
+         "hf", "figures", "experiments", "publish", "verify", "bench", "cli", "__main__")
 COMMANDS = ("extrapolate", "extend", "pretrained")
 TOP_LEVEL_MODULES_AT_MOST = 9
 

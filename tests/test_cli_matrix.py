@@ -1,5 +1,5 @@
 """Every flag in every command's ``--help`` runs end to end at smoke size, several per run: ``extrapolate`` with
-each ``--task``, ``extend``, ``extend --hf``, ``verify``, ``plot`` and ``bench``. A new flag with no run here fails
+each ``--task``, ``extend``, ``extend --hf``, ``verify``, ``plot``, ``bench`` and ``report``. A new flag with no run here fails
 ``test_every_flag_of_every_command_has_a_run``. Each run checks that its flags reached the results it wrote."""
 
 import json
@@ -50,6 +50,7 @@ RUNS = {
               "--rounds", "2", "--markdown", "OUT/bench.md", "--json", "OUT/bench.json"],
     "bench --compile": ["bench", "--tables", "training", "--encodings", "none", "--train-shapes", "8x2", "--rounds",
                         "2", "--compile", "--json", "OUT/bench.json"],
+    "report": ["report", "--check", str(Path(__file__).resolve().parents[1] / "README.md")],
 }
 RESUMED = ("extend",)  # run again with --resume: every stage read back, the same results
 

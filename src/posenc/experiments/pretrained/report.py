@@ -108,17 +108,66 @@ def _difference(c: dict) -> str:
             f"{c['corrected'][1]:+.3f}], Holm p {c['p_holm']:.3g}")
 
 
-def table_rows(results: dict) -> tuple[list[str], list[list[str]]]:
+def _p(value: float) -> str:
+    return f"{value:#.2g}"
+
+
+def row_label(name: str, row: dict, results: dict) -> str:
+    """A fine-tuned row spelled out for readers: "yarn + PoSE (24 steps)"; any other row by its name."""
+    steps = results["config"]["finetune_steps"]
+    return {"pose": f"{row['method']} + PoSE ({steps} steps)",
+            "control": f"{row['method']} + control (same tokens, plain ids)",
+            "full": f"{row['method']} + full-length fine-tune ({steps} steps)"}.get(row["finetune"], name)
+
+
+def main_rows(results: dict, compact: bool = False) -> tuple[list[str], list[list[str]]]:
+    """Per row: loss over the first tokens, inside and past the context (mean [95% t]), past the context minus the
+    context control (raw and corrected interval, Holm p), keys found at --to, the dev loss that chose the export;
+    then the control and the in-context retrieval baseline. ``compact`` (the README's) drops inside and dev and
+    spells fine-tuned rows out."""
     context, to = results["original_context"], results["config"]["to"]
+    m = len(results["comparisons"])
     header = ["row", f"first {results['config']['first_tokens']:,}", f"inside {context:,}", f"past {context:,}",
-              f"− {CONTROL} (raw 95%)", f"keys found @ {to:,} [95%]", "dev past"]
+              f"− {CONTROL} [raw 95%]", f"corrected (m = {m})", "Holm p", f"keys found @ {to:,} [95%]", "dev past"]
     body = []
     for name, row in results["rows"].items():
-        versus = results["comparisons"].get(f"loss past: {name} − {CONTROL}")
-        body.append([name, *(_interval(row[key]) for key in MEASURES),
-                     f"{versus['mean']:+.3f} [{versus['low']:+.3f}, {versus['high']:+.3f}]" if versus else "—",
-                     _keys(row["keys"]), "—" if row["dev_past"] is None else f"{row['dev_past']:.3f}"])
-    body.append([CONTROL, "—", "—", _interval(results["control"]["past"]), "—", "—", "—"])
+        c = results["comparisons"].get(f"loss past: {name} − {CONTROL}")
+        versus = [f"{c['mean']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}]",
+                  f"[{c['corrected'][0]:+.3f}, {c['corrected'][1]:+.3f}]", _p(c["p_holm"])] if c else ["—"] * 3
+        body.append([row_label(name, row, results) if compact else name, *(_interval(row[key]) for key in MEASURES),
+                     *versus, _keys(row["keys"]), "—" if row["dev_past"] is None else f"{row['dev_past']:.3f}"])
+    first, last = results["control"]["context"]
+    body.append([f"{CONTROL} (re-reading: {first:,}–{last:,} tokens)", "—", "—", _interval(results["control"]["past"]),
+                 "—", "—", "—", "—", "—"])
+    length = results["in_context"]["length"]
+    body.append([f"none, keys in the first {length:,} tokens (in context)", *["—"] * 6,
+                 _keys(results["in_context"]["test_keys"]), "—"])
+    if compact:
+        keep = [0, 1, 3, 4, 5, 6, 7]
+        header, body = [header[k] for k in keep], [[line[k] for k in keep] for line in body]
+    return header, body
+
+
+def comparison_rows(results: dict) -> tuple[list[str], list[list[str]]]:
+    """Every paired comparison of the run: raw and corrected interval, sign-flip and Holm p, verdict."""
+    body = [[name, f"{c['mean']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}]",
+             f"[{c['corrected'][0]:+.3f}, {c['corrected'][1]:+.3f}]", _p(c["p"]), _p(c["p_holm"]),
+             "yes" if c["verdict"] else "no"] for name, c in results["comparisons"].items()]
+    return ["comparison (a − b)", "raw 95%", "corrected", "sign-flip p", "Holm p", "verdict"], body
+
+
+def band_rows(results: dict) -> tuple[list[str], list[list[str]]]:
+    """Keys found per depth band, each with the mean log-probability of the right word; the in-context baseline
+    on test and on dev (where the format was calibrated) last."""
+    bands = results["config"]["bands"]
+    header = ["row"] + [f"band {b + 1}" + (" (farthest)" if b == 0 else " (nearest)" if b == bands - 1 else "")
+                        for b in range(bands)]
+    ctx = results["in_context"]
+    keyed = [(name, row["keys"]) for name, row in results["rows"].items()] + [
+        (f"none, in context (first {ctx['length']:,})", ctx["test_keys"]),
+        ("none, in context, dev (calibration)", ctx["dev_keys"])]
+    body = [[name] + ["—" if acc is None else f"{acc:.0%} ({lp:.1f})"
+                      for acc, lp in zip(keys["by_band"], keys["log_prob_by_band"])] for name, keys in keyed]
     return header, body
 
 
@@ -139,7 +188,7 @@ def in_context_line(results: dict) -> str:
 
 def terminal_table(results: dict) -> str:
     differences = [[name, _difference(c)] for name, c in results["comparisons"].items()]
-    return "\n\n".join([title(results), text_table(*table_rows(results)), in_context_line(results),
+    return "\n\n".join([title(results), text_table(*main_rows(results)), in_context_line(results),
                          text_table(["paired difference over test documents", "a − b"], differences)])
 
 
@@ -159,17 +208,14 @@ def verdicts(results: dict) -> list[str]:
 
 
 def markdown(results: dict) -> str:
-    config = results["config"]
-    lines = [f"# {title(results)}", ""] + markdown_table(*table_rows(results)) + ["", in_context_line(results)]
+    lines = [f"# {title(results)}", ""] + markdown_table(*main_rows(results)) + ["", in_context_line(results)]
     m = len(results["comparisons"])
     lines += ["", f"## Paired differences over the same test documents ({m} comparisons, corrected together)", "",
               "Raw: 95% paired t interval; corrected: Bonferroni at 1 − 0.05/m; Holm p: of the exact sign-flip "
-              "test. A verdict needs both the corrected interval to exclude zero and Holm's p < 0.05.", ""] + verdicts(results)
-    lines += ["", "## Keys found by depth band (band 1: the start of the document, farthest from the question)", ""]
-    bands = [f"band {b + 1}/{config['bands']}" for b in range(config["bands"])]
-    body = [[name] + [f"{acc:.0%} ({lp:.1f})" for acc, lp in zip(row["keys"]["by_band"], row["keys"]["log_prob_by_band"])]
-            for name, row in results["rows"].items()]
-    lines += markdown_table(["row (mean log-prob of the right word)"] + bands, body)
+              "test. A verdict needs both the corrected interval to exclude zero and Holm's p < 0.05.", ""]
+    lines += markdown_table(*comparison_rows(results)) + [""] + verdicts(results)
+    lines += ["", "## Keys found by depth band (band 1: the start of the document, farthest from the question); in "
+              "brackets the mean log-probability of the right word", ""] + markdown_table(*band_rows(results))
     if results["best_row"]:
         lines += ["", f"Best row on dev ({results['chosen_by']}): **{results['best_row']}**; its "
                   "`rope_parameters` (rope_parameters.json):", "", "```json",
