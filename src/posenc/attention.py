@@ -5,6 +5,8 @@ Logits are ``scale · (q·kᵀ + content-position terms) + bias``, each term as 
 adds it: Shaw's and Transformer-XL's content-position terms are scaled with q·kᵀ,
 CoPE's is added after the scale (``relative_logits_scaled = False``), score biases
 (ALiBi, T5) are added unscaled. A NaN from an encoding is a ValueError naming it (CPU).
+Weights are their softmax, or, for an encoding that replaces it (stick-breaking, causal only), its
+``weights(logits, allowed)``, which only eager serves.
 
 Backends (every one agrees with ``eager``; the tests say so for every encoding):
   - ``eager``: the reference; materializes logits, computes in float32 (float64 for
@@ -95,6 +97,7 @@ def attention(
         raise ValueError(f"sink must be a tensor of one logit per query head, shape ({q.shape[1]},), "
                          f"got {tuple(sink.shape) if isinstance(sink, Tensor) else type(sink).__name__}")
     name = choose_backend(backend, encoding, q, k, v, sink=sink is not None)
+    _check_normalization(encoding, causal, sink)
     q, k = at.rotate(q, k)
     if k.shape[1] != q.shape[1] and (name == "eager" or encoding.has_relative_logits or encoding.has_relative_values):
         k, v = _repeat_kv_heads(k, q.shape[1]), _repeat_kv_heads(v, q.shape[1])
@@ -122,6 +125,16 @@ def _positioned(q, k, v, encoding, q_positions, k_positions, mask) -> Positioned
     checks.attention_tensors(q, k, v, encoding)
     q_pos, k_pos = _resolve_positions(q, k, q_positions, k_positions, mask)
     return encoding.at(q_pos, k_pos, contiguous=q_positions is None and k_positions is None)
+
+
+def _check_normalization(encoding: PositionalEncoding, causal: bool, sink: Tensor | None) -> None:
+    """An encoding whose weights replace the softmax (stick-breaking) is causal and takes no sink logit."""
+    if encoding.replaces_softmax and not causal:
+        raise ValueError(f"{type(encoding).__name__} is causal only: its weights break a stick from the nearest "
+                         "earlier key back; pass causal=True")
+    if encoding.replaces_softmax and sink is not None:
+        raise ValueError(f"{type(encoding).__name__} replaces the softmax, which a sink logit would join; leave "
+                         "sink out")
 
 
 def _repeat_kv_heads(x: Tensor, heads: int) -> Tensor:
@@ -157,6 +170,8 @@ def choose_backend(backend: str, encoding: PositionalEncoding, q: Tensor, k: Ten
 
 def _refusal(backend: str, encoding: PositionalEncoding, q: Tensor, needs_grad: bool, sink: bool = False
              ) -> str | None:
+    if encoding.replaces_softmax and backend != "eager":
+        return f"its weights replace the softmax that {backend} computes; use backend='eager' (or 'auto')"
     if backend == "sdpa" and encoding.has_relative_values and (sink or not encoding.has_band_form):
         return "its value-side term is outside SDPA's softmax(QKᵀ+mask)·V; use backend='eager'"
     if backend == "flex" and sink:
@@ -170,9 +185,11 @@ def _refusal(backend: str, encoding: PositionalEncoding, q: Tensor, needs_grad: 
     return None
 
 
-def _allowed(q_pos: Tensor, k_pos: Tensor, causal: bool, mask: Tensor | None) -> Tensor | None:
-    """Bool (B or 1, 1 or H, Tq, Tk) of the pairs that may attend, or None for all."""
-    allowed = (k_pos[:, None, :] <= q_pos[:, :, None]).unsqueeze(1) if causal else None
+def _allowed(q_pos: Tensor, k_pos: Tensor, causal: bool, mask: Tensor | None, itself: bool = True) -> Tensor | None:
+    """Bool (B or 1, 1 or H, Tq, Tk) of the pairs that may attend, or None for all; ``itself``: causally, a query
+    may attend to the key at its own position."""
+    earlier = (k_pos[:, None, :] <= q_pos[:, :, None]) if itself else (k_pos[:, None, :] < q_pos[:, :, None])
+    allowed = earlier.unsqueeze(1) if causal else None
     if mask is not None:
         allowed = mask if allowed is None else allowed & mask
     return allowed
@@ -181,12 +198,14 @@ def _allowed(q_pos: Tensor, k_pos: Tensor, causal: bool, mask: Tensor | None) ->
 def _weights(q, k, at: PositionedEncoding, causal, mask, scale, sink=None) -> Tensor:
     """Softmax weights (B, H, Tq, Tk) from already-rotated q, k, in q's dtype (short of 1 by the sink's share)."""
     encoding = at.encoding
-    allowed = _allowed(at.q_pos, at.k_pos, causal, mask)
+    allowed = _allowed(at.q_pos, at.k_pos, causal, mask, encoding.attends_to_itself)
     logits = (q @ k.transpose(-1, -2)) * scale  # (B, H, Tq, Tk)
     if encoding.has_relative_logits:
         logits = logits + at.relative_logits(q, k, allowed, scale)
     if encoding.has_bias:
         logits = logits + at.score_bias(q.dtype)
+    if encoding.replaces_softmax:
+        return encoding.weights(logits, allowed)
     if allowed is not None:
         logits = logits.masked_fill(~allowed, float("-inf"))
     probs = torch.softmax(logits, dim=-1) if sink is None else softmax_with_sink(logits, sink)
@@ -222,9 +241,10 @@ def attention_weights(
 
     Same arguments as ``attention`` (without v and backend). Returns (B, H, Tq, Tk)
     float32 (float64 for float64 inputs); rows sum to 1 (0 for a row with no allowed key),
-    less the sink's share when there is one.
+    less the sink's share when there is one; stick-breaking's rows sum to at most 1.
     """
     at = _positioned(q, k, k, encoding, q_positions, k_positions, mask)
+    _check_normalization(at.encoding, causal, sink)
     compute = _math_dtype(q.dtype)
     q, k = at.rotate(q.to(compute), k.to(compute))
     k = _repeat_kv_heads(k, q.shape[1])

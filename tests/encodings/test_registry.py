@@ -19,7 +19,7 @@ API = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 def docs_table() -> dict[str, list[str]]:
     """{name: [door, paper, kwargs]} from the Encodings table of docs/api.md."""
     section = API.read_text().split("## Encodings", 1)[1]
-    rows = re.findall(r"^\| `([a-z0-9_]+)` \| (.+?) \| (.+?) \| (.+?) \|$", section, flags=re.MULTILINE)
+    rows = re.findall(r"^\| `([a-z0-9_-]+)` \| (.+?) \| (.+?) \| (.+?) \|$", section, flags=re.MULTILINE)
     return {name: [door, paper, kwargs] for name, door, paper, kwargs in rows}
 
 

@@ -19,6 +19,7 @@ from .fire import FIRE
 from .kerple import Kerple
 from .multiaxis import AxialRoPE, MRoPE
 from .sandwich import Sandwich
+from .stick_breaking import StickBreaking
 from .xpos import XPos
 from .relative import Shaw, T5RelativeBias, TransformerXL, t5_bucket
 from .rotary import RoPE, apply_rope, rope_angles
@@ -58,6 +59,6 @@ def build_for_model(name: str, *, sizes: dict, **kwargs) -> PositionalEncoding:
 
 __all__ = [
     "ENCODINGS", "ENTRIES", "REGISTRY", "SCALINGS", "ALiBi", "AxialRoPE", "CoPE", "FIRE", "Kerple", "Entry", "Learned", "MRoPE", "NoPE", "PositionalEncoding", "RoPE",
-    "Sandwich", "Shaw", "Sinusoidal", "T5RelativeBias", "TransformerXL", "XPos", "alibi_slopes", "apply_rope", "build",
+    "Sandwich", "Shaw", "Sinusoidal", "StickBreaking", "T5RelativeBias", "TransformerXL", "XPos", "alibi_slopes", "apply_rope", "build",
     "build_for_model", "layer_scalings", "rope_angles", "rope_frequencies", "sinusoidal_table", "t5_bucket",
 ]

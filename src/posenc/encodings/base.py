@@ -6,6 +6,7 @@
 | q/k transform          | ``rotate(q, k, q_pos, k_pos)``   | RoPE and its scalings    |
 | score bias             | ``bias_at(offset, head)``        | ALiBi, T5                |
 | content-position terms | ``relative_logits`` / ``relative_values`` | Shaw, Transformer-XL |
+| normalization          | ``weights(logits, allowed)``     | stick-breaking           |
 
 A score term that factors into query-side times key-side numbers may also offer
 ``score_channels``: q and k widened by extra channels whose dot product *is* the term,
@@ -140,6 +141,11 @@ class PositionalEncoding(nn.Module):
     cpu_channels_from_keys: float = 0
     #: heads this encoding was built for; None when it works with any count.
     num_heads: int | None = None
+    #: the attention weights are not a softmax of the logits but the encoding's ``weights(logits, allowed)``
+    #: (stick-breaking); only eager serves it, and only causally
+    replaces_softmax = False
+    #: a query may attend to the key at its own position under a causal mask (stick-breaking's default: not)
+    attends_to_itself = True
     #: the q/k rotation depends on the context length (dynamic NTK, LongRoPE), so a key
     #: rotated at one step is wrong at the next: caches must keep keys unrotated.
     length_dependent = False
@@ -234,6 +240,7 @@ class PositionalEncoding(nn.Module):
             "bias": self.has_bias,
             "relative_logits": self.has_relative_logits,
             "relative_values": self.has_relative_values,
+            "normalization": self.replaces_softmax,
         }
         return tuple(name for name, used in flags.items() if used)
 

@@ -3,7 +3,8 @@
 An entry names the class, the door it uses and the paper (docs/api.md's table, which a test holds to this list), a
 one-line description (the extrapolation table's row), and the traits the commands branch on: ``symmetric``
 (bidirectional scores depend on |i − j| alone, so ``verify`` expects a sentence and its reverse to score alike) and
-``axes`` (more than one: positions per axis, outside ``attention()``'s one-dimensional benches and the tiny LM).
+``axes`` (more than one: positions per axis, outside ``attention()``'s one-dimensional benches and the tiny LM) and
+``causal_only`` (no bidirectional form: ``verify`` runs its bidirectional checks causally).
 What a constructor needs is its signature (``build_for_model`` fills the sizes a model knows); which doors an
 encoding opens are its class flags (``PositionalEncoding.doors``). Adding an encoding is its module, its entry here,
 its oracle test and its docs line; bench, verify and ``posenc extrapolate``'s rows follow.
@@ -23,6 +24,7 @@ from .multiaxis import AxialRoPE, MRoPE
 from .relative import Shaw, T5RelativeBias, TransformerXL
 from .rotary import RoPE
 from .sandwich import Sandwich
+from .stick_breaking import StickBreaking
 from .xpos import XPos
 
 
@@ -35,6 +37,7 @@ class Entry:
     description: str
     symmetric: bool = False
     axes: int = 1
+    causal_only: bool = False
 
     @property
     def in_attention(self) -> bool:
@@ -65,6 +68,9 @@ REGISTRY: tuple[Entry, ...] = (
           "xPos: RoPE with a per-channel decay in distance"),
     Entry("cope", CoPE, "content–position (gated counts)", "Golovneva et al. 2024, arXiv:2405.18719",
           "CoPE: positions counted by gates on q·k", symmetric=True),
+    Entry("stick-breaking", StickBreaking, "normalization (replaces the softmax)",
+          "Tan et al. 2025 (ICLR), arXiv:2410.17980",
+          "stick-breaking attention: each earlier key takes σ(q·k) of what nearer keys left", causal_only=True),
     Entry("mrope", MRoPE, "q/k rotation, 3 axes", "Qwen2-VL, Wang et al. 2024, arXiv:2409.12191",
           "M-RoPE: RoPE over (time, height, width) sections of the head", axes=3),
     Entry("axial_rope", AxialRoPE, "q/k rotation, 2 axes",
