@@ -128,10 +128,10 @@ def _positioned(q, k, v, encoding, q_positions, k_positions, mask) -> Positioned
 
 
 def _check_normalization(encoding: PositionalEncoding, causal: bool, sink: Tensor | None) -> None:
-    """An encoding whose weights replace the softmax (stick-breaking) is causal and takes no sink logit."""
-    if encoding.replaces_softmax and not causal:
-        raise ValueError(f"{type(encoding).__name__} is causal only: its weights break a stick from the nearest "
-                         "earlier key back; pass causal=True")
+    """A causal-only encoding (stick-breaking, FoX) refuses causal=False; one whose weights replace the softmax
+    (stick-breaking) takes no sink logit."""
+    if encoding.causal_only and not causal:
+        raise ValueError(f"{type(encoding).__name__} is causal only: it has no bidirectional form; pass causal=True")
     if encoding.replaces_softmax and sink is not None:
         raise ValueError(f"{type(encoding).__name__} replaces the softmax, which a sink logit would join; leave "
                          "sink out")

@@ -30,14 +30,14 @@ BASE_TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-4, torch.bfloat16: 5e-
 HEADS, HEAD_DIM, LENGTH = 4, 16, 12
 DIFFERS = 1e-3  # a positional encoding must move outputs by more than this
 
-ATTENTION_ENCODINGS = one_axis(in_attention=True)  # every encoding attention() takes (registry order)
+ATTENTION_ENCODINGS = one_axis(in_attention=True, from_positions=True)  # what attention() takes from positions
 SIZES = {"head_dim": HEAD_DIM, "num_heads": HEADS}
 NARROWER = {"sandwich": {"sinusoid_dim": 32}}  # its default 128 sinusoids are sized for model-wide heads
 
 #: encodings whose bidirectional scores depend on |i − j| alone (and FIRE's on max(L, i), constant for
 #: three words): reversing a sentence keeps every distance, so they cannot tell it from its reverse
 SYMMETRIC = symmetric()
-CAUSAL_ONLY = {name for name in ATTENTION_ENCODINGS if ENTRIES[name].causal_only}  # checked causally
+CAUSAL_ONLY = {name for name in ATTENTION_ENCODINGS if ENTRIES[name].cls.causal_only}  # checked causally
 
 
 @dataclass
@@ -91,7 +91,7 @@ def check_permutation(device, dtype) -> list[Check]:
     for name in ATTENTION_ENCODINGS:
         enc = _encoding(name, device, dtype)
         q, k, v = _qkv(device, dtype)
-        causal = ENTRIES[name].causal_only  # no bidirectional form (stick-breaking): the causal order changes
+        causal = ENTRIES[name].cls.causal_only  # no bidirectional form (stick-breaking): the causal order changes
         out = attention(q, k, v, enc, causal=causal)
         shuffled = attention(q[:, :, perm], k[:, :, perm], v[:, :, perm], enc, causal=causal)
         error = (shuffled - out[:, :, perm]).abs().max().item()

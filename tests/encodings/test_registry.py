@@ -45,8 +45,10 @@ def test_the_docs_table_is_the_registry():
 
 
 def test_the_commands_read_their_lists_from_the_registry():
-    assert bench_training.ENCODINGS == one_axis() and bench_attention.ENCODINGS == one_axis(in_attention=True)
-    assert verify.ATTENTION_ENCODINGS == one_axis(in_attention=True) and verify.SYMMETRIC == symmetric()
+    from_positions = one_axis(in_attention=True, from_positions=True)
+    assert bench_training.ENCODINGS == one_axis() and bench_attention.ENCODINGS == from_positions
+    assert verify.ATTENTION_ENCODINGS == from_positions and verify.SYMMETRIC == symmetric()
+    assert set(one_axis(in_attention=True)) - set(from_positions) == {"fox"}  # its bias needs its tokens' gates
     assert [name for name, row in ROWS.items() if row.name == row.trains] == list(one_axis())
     assert [trains for _, trains, _ in TaskConfig.from_preset("copy", "smoke", encodings=",".join(one_axis())).rows] \
         == list(one_axis())

@@ -9,7 +9,7 @@ from ..encodings import build_for_model
 from ..encodings.registry import one_axis
 from .timing import round_robin
 
-ENCODINGS = one_axis(in_attention=True)  # every encoding attention() takes with one-dimensional positions
+ENCODINGS = one_axis(in_attention=True, from_positions=True)  # what attention() takes from positions alone
 
 
 @torch.no_grad()

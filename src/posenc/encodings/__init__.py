@@ -16,6 +16,7 @@ from .alibi import ALiBi, alibi_slopes
 from .base import NoPE, PositionalEncoding
 from .cope import CoPE
 from .fire import FIRE
+from .forgetting import ForgettingGates
 from .kerple import Kerple
 from .multiaxis import AxialRoPE, MRoPE
 from .sandwich import Sandwich
@@ -58,7 +59,7 @@ def build_for_model(name: str, *, sizes: dict, **kwargs) -> PositionalEncoding:
 
 
 __all__ = [
-    "ENCODINGS", "ENTRIES", "REGISTRY", "SCALINGS", "ALiBi", "AxialRoPE", "CoPE", "FIRE", "Kerple", "Entry", "Learned", "MRoPE", "NoPE", "PositionalEncoding", "RoPE",
+    "ENCODINGS", "ENTRIES", "REGISTRY", "SCALINGS", "ALiBi", "AxialRoPE", "CoPE", "FIRE", "Kerple", "Entry", "ForgettingGates", "Learned", "MRoPE", "NoPE", "PositionalEncoding", "RoPE",
     "Sandwich", "Shaw", "Sinusoidal", "StickBreaking", "T5RelativeBias", "TransformerXL", "XPos", "alibi_slopes", "apply_rope", "build",
     "build_for_model", "layer_scalings", "rope_angles", "rope_frequencies", "sinusoidal_table", "t5_bucket",
 ]

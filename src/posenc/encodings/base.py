@@ -7,6 +7,7 @@
 | score bias             | ``bias_at(offset, head)``        | ALiBi, T5                |
 | content-position terms | ``relative_logits`` / ``relative_values`` | Shaw, Transformer-XL |
 | normalization          | ``weights(logits, allowed)``     | stick-breaking           |
+| token gates            | ``log_forget(x)`` → score bias   | FoX                      |
 
 A score term that factors into query-side times key-side numbers may also offer
 ``score_channels``: q and k widened by extra channels whose dot product *is* the term,
@@ -57,13 +58,29 @@ class PositionedEncoding:
         self.encoding, self.q_pos, self.k_pos = encoding, q_pos, k_pos
         self.seq_len, self.contiguous = seq_len, contiguous
         self.rotated = False  # True: q and k were already rotated by the caller
+        self.log_forget: Tensor | None = None  # (B or 1, H, Tk): the keys' forget gates, for FoX (``with_gates``)
         self._memo: dict = {}
 
     def after_rotation(self) -> PositionedEncoding:
         """The same positions and tables, for q and k that ``rotate`` has already turned."""
         done = PositionedEncoding(self.encoding, self.q_pos, self.k_pos, self.seq_len, self.contiguous)
-        done.rotated, done._memo = True, self._memo
+        done.rotated, done._memo, done.log_forget = True, self._memo, self.log_forget
         return done
+
+    def with_gates(self, log_forget: Tensor) -> PositionedEncoding:
+        """The same positions with the keys' log forget gates (B or 1, H, Tk), from which a token-gates encoding
+        (FoX) builds its score bias; the queries are the last Tq keys."""
+        if not self.encoding.has_token_gates:
+            raise ValueError(f"{type(self.encoding).__name__} takes no forget gates")
+        q_len, k_len = self.q_pos.shape[-1], self.k_pos.shape[-1]
+        if not isinstance(log_forget, Tensor) or log_forget.dim() != 3 or log_forget.shape[-1] != k_len or (
+                log_forget.shape[1] != self.encoding.num_heads) or q_len > k_len:
+            shape = tuple(log_forget.shape) if isinstance(log_forget, Tensor) else type(log_forget).__name__
+            raise ValueError(f"log_forget must be (B, {self.encoding.num_heads}, Tk={k_len}) with the queries the "
+                             f"last Tq={q_len} of the keys, got {shape}")
+        gated = PositionedEncoding(self.encoding, self.q_pos, self.k_pos, self.seq_len, self.contiguous)
+        gated.rotated, gated.log_forget = self.rotated, log_forget
+        return gated
 
     def memo(self, key: tuple, build):
         """``build()`` once per key for the lifetime of this object."""
@@ -89,8 +106,14 @@ class PositionedEncoding:
         return self.encoding.rotate_positioned(self, q, k, in_place)
 
     def score_bias(self, dtype: torch.dtype) -> Tensor:
-        return self.memo(("bias", dtype), lambda: _finite(self.encoding, "score bias",
-                                                          self.encoding.score_bias(self.q_pos, self.k_pos, dtype)))
+        def build() -> Tensor:
+            if not self.encoding.has_token_gates:
+                return self.encoding.score_bias(self.q_pos, self.k_pos, dtype)
+            if self.log_forget is None:
+                raise ValueError(f"{type(self.encoding).__name__}'s bias comes from its tokens' forget gates: attend "
+                                 "with encoding.at(q_pos, k_pos).with_gates(encoding.log_forget(x, layer))")
+            return self.encoding.gate_bias(self.log_forget, self.q_pos.shape[-1], dtype)
+        return self.memo(("bias", dtype), lambda: _finite(self.encoding, "score bias", build()))
 
     def relative_logits(self, q: Tensor, k: Tensor, allowed: Tensor | None, scale: float) -> Tensor:
         """The content-position term as added to the *scaled* logits q·kᵀ·scale: ``scale ·`` the encoding's
@@ -144,8 +167,12 @@ class PositionalEncoding(nn.Module):
     #: the attention weights are not a softmax of the logits but the encoding's ``weights(logits, allowed)``
     #: (stick-breaking); only eager serves it, and only causally
     replaces_softmax = False
+    #: no bidirectional form (stick-breaking, FoX): ``attention()`` refuses causal=False
+    causal_only = False
     #: a query may attend to the key at its own position under a causal mask (stick-breaking's default: not)
     attends_to_itself = True
+    #: the score bias is made from per-token forget gates the caller passes (``with_gates``; FoX), not positions
+    has_token_gates = False
     #: the q/k rotation depends on the context length (dynamic NTK, LongRoPE), so a key
     #: rotated at one step is wrong at the next: caches must keep keys unrotated.
     length_dependent = False
@@ -241,6 +268,7 @@ class PositionalEncoding(nn.Module):
             "relative_logits": self.has_relative_logits,
             "relative_values": self.has_relative_values,
             "normalization": self.replaces_softmax,
+            "token_gates": self.has_token_gates,
         }
         return tuple(name for name, used in flags.items() if used)
 

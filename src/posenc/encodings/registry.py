@@ -3,8 +3,7 @@
 An entry names the class, the door it uses and the paper (docs/api.md's table, which a test holds to this list), a
 one-line description (the extrapolation table's row), and the traits the commands branch on: ``symmetric``
 (bidirectional scores depend on |i − j| alone, so ``verify`` expects a sentence and its reverse to score alike) and
-``axes`` (more than one: positions per axis, outside ``attention()``'s one-dimensional benches and the tiny LM) and
-``causal_only`` (no bidirectional form: ``verify`` runs its bidirectional checks causally).
+``axes`` (more than one: positions per axis, outside ``attention()``'s one-dimensional benches and the tiny LM).
 What a constructor needs is its signature (``build_for_model`` fills the sizes a model knows); which doors an
 encoding opens are its class flags (``PositionalEncoding.doors``). Adding an encoding is its module, its entry here,
 its oracle test and its docs line; bench, verify and ``posenc extrapolate``'s rows follow.
@@ -18,6 +17,7 @@ from .absolute import Learned, Sinusoidal
 from .alibi import ALiBi
 from .base import NoPE, PositionalEncoding
 from .cope import CoPE
+from .forgetting import ForgettingGates
 from .fire import FIRE
 from .kerple import Kerple
 from .multiaxis import AxialRoPE, MRoPE
@@ -37,7 +37,6 @@ class Entry:
     description: str
     symmetric: bool = False
     axes: int = 1
-    causal_only: bool = False
 
     @property
     def in_attention(self) -> bool:
@@ -68,9 +67,11 @@ REGISTRY: tuple[Entry, ...] = (
           "xPos: RoPE with a per-channel decay in distance"),
     Entry("cope", CoPE, "content–position (gated counts)", "Golovneva et al. 2024, arXiv:2405.18719",
           "CoPE: positions counted by gates on q·k", symmetric=True),
+    Entry("fox", ForgettingGates, "score bias from per-token forget gates", "Lin et al. 2025 (ICLR), arXiv:2503.02130",
+          "FoX: each token's forget gates decay the logits of the keys before it"),
     Entry("stick-breaking", StickBreaking, "normalization (replaces the softmax)",
           "Tan et al. 2025 (ICLR), arXiv:2410.17980",
-          "stick-breaking attention: each earlier key takes σ(q·k) of what nearer keys left", causal_only=True),
+          "stick-breaking attention: each earlier key takes σ(q·k) of what nearer keys left"),
     Entry("mrope", MRoPE, "q/k rotation, 3 axes", "Qwen2-VL, Wang et al. 2024, arXiv:2409.12191",
           "M-RoPE: RoPE over (time, height, width) sections of the head", axes=3),
     Entry("axial_rope", AxialRoPE, "q/k rotation, 2 axes",
@@ -81,10 +82,13 @@ REGISTRY: tuple[Entry, ...] = (
 ENTRIES: dict[str, Entry] = {entry.name: entry for entry in REGISTRY}
 
 
-def one_axis(*, in_attention: bool | None = None) -> tuple[str, ...]:
+def one_axis(*, in_attention: bool | None = None, from_positions: bool = False) -> tuple[str, ...]:
     """Names of the encodings of one-dimensional positions (what the tiny LM trains), in registry order;
-    ``in_attention``: only those that act inside attention (True) or only on the input (False)."""
-    return tuple(e.name for e in REGISTRY if e.axes == 1 and in_attention in (None, e.in_attention))
+    ``in_attention``: only those that act inside attention (True) or only on the input (False);
+    ``from_positions``: only those ``attention()`` runs from q, k, v and positions alone (not FoX, whose bias
+    needs its tokens' forget gates: the benches and checks that call ``attention()`` directly)."""
+    return tuple(e.name for e in REGISTRY if e.axes == 1 and in_attention in (None, e.in_attention)
+                 and not (from_positions and e.cls.has_token_gates))
 
 
 def symmetric() -> tuple[str, ...]:

@@ -29,6 +29,7 @@ class StickBreaking(PositionalEncoding):
     """Stick-breaking attention weights in place of the softmax; no position doors."""
 
     replaces_softmax = True
+    causal_only = True
 
     def __init__(self, attend_current: bool = False):
         super().__init__()

@@ -70,6 +70,7 @@ class KVCache:
     def __init__(self, num_layers: int):
         self.keys: list[Tensor | None] = [None] * num_layers
         self.values: list[Tensor | None] = [None] * num_layers
+        self.gates: list[Tensor | None] = [None] * num_layers  # (B, H, T_cached): FoX's log forget gates
         self.positions: Tensor | None = None  # (B or 1, T_cached)
         self.contiguous = True  # positions are 0..T_cached-1, as the model makes them by default
 
@@ -84,6 +85,13 @@ class KVCache:
             v = torch.cat((self.values[layer], v), dim=2)
         self.keys[layer], self.values[layer] = k, v
         return k, v
+
+    def extend_gates(self, layer: int, log_forget: Tensor) -> Tensor:
+        """Append (B, H, T_new) log forget gates of ``layer`` (FoX); returns all of them, one per cached key."""
+        if self.gates[layer] is not None:
+            log_forget = torch.cat((self.gates[layer], log_forget), dim=-1)
+        self.gates[layer] = log_forget
+        return log_forget
 
     def keeps_unrotated(self, encoding) -> bool:
         """Whether keys are stored before rotation (and the history re-rotated every step)."""
@@ -119,6 +127,7 @@ class StreamingCache(KVCache):
             index = index.to(self.keys[0].device)
             self.keys = [k.index_select(2, index) for k in self.keys]
             self.values = [v.index_select(2, index) for v in self.values]
+            self.gates = [None if g is None else g.index_select(2, index) for g in self.gates]  # the kept tokens'
         self.positions = torch.arange(min(length, kept), device=self.positions.device)[None]
         self.contiguous = True
 
@@ -147,7 +156,8 @@ class Block(nn.Module):
         """
         batch, length, _ = x.shape
         heads, head_dim = self.config.num_heads, self.config.head_dim
-        qkv = self.qkv(self.attn_norm(x)).view(batch, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
+        normed = self.attn_norm(x)
+        qkv = self.qkv(normed).view(batch, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]  # (B, H, T, Dh) views of this block's own projection
         if cache is not None and cache.keeps_unrotated(at.encoding):
             k, v = cache.extend(layer, k, v)  # unrotated history: (B, H, T_cached + T, Dh)
@@ -159,6 +169,9 @@ class Block(nn.Module):
             if cache is not None:
                 k, v = cache.extend(layer, k, v)  # rotated keys, each rotated once: (B, H, T_cached + T, Dh)
         done = at.after_rotation()
+        if done.encoding.has_token_gates:  # FoX: this layer's forget gates from its own input, the cache's before
+            gates = done.encoding.log_forget(normed, layer)
+            done = done.with_gates(gates if cache is None else cache.extend_gates(layer, gates))
         if maps is not None:
             maps.append(attention_weights(q, k, done, sink=self.sink))
         y = attention(q, k, v, done, backend=self.config.backend, sink=self.sink)
@@ -174,7 +187,7 @@ class LanguageModel(nn.Module):
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.dim)
         sizes = {"dim": config.dim, "head_dim": config.head_dim, "num_heads": config.num_heads,
-                 "max_positions": config.max_positions, "scale": EMBEDDING_STD * 2**0.5,
+                 "num_layers": config.num_layers, "max_positions": config.max_positions, "scale": EMBEDDING_STD * 2**0.5,
                  "init_std": EMBEDDING_STD}
         self.encoding = build_for_model(config.encoding, sizes=sizes, **config.encoding_kwargs)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
