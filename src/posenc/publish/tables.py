@@ -30,6 +30,7 @@ Rows = Callable[[dict], tuple[list[str], list[list[str]]]]
 TABLES: dict[str, Rows] = {
     "extrapolate": extrapolate_report.table_rows,
     "extrapolate-change": extrapolate_report.change_rows,
+    "extrapolate-versus-best": extrapolate_report.versus_best_rows,
     "tasks": tasks_report.table_rows,
     "pretrained": pretrained_report.main_rows,
     "pretrained-compact": lambda results: pretrained_report.main_rows(results, compact=True),
