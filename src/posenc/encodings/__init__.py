@@ -26,6 +26,7 @@ from .relative import Shaw, T5RelativeBias, TransformerXL, t5_bucket
 from .rotary import RoPE, apply_rope, rope_angles
 from .registry import ENTRIES, REGISTRY, Entry
 from .scaling import SCALINGS, layer_scalings, rope_frequencies
+from .temperature import QueryTemperature
 
 ENCODINGS: dict[str, type[PositionalEncoding]] = {entry.name: entry.cls for entry in REGISTRY}
 
@@ -37,7 +38,10 @@ def _encoding_class(name: str) -> type[PositionalEncoding]:
 
 
 def build(name: str, **kwargs) -> PositionalEncoding:
-    """Build the encoding registered as ``name`` (see ENCODINGS) with its own kwargs."""
+    """Build the encoding registered as ``name`` (see ENCODINGS) with its own kwargs; any encoding also takes
+    ``temperature`` (a dict, ``temperature.QueryTemperature``): its queries scaled by their position."""
+    temperature = kwargs.pop("temperature", None)
+    temperature = None if temperature is None else QueryTemperature.from_dict(temperature)
     cls = _encoding_class(name)
     accepted = inspect.signature(cls.__init__).parameters
     unknown = sorted(set(kwargs) - set(accepted))
@@ -45,9 +49,12 @@ def build(name: str, **kwargs) -> PositionalEncoding:
         valid = [p for p in accepted if p != "self"]
         raise ValueError(f"encoding {name!r} got unknown kwargs {unknown}; it takes {valid}")
     try:
-        return cls(**kwargs)
+        encoding = cls(**kwargs)
     except TypeError as error:  # a missing required argument
         raise ValueError(f"encoding {name!r}: {error}") from None
+    if temperature is not None:
+        encoding.temperature = temperature
+    return encoding
 
 
 def build_for_model(name: str, *, sizes: dict, **kwargs) -> PositionalEncoding:
@@ -59,7 +66,7 @@ def build_for_model(name: str, *, sizes: dict, **kwargs) -> PositionalEncoding:
 
 
 __all__ = [
-    "ENCODINGS", "ENTRIES", "REGISTRY", "SCALINGS", "ALiBi", "AxialRoPE", "CoPE", "FIRE", "Kerple", "Entry", "ForgettingGates", "Learned", "MRoPE", "NoPE", "PositionalEncoding", "RoPE",
+    "ENCODINGS", "ENTRIES", "REGISTRY", "SCALINGS", "ALiBi", "AxialRoPE", "CoPE", "FIRE", "Kerple", "Entry", "ForgettingGates", "Learned", "MRoPE", "NoPE", "PositionalEncoding", "QueryTemperature", "RoPE",
     "Sandwich", "Shaw", "Sinusoidal", "StickBreaking", "T5RelativeBias", "TransformerXL", "XPos", "alibi_slopes", "apply_rope", "build",
     "build_for_model", "layer_scalings", "rope_angles", "rope_frequencies", "sinusoidal_table", "t5_bucket",
 ]

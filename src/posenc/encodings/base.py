@@ -100,10 +100,13 @@ class PositionedEncoding:
         return self.seq_len
 
     def rotate(self, q: Tensor, k: Tensor, in_place: bool = False) -> tuple[Tensor, Tensor]:
-        """The q/k door. ``in_place``: the caller owns q and k and lets them be overwritten."""
+        """The q/k door, then the encoding's attention temperature on q, if it has one. ``in_place``: the caller
+        owns q and k and lets them be overwritten."""
         if self.rotated:
             return q, k
-        return self.encoding.rotate_positioned(self, q, k, in_place)
+        q, k = self.encoding.rotate_positioned(self, q, k, in_place)
+        temperature = self.encoding.temperature
+        return (q, k) if temperature is None else (temperature.apply(q, self.q_pos), k)
 
     def score_bias(self, dtype: torch.dtype) -> Tensor:
         def build() -> Tensor:
@@ -173,6 +176,9 @@ class PositionalEncoding(nn.Module):
     attends_to_itself = True
     #: the score bias is made from per-token forget gates the caller passes (``with_gates``; FoX), not positions
     has_token_gates = False
+    #: queries scaled by a function of their position (``temperature.QueryTemperature``; ``build(...,
+    #: temperature={...})``), after the rotation
+    temperature = None
     #: the q/k rotation depends on the context length (dynamic NTK, LongRoPE), so a key
     #: rotated at one step is wrong at the next: caches must keep keys unrotated.
     length_dependent = False

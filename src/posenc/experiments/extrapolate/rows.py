@@ -3,7 +3,9 @@
 A row names a trained encoding and, optionally, how its kwargs change at evaluation
 as a function of ``factor = eval length / train length``: the RoPE rows reuse the one
 RoPE checkpoint zero-shot with each frequency scaling, ``learned+interpolate`` reuses
-the learned checkpoint with its table resampled.
+the learned checkpoint with its table resampled, ``none+temperature`` the NoPE checkpoint
+with Llama 4's query temperature (which is 1 inside the training length, as Llama 4's is
+inside its 8,192-token chunks).
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ def _rope_scaling(method: str, fixed_factor: float | None = None) -> Callable[[f
 
 #: rows that read a trained encoding's checkpoint another way, listed after the row of that encoding
 READ_ANOTHER_WAY: dict[str, list[Row]] = {
+    "none": [
+        Row("none+temperature", "none", "the NoPE checkpoint with Llama 4's attention temperature: queries scaled by "
+            "1 + 0.1·log(1 + ⌊(p + 1)/L⌋), L the training length (1 inside it)",
+            eval_kwargs=lambda factor, train_length: {"temperature": {"kind": "llama4", "beta": 0.1,
+                                                                      "floor": train_length}})],
     "learned": [
         Row("learned+interpolate", "learned", "the learned checkpoint, its table resampled to the eval length",
             eval_kwargs=lambda factor, train_length: {"beyond": "interpolate"})],
