@@ -39,9 +39,10 @@ RUNS = {
                     "--control-stride", "256", "--finetune", "pose", "--finetune-method", "ntk", "--finetune-window",
                     "64", "--pose-chunks", "3", "--finetune-lr", "1e-3", "--finetune-steps", "2", "--finetune-batch",
                     "1", "--lora", "2", "--export", "OUT/exported", "--device", "cpu", "--out", "OUT"],
-    "extend --hf self-extend": ["extend", "--hf", "tiny", "--preset", "smoke", "--methods", "self-extend,longrope",
-                                "--finetune", "none", "--documents", "2", "--dev-documents", "2",
-                                "--self-extend-window", "64", "--self-extend-group", "4", "--search-population", "4",
+    "extend --hf self-extend": ["extend", "--hf", "tiny", "--preset", "smoke", "--methods",
+                                "self-extend,longrope,string", "--finetune", "none", "--documents", "2",
+                                "--dev-documents", "2", "--self-extend-window", "64", "--self-extend-group", "4",
+                                "--string-shift", "600", "--string-local", "64", "--search-population", "4",
                                 "--search-generations", "1", "--text", str(TEXT), "--out", "OUT"],
     "verify": ["verify", "--device", "cpu", "--dtype", "float64", "--json", "OUT/verify.json"],
     "plot": ["plot", "--out", "OUT", "--ckpt", "RUN"],
@@ -144,6 +145,8 @@ def _check_hf(out, run, printed):
 def _check_self_extend(out, run, printed):
     results = _json(out / "results.json")
     assert results["self_extend_group"] == 4 and results["rows"]["self-extend"]["attention"] == "self-extend"
+    assert results["string_shift"] == 600 and results["config"]["string_local"] == 64
+    assert results["rows"]["string"]["attention"] == "string" and "loss past: string − context control" in results["comparisons"]
     assert results["corpus"]["source"] != "stdlib"
 
 

@@ -145,6 +145,9 @@ def _add_extend(commands) -> None:
     hf.add_argument("--lora", type=int, help="LoRA rank (q/k/v/o; norms, embeddings train too); default: full tuning")
     hf.add_argument("--self-extend-window", type=int, help="Self-Extend/ReRoPE neighbour window in tokens")
     hf.add_argument("--self-extend-group", type=int, help="Self-Extend group (default: the smallest that fits)")
+    hf.add_argument("--string-shift", type=int, help="STRING: pairs this far apart or more are read shifted back "
+                                                     "(default: the smallest that fits, at least a third of the context)")
+    hf.add_argument("--string-local", type=int, help="STRING: the distance the nearest shifted pair is read at (128)")
     hf.add_argument("--export", type=Path, metavar="DIR", help="write the best row (dev) to DIR for from_pretrained")
     p.set_defaults(run=_run_extend)
 
@@ -152,7 +155,7 @@ def _add_extend(commands) -> None:
 # Flags of one of extend's two modes, refused in the other rather than silently ignored.
 _HF_ONLY = ("to", "corpus", "documents", "dev_documents", "keys_per_band", "control_stride", "finetune", "finetune_method",
             "finetune_window", "pose_chunks", "finetune_lr", "lora", "self_extend_window", "self_extend_group",
-            "export")
+            "string_shift", "string_local", "export")
 _OWN_MODEL_ONLY = ("run_dir", "factor", "finetune_lrs", "from_scratch", "eval_stride", "seeds", "sweep_windows",
                    "curve_windows", "search_windows")
 
@@ -197,7 +200,8 @@ def _run_extend_hf(args) -> int:
         raise ValueError("--corpus and --text both name the documents: pass one")
     names = ("to", "methods", "text", "corpus", "documents", "dev_documents", "keys_per_band", "control_stride",
              "finetune", "finetune_method", "finetune_window", "pose_chunks", "finetune_lr", "lora",
-             "self_extend_window", "self_extend_group", "finetune_steps", "finetune_batch", "search_population", "search_generations")
+             "self_extend_window", "self_extend_group", "string_shift", "string_local", "finetune_steps",
+             "finetune_batch", "search_population", "search_generations")
     overrides = {"model": args.hf, **{name: getattr(args, name) for name in names}}
     config = PretrainedConfig.from_preset(args.preset, **overrides)
     _refuse_unused_hf_flags(args, config)
@@ -220,6 +224,9 @@ def _refuse_unused_hf_flags(args, config) -> None:
     grouping = _flags_given(args, ("self_extend_window", "self_extend_group"))
     if grouping and not config.uses_self_extend:
         raise ValueError(f"{', '.join(grouping)} apply to the self-extend and rerope rows: add one to --methods")
+    shifting = _flags_given(args, ("string_shift", "string_local"))
+    if shifting and "string" not in config.methods:
+        raise ValueError(f"{', '.join(shifting)} apply to the string row: add string to --methods")
 
 
 _DTYPES = ("float32", "bfloat16", "float64")

@@ -7,7 +7,7 @@ import torch
 from posenc import attention, build
 from posenc.encodings.rotary import apply_rope
 from posenc.kernels.two_scores import two_score_attention
-from posenc.extension.self_extend import (_rotated_attention, farthest_distance, grouped_positions,
+from posenc.extension.self_extend import (_rotated_attention, farthest_distance, grouped, grouped_positions,
                                           self_extend_attention, smallest_group, use_attention, use_self_extend)
 from posenc.experiments.pretrained.measure import tiny_llama
 from tests.oracles import self_extend_loop
@@ -44,8 +44,8 @@ def test_transformers_front_with_pre_rotated_q_and_k_equals_the_oracle(window, g
     inv_freq = rope.frequencies()[0]
     positions = torch.arange(T)[None]
     rotated_q, rotated_k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
-    got, _ = _rotated_attention(None, rotated_q, rotated_k, v, None, inv_freq=inv_freq, window=window, group=group,
-                                scaling=DH ** -0.5, position_ids=positions)
+    got, _ = _rotated_attention(None, rotated_q, rotated_k, v, None, inv_freq=inv_freq, window=window,
+                                far=grouped(window, group), scaling=DH ** -0.5, position_ids=positions)
     torch.testing.assert_close(got.transpose(1, 2), oracle(q, k, v, rope, window, group), rtol=1e-9, atol=1e-11)
 
 

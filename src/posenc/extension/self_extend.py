@@ -43,6 +43,11 @@ def grouped_positions(positions: Tensor, window: int, group: int | None) -> tupl
     return positions // group + window - window // group, positions // group
 
 
+def grouped(window: int, group: int | None):
+    """The far side's position map of Self-Extend (ReRoPE for ``group=None``): (q_pos, k_pos) -> far positions."""
+    return lambda q_pos, k_pos: (grouped_positions(q_pos, window, group)[0], grouped_positions(k_pos, window, group)[1])
+
+
 def farthest_distance(length: int, window: int, group: int | None) -> int:
     """The largest distance a query at position length − 1 reads (exact inside the window, grouped beyond)."""
     if length <= window:
@@ -81,24 +86,25 @@ def self_extend_attention(q: Tensor, k: Tensor, v: Tensor, rope: RoPE, window: i
 
 
 def _rotated_attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
-                       *, inv_freq: Tensor, window: int, group: int | None, scaling: float | None = None,
+                       *, inv_freq: Tensor, window: int, far, logit_factor: float = 1.0, scaling: float | None = None,
                        position_ids: Tensor | None = None, **_) -> tuple[Tensor, None]:
     """transformers' attention-function signature: query (B, H, Tq, Dh) and key (B, Hkv, Tk, Dh) already rotated
-    at their positions (keys at 0..Tk−1: one unpadded sequence per row). Returns ((B, Tq, H, Dv), None)."""
+    at their positions (keys at 0..Tk−1: one unpadded sequence per row). ``far(q_pos, k_pos)``: the far side's
+    positions (Self-Extend's ``grouped``, STRING's ``shifted``); ``logit_factor`` multiplies both logit sets.
+    Returns ((B, Tq, H, Dv), None)."""
     q_pos, k_pos = default_positions(query.shape[2], key.shape[2], query.device)
     if position_ids is not None and not bool((position_ids.to(q_pos.device) == q_pos).all()):
-        raise ValueError("self-extend in a transformers model needs each row's positions to be 0..T−1 "
+        raise ValueError("self-extend and STRING in a transformers model need each row's positions to be 0..T−1 "
                          "(one unpadded sequence per row, keys cached in order)")
-    q_group, _ = grouped_positions(q_pos, window, group)
-    _, k_group = grouped_positions(k_pos, window, group)
+    q_moved, k_moved = far(q_pos, k_pos)
     inv_freq = inv_freq.to(query.device)  # already-applied rotation + (g(p) − p) = rotation at g(p)
-    q_far = apply_rope(query, q_group - q_pos, inv_freq)
-    k_far = apply_rope(key, k_group - k_pos, inv_freq)
+    q_far = apply_rope(query, q_moved - q_pos, inv_freq)
+    k_far = apply_rope(key, k_moved - k_pos, inv_freq)
     allowed = attention_mask
     if allowed is not None and allowed.dtype != torch.bool:  # an additive mask: 0 where allowed, very negative not
         allowed = allowed == 0
-    out = two_score_attention(query, key, q_far, k_far, value, q_pos, k_pos, window,
-                              scale=query.shape[-1] ** -0.5 if scaling is None else scaling, mask=allowed)
+    scale = (query.shape[-1] ** -0.5 if scaling is None else scaling) * logit_factor
+    out = two_score_attention(query, key, q_far, k_far, value, q_pos, k_pos, window, scale=scale, mask=allowed)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -109,13 +115,18 @@ def use_self_extend(model, window: int, group: int | None) -> str:
     The extra rotation uses the model's own frequencies (its rotary module's ``inv_freq``), so it composes
     with whatever scaling the model carries; the attention factor, already in q and k, is not applied twice.
     """
+    check_self_extend(window, group)
+    return use_two_positions(model, f"posenc_self_extend_w{window}_g{group or 'clip'}", window, grouped(window, group))
+
+
+def use_two_positions(model, name: str, window: int, far, logit_factor: float = 1.0) -> str:
+    """Register ``name`` as a transformers attention function whose pairs at distance >= ``window`` are read at
+    the positions ``far(q_pos, k_pos)`` gives, and switch ``model`` to it."""
     from transformers import AttentionInterface
 
-    check_self_extend(window, group)
-    name = f"posenc_self_extend_w{window}_g{group or 'clip'}"
     inv_freq = model.model.rotary_emb.inv_freq.detach().float().cpu()
     AttentionInterface.register(name, functools.partial(_rotated_attention, inv_freq=inv_freq, window=window,
-                                                        group=group))
+                                                        far=far, logit_factor=logit_factor))
     use_attention(model, name)
     return name
 

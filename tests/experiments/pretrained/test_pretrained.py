@@ -301,3 +301,16 @@ def numbers(record) -> list:
     if isinstance(record, list):
         return [n for item in record for n in numbers(item)]
     return [float(record)] if isinstance(record, (int, float)) and record is not None else []
+
+
+def test_a_run_pinned_before_a_field_existed_resumes_when_the_field_keeps_its_default(tmp_path):
+    from posenc import storage
+    from posenc.experiments.pretrained.stages import _pin
+
+    config = PretrainedConfig.from_preset("smoke", methods=("none", "string"))
+    older = {k: v for k, v in config.to_dict().items() if k not in ("string_shift", "string_local")}
+    storage.write_json(tmp_path / "config.json", {"hf": {**older, "methods": ["none"]}})
+    _pin(tmp_path, config, resume=True)  # adds the string row; the new fields are at their defaults
+    storage.write_json(tmp_path / "config.json", {"hf": {**older, "methods": ["none"]}})
+    with pytest.raises(ValueError, match=r"differs in \['string_local'\]"):
+        _pin(tmp_path, PretrainedConfig.from_preset("smoke", methods=("none", "string"), string_local=8), resume=True)

@@ -1,6 +1,6 @@
 """What ``posenc extend --hf`` runs: its presets and its config, checked on construction.
 
-Rows are the zero-shot ``methods`` (scalings, ``self-extend`` and ``rerope``) plus, with ``finetune``, the
+Rows are the zero-shot ``methods`` (scalings, ``self-extend``, ``rerope`` and ``string``) plus, with ``finetune``, the
 ``finetune_method`` scaling fine-tuned (``pose``: PoSE, and its control with plain ids; ``full``: full-length).
 """
 
@@ -17,7 +17,8 @@ from ...lm.corpora import parse_corpora
 from ..presets import preset_values
 
 SCALING_METHODS = ("none", "pi", "ntk", "dynamic", "yarn", "llama3", "longrope")
-HF_METHODS = SCALING_METHODS + ("self-extend", "rerope")
+TWO_POSITION_METHODS = ("self-extend", "rerope", "string")  # attention through the registry, two score sets
+HF_METHODS = SCALING_METHODS + TWO_POSITION_METHODS
 FINETUNE = ("none",) + tuple(m for m in MODES if m != "control")  # the control comes with pose
 
 HF_PRESETS: dict[str, dict] = {
@@ -72,6 +73,8 @@ class PretrainedConfig:
     curve_points: int = 2
     self_extend_window: int = 4096
     self_extend_group: int | None = None  # None: the smallest that keeps distances inside the context
+    string_shift: int | None = None  # None: the smallest that keeps distances inside the context (>= a third of it)
+    string_local: int = 128  # STRING's local window (the paper's default)
     search_population: int = 8
     search_generations: int = 4
     text: str | None = None
@@ -108,6 +111,11 @@ class PretrainedConfig:
             checks.positive_int("--self-extend-group", self.self_extend_group, minimum=2)
         if self.uses_self_extend and self.self_extend_window >= self.to:
             raise ValueError(f"--self-extend-window ({self.self_extend_window}) must be below --to ({self.to})")
+        if self.string_shift is not None:
+            checks.positive_int("--string-shift", self.string_shift)
+        checks.positive_int("--string-local", self.string_local, minimum=0)
+        if "string" in self.methods and self.string_shift is not None and self.string_local >= self.string_shift:
+            raise ValueError(f"--string-local ({self.string_local}) must be below --string-shift ({self.string_shift})")
         checks.positive_int("--search-population", self.search_population, minimum=4)
         checks.positive_int("--search-generations", self.search_generations)
 

@@ -22,6 +22,7 @@ rank 0 reads them all back into the results, which equal one process's.
 
 from __future__ import annotations
 
+import dataclasses
 import resource
 import time
 from pathlib import Path
@@ -35,9 +36,10 @@ from ...extension.adapt import AdaptConfig, adapt
 from ...extension.longrope import default_max_factor, longrope_parameters, seed_candidates
 from ...extension.search import Candidate, SearchConfig, search
 from ...extension.self_extend import smallest_group, use_attention, use_self_extend
+from ...extension.shifted import farthest_distance as string_farthest, smallest_shift, use_string
 from ...lm.runtime import Runtime, provenance
 from . import report
-from .config import PretrainedConfig
+from .config import TWO_POSITION_METHODS, PretrainedConfig
 from .measure import (TRAIN_BYTES, binned, corpus_of, load_model, long_documents, method_parameters, position_losses,
                       prefill, read_text_tokens, sliding_losses)
 
@@ -45,10 +47,11 @@ LENGTH_DEPENDENT = ("dynamic", "longrope")  # frequencies change with the length
 
 
 def plan_rows(config: PretrainedConfig) -> dict[str, dict]:
-    """{row name: {"method": scaling method, "attention": "sdpa" | "self-extend" | "rerope", "finetune": mode}}."""
+    """{row name: {"method": scaling method, "attention": "sdpa" | "self-extend" | "rerope" | "string",
+    "finetune": mode}}."""
     rows = {}
     for method in config.methods:
-        extend = method in ("self-extend", "rerope")
+        extend = method in TWO_POSITION_METHODS
         rows[method] = {"method": "none" if extend else method, "attention": method if extend else "sdpa",
                         "finetune": None}
     modes = {"none": (), "pose": ("pose", "control"), "full": ("full",)}[config.finetune]
@@ -82,6 +85,7 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
         hf.full_rope_parameters(model, params)
     group = config.self_extend_group or (smallest_group(original, config.to, config.self_extend_window)
                                          if "self-extend" in config.methods else None)  # ReRoPE has no group
+    shift = _string_shift(config, original)
     test = long_documents(config, tokens, "test", config.documents, config.to)
     dev = long_documents(config, tokens, "dev", config.dev_documents, config.to)
     haystacks = [_haystack(tokens, w["ids"], config.to, config, i) for i, w in enumerate(test)]
@@ -105,7 +109,8 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
                                     original, dev[0]["ids"], runtime, out, log)
             stages[f"fine-tune {name}"] = time.perf_counter() - started
     measuring = dict(model=model, tokens=tokens, rows=rows, parameters=parameters, own=own, pristine=pristine,
-                     group=group, test=test, haystacks=haystacks, dev=dev, config=config, original=original, out=out)
+                     group=group, shift=shift, test=test, haystacks=haystacks, dev=dev, config=config,
+                     original=original, out=out)
     if runtime.world_size > 1:  # the ranks split the measurements; rank 0 then reads them all back
         share = Share(runtime.rank, runtime.world_size)
         _measure_all(**measuring, share=share, stages=stages)
@@ -118,7 +123,7 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
     corpus = corpus_of(config.text, config.corpus).fingerprint
     results = report.collect(config, model, original, factor, group, corpus, test, dev, measured, control,
                              in_context, tuned, stages)
-    results.update(device=runtime.label, processes=runtime.world_size,
+    results.update(string_shift=shift, device=runtime.label, processes=runtime.world_size,
                    peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
                    provenance=provenance())
     report.write_all(results, out)
@@ -151,8 +156,8 @@ class Share:
         return record
 
 
-def _measure_all(model, tokens, rows, parameters, own, pristine, group, test, haystacks, dev, config, original, out,
-                 share, stages, log=None):
+def _measure_all(model, tokens, rows, parameters, own, pristine, group, shift, test, haystacks, dev, config,
+                 original, out, share, stages, log=None):
     """Every row on every document, the in-context retrieval and the control: this process's ``share`` of them
     measured (the others are None), each a file under measurements/. Returns (measured, in_context, control)."""
     measured = {}
@@ -166,6 +171,8 @@ def _measure_all(model, tokens, rows, parameters, own, pristine, group, test, ha
         hf.apply_scaling(model, parameters[name])
         if row["attention"] == "sdpa":
             use_attention(model, "sdpa")
+        elif row["attention"] == "string":
+            use_string(model, shift, config.string_local)
         else:
             use_self_extend(model, config.self_extend_window, group if row["attention"] == "self-extend" else None)
         whole = row["method"] in LENGTH_DEPENDENT
@@ -192,6 +199,21 @@ def _measure_all(model, tokens, rows, parameters, own, pristine, group, test, ha
                         for i, haystack in enumerate(haystacks)]}
     stages["context control"] = time.perf_counter() - started
     return measured, in_context, control
+
+
+def _string_shift(config: PretrainedConfig, original: int) -> int | None:
+    """STRING's shift (None without a string row): --string-shift, checked to keep every distance inside the
+    context, or the smallest that does."""
+    if "string" not in config.methods:
+        return None
+    if config.string_shift is None:
+        return smallest_shift(original, config.to, config.string_local)
+    farthest = string_farthest(config.to, config.string_shift, config.string_local)
+    if farthest > original - 1:
+        raise ValueError(f"--string-shift {config.string_shift} leaves distances up to {farthest} at --to "
+                         f"{config.to}, past the model's context ({original}); pass at least "
+                         f"{smallest_shift(original, config.to, config.string_local)}")
+    return config.string_shift
 
 
 def _check_against_model(config: PretrainedConfig, original: int) -> None:
@@ -328,8 +350,10 @@ def _pin(out: Path, config: PretrainedConfig, resume: bool) -> None:
             raise ValueError(f"--out {out} already holds a run; pass --resume to continue it or choose another --out")
         previous = storage.read_json(pinned).get("hf", {})
         adds_rows = {"methods", "preset"} | ({"finetune"} if previous.get("finetune") == "none" else set())
-        changed = sorted(k for k, v in current["hf"].items() if k not in adds_rows and previous.get(k) != v
-                         and not (isinstance(v, tuple) and previous.get(k) == list(v)))
+        defaults = {field.name: field.default for field in dataclasses.fields(PretrainedConfig)}
+        was = {k: previous.get(k, defaults.get(k)) for k in current["hf"]}  # a field newer than the run: its default
+        changed = sorted(k for k, v in current["hf"].items() if k not in adds_rows and was[k] != v
+                         and not (isinstance(v, tuple) and was[k] == list(v)))
         if changed:
             raise ValueError(f"--resume: {out} was run with a different config (differs in {changed})")
     elif resume:

@@ -1,0 +1,110 @@
+"""STRING: its position map (exact below the shift, shifted back beyond it) by a float64 loop, through posenc's RoPE
+and through a transformers model's attention registry, KV-cache decoding, the smallest shift, and bad options."""
+
+import math
+
+import pytest
+import torch
+
+from posenc import attention, build
+from posenc.cli import main
+from posenc.encodings.rotary import apply_rope
+from posenc.experiments.pretrained.measure import tiny_llama
+from posenc.extension.self_extend import _rotated_attention, use_attention
+from posenc.extension.shifted import (ATTENTION_FACTOR, farthest_distance, shifted, smallest_shift, string_attention,
+                                      use_string)
+
+T, DH = 19, 8
+
+
+def qkv(heads=2, kv_heads=1, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(1, h, T, DH, generator=g, dtype=torch.float64) for h in (heads, kv_heads, kv_heads))
+
+
+def position_map_loop(q, k, v, inv_freq, shift, local):
+    """Query i, key j ≤ i at distance d = i − j: read at (i, j) if d < shift, else at (i − shift + local, j); logits
+    times ATTENTION_FACTOR² and 1/√Dh; one softmax per query."""
+    heads, repeats = q.shape[1], q.shape[1] // k.shape[1]
+    out = torch.zeros_like(q)
+    for h in range(heads):
+        for i in range(T):
+            logits = []
+            for j in range(i + 1):
+                at = i if i - j < shift else i - shift + local
+                rotated_q = apply_rope(q[:, h : h + 1, i : i + 1], torch.tensor([[at]]), inv_freq)[0, 0, 0]
+                rotated_k = apply_rope(k[:, h // repeats : h // repeats + 1, j : j + 1], torch.tensor([[j]]),
+                                       inv_freq)[0, 0, 0]
+                logits.append(rotated_q @ rotated_k / math.sqrt(DH) * ATTENTION_FACTOR**2)
+            out[0, h, i] = torch.softmax(torch.stack(logits), 0) @ v[0, h // repeats, : i + 1]
+    return out
+
+
+@pytest.mark.parametrize("shift, local", [(5, 2), (8, 0), (3, 2)])
+def test_posenc_front_equals_the_position_map(shift, local):
+    q, k, v = qkv()
+    rope = build("rope", head_dim=DH)
+    expected = position_map_loop(q, k, v, rope.frequencies()[0].double(), shift, local)
+    torch.testing.assert_close(string_attention(q, k, v, rope, shift, local), expected, rtol=1e-10, atol=1e-12)
+
+
+def test_transformers_front_with_pre_rotated_q_and_k_equals_the_position_map():
+    q, k, v = qkv()
+    rope = build("rope", head_dim=DH)
+    inv_freq = rope.frequencies()[0]
+    positions = torch.arange(T)[None]
+    got, _ = _rotated_attention(None, apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v, None,
+                                inv_freq=inv_freq, window=6, far=shifted(6, 3), logit_factor=ATTENTION_FACTOR**2,
+                                scaling=DH**-0.5, position_ids=positions)
+    expected = position_map_loop(q, k, v, inv_freq.double(), 6, 3)
+    torch.testing.assert_close(got.transpose(1, 2), expected, rtol=1e-9, atol=1e-11)
+
+
+def test_a_shift_past_the_sequence_is_plain_rope_attention_sharpened_by_the_factor():
+    q, k, v = qkv(heads=4, kv_heads=2)
+    rope = build("rope", head_dim=DH)
+    plain = attention(q, k, v, rope, backend="eager", scale=DH**-0.5 * ATTENTION_FACTOR**2)
+    torch.testing.assert_close(string_attention(q, k, v, rope, T, 4), plain)
+
+
+def test_smallest_shift_keeps_every_distance_inside_the_context_and_is_the_smallest():
+    for original, target, local in [(8192, 12288, 128), (8192, 32768, 128), (512, 1024, 128), (64, 100, 8)]:
+        shift = smallest_shift(original, target, local)
+        assert farthest_distance(target, shift, local) <= original - 1
+        assert shift == round(original / 3) or farthest_distance(target, shift - 1, local) > original - 1
+    assert smallest_shift(8192, 12288, 128) == 4224  # 12287 − 4224 + 128 = 8191
+    assert smallest_shift(8192, 9000, 128) == 2731  # the paper's third of the context when more than enough
+
+
+def test_in_a_transformers_model_kv_cache_decoding_equals_the_full_pass():
+    model = tiny_llama(0, 32).double()
+    ids = torch.randint(0, 256, (1, 60), generator=torch.Generator().manual_seed(1))
+    plain = model(ids).logits
+    use_string(model, 20, 4)
+    full = model(ids).logits
+    assert (full - plain).abs().max() > 1e-2
+    out = model(ids[:, :40], use_cache=True)
+    steps, cache = [out.logits], out.past_key_values
+    for t in range(40, 60):
+        steps.append(model(ids[:, t : t + 1], past_key_values=cache, use_cache=True).logits)
+    torch.testing.assert_close(torch.cat(steps, 1), full)
+    use_attention(model, "sdpa")
+    torch.testing.assert_close(model(ids).logits, plain)
+
+
+def test_bad_options_are_one_line_errors(tmp_path, capsys):
+    with pytest.raises(ValueError, match=r"string local window \(5\) must be below the shift \(5\)"):
+        string_attention(*qkv(), build("rope", head_dim=DH), 5, 5)
+    with pytest.raises(ValueError, match="string shift must be an integer >= 1, got 0"):
+        use_string(None, 0, 0)
+    for args, message in [
+        (["--string-shift", "300"], "--string-shift apply to the string row: add string to --methods"),
+        (["--methods", "string", "--string-shift", "300"], "--string-shift 300 leaves distances up to 851 at --to "
+                                                           "1024, past the model's context (512); pass at least 640"),
+        (["--methods", "string", "--string-shift", "700", "--string-local", "700"],
+         "--string-local (700) must be below --string-shift (700)"),
+    ]:
+        assert main(["extend", "--hf", "tiny", "--preset", "smoke", "--finetune", "none", "--out",
+                     str(tmp_path / "x"), *args]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and message in err, err
