@@ -47,3 +47,13 @@ def qkv(batch=2, q_len=12, k_len=12, dtype=torch.float64):
         torch.randn(batch, HEADS, k_len, HEAD_DIM, dtype=dtype),
         torch.randn(batch, HEADS, k_len, HEAD_DIM, dtype=dtype),
     )
+
+
+def decoded_logits(model, ids: torch.Tensor, prefill: int) -> torch.Tensor:
+    """A transformers model's logits (1, T, V) from a prefill of ``prefill`` tokens, then one token at a time from
+    its KV cache: what a full pass over ``ids`` (1, T) must equal."""
+    out = model(ids[:, :prefill], use_cache=True)
+    steps, cache = [out.logits], out.past_key_values
+    for t in range(prefill, ids.shape[1]):
+        steps.append(model(ids[:, t : t + 1], past_key_values=cache, use_cache=True).logits)
+    return torch.cat(steps, 1)

@@ -10,6 +10,7 @@ from posenc.kernels.two_scores import two_score_attention
 from posenc.extension.self_extend import (_rotated_attention, farthest_distance, grouped, grouped_positions,
                                           self_extend_attention, smallest_group, use_attention, use_self_extend)
 from posenc.experiments.pretrained.measure import tiny_llama
+from tests.helpers import decoded_logits
 from tests.oracles import self_extend_loop
 
 T, DH = 23, 8
@@ -90,11 +91,7 @@ def test_in_a_transformers_model_kv_cache_decoding_equals_the_full_pass_and_the_
     use_self_extend(model, 16, 4)
     full = model(ids).logits
     assert (full - plain).abs().max() > 1e-2  # grouping changed something
-    out = model(ids[:, :50], use_cache=True)
-    steps, cache = [out.logits], out.past_key_values
-    for t in range(50, 70):
-        steps.append(model(ids[:, t : t + 1], past_key_values=cache, use_cache=True).logits)
-    torch.testing.assert_close(torch.cat(steps, 1), full)
+    torch.testing.assert_close(decoded_logits(model, ids, 50), full)
     use_attention(model, "sdpa")
     torch.testing.assert_close(model(ids).logits, plain)
 

@@ -10,6 +10,7 @@ from posenc import attention, build
 from posenc.cli import main
 from posenc.encodings.rotary import apply_rope
 from posenc.experiments.pretrained.measure import tiny_llama
+from tests.helpers import decoded_logits
 from posenc.extension.self_extend import _rotated_attention, use_attention
 from posenc.extension.shifted import (ATTENTION_FACTOR, farthest_distance, shifted, smallest_shift, string_attention,
                                       use_string)
@@ -83,11 +84,7 @@ def test_in_a_transformers_model_kv_cache_decoding_equals_the_full_pass():
     use_string(model, 20, 4)
     full = model(ids).logits
     assert (full - plain).abs().max() > 1e-2
-    out = model(ids[:, :40], use_cache=True)
-    steps, cache = [out.logits], out.past_key_values
-    for t in range(40, 60):
-        steps.append(model(ids[:, t : t + 1], past_key_values=cache, use_cache=True).logits)
-    torch.testing.assert_close(torch.cat(steps, 1), full)
+    torch.testing.assert_close(decoded_logits(model, ids, 40), full)
     use_attention(model, "sdpa")
     torch.testing.assert_close(model(ids).logits, plain)
 
