@@ -10,12 +10,18 @@
 - ``export(model, rope_parameters, out_dir)``: a directory ``AutoModelForCausalLM.from_pretrained``
   loads with that scaling.
 
-Supported: the model types in ``SUPPORTED`` (Llama, Mistral, Qwen2, Qwen3, Gemma 3, Phi-3), whose
+Supported: the model types in ``SUPPORTED`` (Llama, Mistral, Qwen2, Qwen3, Gemma 3, Phi-3, SmolLM3, Cohere2,
+gpt-oss, Llama 4's text model), whose
 decoder holds one rotary embedding at ``model.model.rotary_emb`` built from ``config.rope_parameters``.
 Gemma 3 keeps one dict per layer type (``sliding_attention``, ``full_attention``); there
 ``apply_scaling`` rescales the ``full_attention`` layers unless told which (the local layers see only
 their window, so a longer context does not move their positions past what they were trained on),
 and ``rope_encoding`` takes the layer type whose rotation it should equal.
+
+Models that mix schemes per layer are described by ``layer_positions`` (RoPE or none, sliding window, chunk,
+attention temperature, per layer, read from the config as the model's code reads it) and served by
+``layer_encoding`` and ``layer_mask``: posenc's attention of each layer then equals the model's own (tested on
+tiny random SmolLM3, Cohere2, gpt-oss, Llama 4 and Gemma 3 models). Rescaling touches only the layers that rotate.
 """
 
 from __future__ import annotations
@@ -27,12 +33,21 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
+
 from . import checks, storage
 from .encodings import build
 from .encodings.rotary import RoPE
+from .encodings.temperature import QueryTemperature
 from .encodings.scaling import is_per_layer_type, normalize_scaling, rope_frequencies, rotary_dim
 
-SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3")
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3", "smollm3", "cohere2", "gpt_oss",
+             "llama4_text")
+#: families whose rotation pairs adjacent channels (2c, 2c + 1); the others pair c with c + Dh/2
+INTERLEAVED = ("cohere2", "llama4_text")
+#: families that rotate only the layers of one type (Cohere2: its sliding-window layers; the global ones see no
+#: positions); SmolLM3 and Llama 4 name their layers without RoPE in ``config.no_rope_layers`` instead
+ROPE_ONLY_ON = {"cohere2": "sliding_attention"}
 #: model types whose config class accepts only some rope_types (Phi3Config rewrites "yarn" to "longrope"
 #: and rejects the rest), so another type would run in memory and break on reload
 FAMILY_ROPE_TYPES = {"phi3": ("default", "longrope", "ntk")}
@@ -227,7 +242,63 @@ def rope_encoding(model, layer_type: str | None = None) -> RoPE:
     check_supported(model)
     params = normalize_scaling(copy.deepcopy(model_rope_parameters(model, layer_type)))
     known = {k: v for k, v in params.items() if v is not None}
-    return build("rope", head_dim=head_dim(model.config), layout="half", scaling=known)
+    layout = "interleaved" if model.config.model_type in INTERLEAVED else "half"
+    return build("rope", head_dim=head_dim(model.config), layout=layout, scaling=known)
+
+
+def layer_positions(model) -> tuple[dict, ...]:
+    """What each decoder layer does with positions: ({"layer_type", "rope": bool, "window": keys with
+    i − j < window, or None, "chunk": keys in the query's chunk of this many, or None, "temperature": a
+    ``QueryTemperature`` dict or None}, ...), one per layer, read from the config as the model's code reads it."""
+    check_supported(model)
+    config = model.config
+    count = config.num_hidden_layers
+    types = list(getattr(config, "layer_types", None) or ["full_attention"] * count)
+    no_rope = getattr(config, "no_rope_layers", None)  # 1: this layer rotates (SmolLM3, Llama 4)
+    only = ROPE_ONLY_ON.get(config.model_type)
+    tempered = getattr(config, "attn_temperature_tuning", False)
+    described = []
+    for layer, layer_type in enumerate(types):
+        rope = bool(no_rope[layer]) if no_rope is not None else (only is None or layer_type == only)
+        window = getattr(config, "sliding_window", None) if layer_type == "sliding_attention" else None
+        if layer_type == "sliding_attention" and not getattr(config, "use_sliding_window", True):
+            window = None  # SmolLM3's switch
+        chunk = getattr(config, "attention_chunk_size", None) if layer_type == "chunked_attention" else None
+        temperature = ({"kind": "llama4", "beta": config.attn_scale, "floor": config.floor_scale}
+                       if tempered and not rope else None)
+        described.append({"layer_type": layer_type, "rope": rope, "window": window, "chunk": chunk,
+                          "temperature": temperature})
+    return tuple(described)
+
+
+def layer_encoding(model, layer: int):
+    """posenc's encoding of decoder layer ``layer``: the model's RoPE for that layer's type (its own dict in a
+    per-layer-type model), or NoPE where the layer does not rotate, with the layer's attention temperature."""
+    described = layer_positions(model)
+    checks.positive_int("layer", layer, minimum=0)
+    if layer >= len(described):
+        raise ValueError(f"layer must be in [0, {len(described) - 1}], got {layer}")
+    this, types = described[layer], layer_types(model)
+    if not this["rope"]:
+        encoding = build("none")
+    else:
+        encoding = rope_encoding(model, this["layer_type"] if types and this["layer_type"] in types else None)
+    if this["temperature"]:
+        encoding.temperature = QueryTemperature.from_dict(this["temperature"])
+    return encoding
+
+
+def layer_mask(description: dict, length: int, device=None):
+    """Bool (1, 1, T, T) of the pairs a layer (a ``layer_positions`` entry) lets attend at positions 0..T−1:
+    causal, and inside its window or chunk; ready for ``posenc.attention(..., mask=)``."""
+    i = torch.arange(length, device=device)[:, None]
+    j = torch.arange(length, device=device)[None, :]
+    allowed = j <= i
+    if description["window"] is not None:
+        allowed &= i - j < description["window"]
+    if description["chunk"] is not None:
+        allowed &= i // description["chunk"] == j // description["chunk"]
+    return allowed[None, None]
 
 
 def check_export_folder(out_dir: Path) -> None:
