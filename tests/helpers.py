@@ -57,3 +57,27 @@ def decoded_logits(model, ids: torch.Tensor, prefill: int) -> torch.Tensor:
     for t in range(prefill, ids.shape[1]):
         steps.append(model(ids[:, t : t + 1], past_key_values=cache, use_cache=True).logits)
     return torch.cat(steps, 1)
+
+
+def grouped_qkv(length: int, dim: int = 8, heads: int = 2, kv_heads: int = 1, seed: int = 0):
+    """float64 q (1, heads, T, dim) and k, v (1, kv_heads, T, dim), seeded: the inputs of the position-map tests."""
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(1, h, length, dim, generator=g, dtype=torch.float64) for h in (heads, kv_heads, kv_heads))
+
+
+def assert_swapped_attention_decodes_as_the_full_pass(switch, prefill: int) -> None:
+    """A tiny random Llama whose attention ``switch(model)`` swaps through the registry (STRING, DCA): it changes
+    the logits, KV-cache decoding after ``prefill`` tokens equals its full pass, and switching back to sdpa
+    restores the model."""
+    from posenc.experiments.pretrained.measure import tiny_llama
+    from posenc.extension.self_extend import use_attention
+
+    model = tiny_llama(0, 32).double()
+    ids = torch.randint(0, 256, (1, 60), generator=torch.Generator().manual_seed(1))
+    plain = model(ids).logits
+    switch(model)
+    full = model(ids).logits
+    assert (full - plain).abs().max() > 1e-2
+    torch.testing.assert_close(decoded_logits(model, ids, prefill), full)
+    use_attention(model, "sdpa")
+    torch.testing.assert_close(model(ids).logits, plain)

@@ -161,3 +161,24 @@ def self_extend_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inv_freq
                 logits[i, j] = far_q @ far_k
     weights = torch.softmax(logits / math.sqrt(q.shape[1]), dim=-1)
     return weights @ v.double()
+
+
+def position_map_attention_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inv_freq, read_at,
+                                logit_factor: float = 1.0) -> torch.Tensor:
+    """Causal RoPE attention where pair (i, j) is read at the positions ``read_at(i, j) -> (query at, key at)``:
+    the training-free extensions' position maps (STRING, DCA), one softmax per query, with loops.
+
+    q: (1, H, T, Dh), k and v: (1, Hkv, T, Dh), unrotated, float64. Returns (1, H, T, Dh)."""
+    heads, length, dim = q.shape[1], q.shape[2], q.shape[3]
+    repeats = heads // k.shape[1]
+    out = torch.zeros_like(q)
+    for h in range(heads):
+        for i in range(length):
+            logits = []
+            for j in range(i + 1):
+                q_at, k_at = read_at(i, j)
+                rotated_q = rotate_pairs(q[0, h, i][None], [q_at], inv_freq, "half")[0]
+                rotated_k = rotate_pairs(k[0, h // repeats, j][None], [k_at], inv_freq, "half")[0]
+                logits.append(rotated_q @ rotated_k / math.sqrt(dim) * logit_factor)
+            out[0, h, i] = torch.softmax(torch.stack(logits), 0) @ v[0, h // repeats, : i + 1]
+    return out

@@ -40,7 +40,7 @@ RUNS = {
                     "64", "--pose-chunks", "3", "--finetune-lr", "1e-3", "--finetune-steps", "2", "--finetune-batch",
                     "1", "--lora", "2", "--export", "OUT/exported", "--device", "cpu", "--out", "OUT"],
     "extend --hf self-extend": ["extend", "--hf", "tiny", "--preset", "smoke", "--methods",
-                                "self-extend,longrope,string", "--finetune", "none", "--documents", "2",
+                                "self-extend,longrope,string,dca", "--finetune", "none", "--documents", "2",
                                 "--dev-documents", "2", "--self-extend-window", "64", "--self-extend-group", "4",
                                 "--string-shift", "600", "--string-local", "64", "--search-population", "4",
                                 "--search-generations", "1", "--text", str(TEXT), "--out", "OUT"],
@@ -147,6 +147,7 @@ def _check_self_extend(out, run, printed):
     assert results["self_extend_group"] == 4 and results["rows"]["self-extend"]["attention"] == "self-extend"
     assert results["string_shift"] == 600 and results["config"]["string_local"] == 64
     assert results["rows"]["string"]["attention"] == "string" and "loss past: string − context control" in results["comparisons"]
+    assert results["rows"]["dca"]["attention"] == "dca" and results["dca"] == {"chunk_size": 384, "local": 32}
     assert results["corpus"]["source"] != "stdlib"
 
 

@@ -1,44 +1,31 @@
 """STRING: its position map (exact below the shift, shifted back beyond it) by a float64 loop, through posenc's RoPE
 and through a transformers model's attention registry, KV-cache decoding, the smallest shift, and bad options."""
 
-import math
-
 import pytest
 import torch
 
 from posenc import attention, build
 from posenc.cli import main
 from posenc.encodings.rotary import apply_rope
-from posenc.experiments.pretrained.measure import tiny_llama
-from tests.helpers import decoded_logits
-from posenc.extension.self_extend import _rotated_attention, use_attention
+from posenc.extension.self_extend import _rotated_attention
 from posenc.extension.shifted import (ATTENTION_FACTOR, farthest_distance, shifted, smallest_shift, string_attention,
                                       use_string)
+from tests.helpers import assert_swapped_attention_decodes_as_the_full_pass, grouped_qkv
+from tests.oracles import position_map_attention_loop
 
 T, DH = 19, 8
 
 
-def qkv(heads=2, kv_heads=1, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return tuple(torch.randn(1, h, T, DH, generator=g, dtype=torch.float64) for h in (heads, kv_heads, kv_heads))
+def qkv(heads=2, kv_heads=1):
+    return grouped_qkv(T, DH, heads, kv_heads)
 
 
 def position_map_loop(q, k, v, inv_freq, shift, local):
     """Query i, key j ≤ i at distance d = i − j: read at (i, j) if d < shift, else at (i − shift + local, j); logits
-    times ATTENTION_FACTOR² and 1/√Dh; one softmax per query."""
-    heads, repeats = q.shape[1], q.shape[1] // k.shape[1]
-    out = torch.zeros_like(q)
-    for h in range(heads):
-        for i in range(T):
-            logits = []
-            for j in range(i + 1):
-                at = i if i - j < shift else i - shift + local
-                rotated_q = apply_rope(q[:, h : h + 1, i : i + 1], torch.tensor([[at]]), inv_freq)[0, 0, 0]
-                rotated_k = apply_rope(k[:, h // repeats : h // repeats + 1, j : j + 1], torch.tensor([[j]]),
-                                       inv_freq)[0, 0, 0]
-                logits.append(rotated_q @ rotated_k / math.sqrt(DH) * ATTENTION_FACTOR**2)
-            out[0, h, i] = torch.softmax(torch.stack(logits), 0) @ v[0, h // repeats, : i + 1]
-    return out
+    times ATTENTION_FACTOR²."""
+    return position_map_attention_loop(q, k, v, inv_freq.tolist(),
+                                       lambda i, j: (i if i - j < shift else i - shift + local, j),
+                                       logit_factor=ATTENTION_FACTOR**2)
 
 
 @pytest.mark.parametrize("shift, local", [(5, 2), (8, 0), (3, 2)])
@@ -78,15 +65,7 @@ def test_smallest_shift_keeps_every_distance_inside_the_context_and_is_the_small
 
 
 def test_in_a_transformers_model_kv_cache_decoding_equals_the_full_pass():
-    model = tiny_llama(0, 32).double()
-    ids = torch.randint(0, 256, (1, 60), generator=torch.Generator().manual_seed(1))
-    plain = model(ids).logits
-    use_string(model, 20, 4)
-    full = model(ids).logits
-    assert (full - plain).abs().max() > 1e-2
-    torch.testing.assert_close(decoded_logits(model, ids, 40), full)
-    use_attention(model, "sdpa")
-    torch.testing.assert_close(model(ids).logits, plain)
+    assert_swapped_attention_decodes_as_the_full_pass(lambda model: use_string(model, 20, 4), prefill=40)
 
 
 def test_bad_options_are_one_line_errors(tmp_path, capsys):

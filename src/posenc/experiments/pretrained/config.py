@@ -1,6 +1,6 @@
 """What ``posenc extend --hf`` runs: its presets and its config, checked on construction.
 
-Rows are the zero-shot ``methods`` (scalings, ``self-extend``, ``rerope`` and ``string``) plus, with ``finetune``, the
+Rows are the zero-shot ``methods`` (scalings, ``self-extend``, ``rerope``, ``string`` and ``dca``) plus, with ``finetune``, the
 ``finetune_method`` scaling fine-tuned (``pose``: PoSE, and its control with plain ids; ``full``: full-length).
 """
 
@@ -17,8 +17,8 @@ from ...lm.corpora import parse_corpora
 from ..presets import preset_values
 
 SCALING_METHODS = ("none", "pi", "ntk", "dynamic", "yarn", "llama3", "longrope")
-TWO_POSITION_METHODS = ("self-extend", "rerope", "string")  # attention through the registry, two score sets
-HF_METHODS = SCALING_METHODS + TWO_POSITION_METHODS
+ATTENTION_METHODS = ("self-extend", "rerope", "string", "dca")  # the model's attention swapped through the registry
+HF_METHODS = SCALING_METHODS + ATTENTION_METHODS
 FINETUNE = ("none",) + tuple(m for m in MODES if m != "control")  # the control comes with pose
 
 HF_PRESETS: dict[str, dict] = {

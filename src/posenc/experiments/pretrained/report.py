@@ -56,9 +56,10 @@ def comparisons(rows: dict, control: dict, files: list[str], finetune_method: st
     pose, ctrl = f"{finetune_method}+pose", f"{finetune_method}+control"
     loss_pairs = [(name, CONTROL) for name in rows] + [
         (a, b) for a, b in [(pose, finetune_method), (pose, ctrl), ("self-extend", finetune_method),
-                            ("string", finetune_method)] if a in past and b in past]
+                            ("string", finetune_method), ("dca", finetune_method)] if a in past and b in past]
     key_pairs = [(a, b) for a, b in [(finetune_method, "none"), ("self-extend", "none"),
-                                     ("self-extend", finetune_method), (pose, ctrl), ("string", "none")]
+                                     ("self-extend", finetune_method), (pose, ctrl), ("string", "none"),
+                                     ("dca", "none")]
                  if a in found and b in found]
     family = {f"loss past: {a} − {b}": paired(past[a], past[b], files) for a, b in loss_pairs}
     family.update({f"keys found: {a} − {b}": paired(found[a], found[b], files) for a, b in key_pairs})

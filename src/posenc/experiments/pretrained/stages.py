@@ -33,13 +33,14 @@ import torch
 from ... import hf, storage
 from ...extension import retrieval
 from ...extension.adapt import AdaptConfig, adapt
+from ...extension.dual_chunk import default_sizes, use_dual_chunk
 from ...extension.longrope import default_max_factor, longrope_parameters, seed_candidates
 from ...extension.search import Candidate, SearchConfig, search
 from ...extension.self_extend import smallest_group, use_attention, use_self_extend
 from ...extension.shifted import farthest_distance as string_farthest, smallest_shift, use_string
 from ...lm.runtime import Runtime, provenance
 from . import report
-from .config import TWO_POSITION_METHODS, PretrainedConfig
+from .config import ATTENTION_METHODS, PretrainedConfig
 from .measure import (TRAIN_BYTES, binned, corpus_of, load_model, long_documents, method_parameters, position_losses,
                       prefill, read_text_tokens, sliding_losses)
 
@@ -47,11 +48,11 @@ LENGTH_DEPENDENT = ("dynamic", "longrope")  # frequencies change with the length
 
 
 def plan_rows(config: PretrainedConfig) -> dict[str, dict]:
-    """{row name: {"method": scaling method, "attention": "sdpa" | "self-extend" | "rerope" | "string",
+    """{row name: {"method": scaling method, "attention": "sdpa" or one of ``ATTENTION_METHODS``,
     "finetune": mode}}."""
     rows = {}
     for method in config.methods:
-        extend = method in TWO_POSITION_METHODS
+        extend = method in ATTENTION_METHODS
         rows[method] = {"method": "none" if extend else method, "attention": method if extend else "sdpa",
                         "finetune": None}
     modes = {"none": (), "pose": ("pose", "control"), "full": ("full",)}[config.finetune]
@@ -123,7 +124,8 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
     corpus = corpus_of(config.text, config.corpus).fingerprint
     results = report.collect(config, model, original, factor, group, corpus, test, dev, measured, control,
                              in_context, tuned, stages)
-    results.update(string_shift=shift, device=runtime.label, processes=runtime.world_size,
+    results.update(string_shift=shift, dca=dict(zip(("chunk_size", "local"), default_sizes(original)))
+                   if "dca" in rows else None, device=runtime.label, processes=runtime.world_size,
                    peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
                    provenance=provenance())
     report.write_all(results, out)
@@ -173,6 +175,8 @@ def _measure_all(model, tokens, rows, parameters, own, pristine, group, shift, t
             use_attention(model, "sdpa")
         elif row["attention"] == "string":
             use_string(model, shift, config.string_local)
+        elif row["attention"] == "dca":
+            use_dual_chunk(model, *default_sizes(original))
         else:
             use_self_extend(model, config.self_extend_window, group if row["attention"] == "self-extend" else None)
         whole = row["method"] in LENGTH_DEPENDENT

@@ -1,0 +1,89 @@
+"""Dual Chunk Attention: its three position maps (intra, successive, inter chunk) by a float64 loop, through
+posenc's RoPE and through a transformers model's attention registry, the piecewise kernel's blocks and empty rows,
+KV-cache decoding, and bad options."""
+
+import pytest
+import torch
+
+from posenc import attention, build
+from posenc.encodings.rotary import apply_rope
+from posenc.extension.dual_chunk import (_rotated_attention, chunk_positions, default_sizes, dual_chunk_attention,
+                                         use_dual_chunk)
+from posenc.kernels.piecewise import piecewise_attention
+from tests.helpers import assert_swapped_attention_decodes_as_the_full_pass, grouped_qkv
+from tests.oracles import position_map_attention_loop
+
+T, DH = 31, 8
+
+
+def qkv(heads=2, kv_heads=1):
+    return grouped_qkv(T, DH, heads, kv_heads)
+
+
+def chunk_map_loop(q, k, v, inv_freq, chunk_size, local):
+    """Keys at j mod L (L = chunk_size − local); the query at i mod L (same chunk), min(i mod L + L, chunk_size)
+    (the chunk before), chunk_size (earlier)."""
+    length = chunk_size - local
+
+    def read_at(i, j):
+        gap, place = i // length - j // length, i % length
+        return (place if gap == 0 else min(place + length, chunk_size) if gap == 1 else chunk_size), j % length
+    return position_map_attention_loop(q, k, v, inv_freq.tolist(), read_at)
+
+
+@pytest.mark.parametrize("chunk_size, local", [(10, 2), (8, 0), (12, 5)])
+def test_posenc_front_equals_the_chunk_maps(chunk_size, local):
+    q, k, v = qkv()
+    rope = build("rope", head_dim=DH)
+    expected = chunk_map_loop(q, k, v, rope.frequencies()[0].double(), chunk_size, local)
+    torch.testing.assert_close(dual_chunk_attention(q, k, v, rope, chunk_size, local), expected, rtol=1e-10,
+                               atol=1e-12)
+
+
+def test_transformers_front_with_pre_rotated_q_and_k_equals_the_chunk_maps():
+    q, k, v = qkv()
+    rope = build("rope", head_dim=DH)
+    inv_freq = rope.frequencies()[0]
+    positions = torch.arange(T)[None]
+    got, _ = _rotated_attention(None, apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v, None,
+                                inv_freq=inv_freq, chunk_size=10, local=3, scaling=DH**-0.5, position_ids=positions)
+    expected = chunk_map_loop(q, k, v, inv_freq.double(), 10, 3)
+    torch.testing.assert_close(got.transpose(1, 2), expected, rtol=1e-9, atol=1e-11)
+
+
+def test_one_chunk_is_plain_rope_attention_and_no_distance_passes_the_chunk_size():
+    q, k, v = qkv(heads=4, kv_heads=2)
+    rope = build("rope", head_dim=DH)
+    torch.testing.assert_close(dual_chunk_attention(q, k, v, rope, T + 4, 4), attention(q, k, v, rope, backend="eager"))
+    positions = torch.arange(200)[None]
+    (intra, successive, inter), keys, choice = chunk_positions(positions, positions, 40, 8)
+    stacked, pick = torch.stack((intra, successive, inter))[:, 0], choice[0, 0]  # (3, 200), (200, 200)
+    read = stacked[pick.clamp(min=0), torch.arange(200)[:, None]] - keys[0][None, :]  # the distance each pair reads
+    allowed = pick >= 0
+    assert int(read[allowed].max()) == 40 and int(read[allowed].min()) == 0
+    exact = (positions[0][:, None] - positions[0][None, :]) == read
+    early = (torch.arange(200) % 32 <= 8)[:, None]  # the first local + 1 queries of each 32-token chunk
+    assert exact[pick == 0].all() and exact[(pick == 1) & early].all()  # their chunk and the one before: exact
+    assert not exact[(pick == 1) & ~early].any() and not exact[pick == 2].any()  # clamped or at the chunk size
+
+
+def test_the_piecewise_kernel_gives_the_same_rows_in_any_block_and_zero_for_an_empty_row():
+    q, k, v = qkv()
+    choice = torch.randint(-1, 3, (T, T), generator=torch.Generator().manual_seed(3))
+    choice[5] = -1  # nothing allowed
+    queries = [q, q.flip(-1), q * 2]
+    whole = piecewise_attention(queries, k, v, choice, scale=0.3, block=T)
+    torch.testing.assert_close(piecewise_attention(queries, k, v, choice, scale=0.3, block=4), whole)
+    assert torch.all(whole[:, :, 5] == 0) and whole[:, :, 6].abs().max() > 0
+
+
+def test_in_a_transformers_model_kv_cache_decoding_equals_the_full_pass():
+    assert_swapped_attention_decodes_as_the_full_pass(lambda model: use_dual_chunk(model, 24, 4), prefill=33)
+
+
+def test_the_references_sizes_and_bad_options():
+    assert default_sizes(8192) == (6144, 512) and default_sizes(4096) == (3072, 256)
+    with pytest.raises(ValueError, match=r"dca local window \(5\) must be under half the chunk size \(10\)"):
+        dual_chunk_attention(*qkv(), build("rope", head_dim=DH), 10, 5)
+    with pytest.raises(ValueError, match="dca chunk size must be an integer >= 2, got 1"):
+        use_dual_chunk(None, 1, 0)
