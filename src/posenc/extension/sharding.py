@@ -19,6 +19,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+
 def sharded_copy(model: nn.Module, blocks: tuple[str, ...]) -> nn.Module:
     """A copy of ``model`` with each submodule whose class is named in ``blocks``, then the root, sharded."""
     if not blocks:
