@@ -135,3 +135,24 @@ def test_bad_calls_are_one_line_errors():
         posenc.build("rope", head_dim=4).at(torch.arange(7), torch.arange(7)).with_gates(log_forget)
     with pytest.raises(ValueError, match="causal only"):
         posenc.attention(q, k, v, gated(encoding, log_forget, 7), causal=False)
+    with pytest.raises(ValueError, match="forget gates, not from positions"):
+        encoding.score_bias(torch.arange(7), torch.arange(7))
+
+
+def test_the_cumulative_sum_is_float64_so_far_gates_keep_their_digits_and_float32_stays_float32():
+    encoding = fox().float()
+    steps = 100_000
+    log_forget = torch.full((1, HEADS, steps), -0.3, dtype=torch.float32)  # c reaches −30,000
+    bias = encoding.gate_bias(log_forget, 4, torch.float32)  # the last 4 queries against every key
+    assert bias.dtype == torch.float32 and bias.shape == (1, HEADS, 4, steps)
+    torch.testing.assert_close(bias[..., -1, -2], torch.full((1, HEADS), -0.3), rtol=0, atol=1e-6)  # one gate back
+    x = torch.randn(2, 5, DIM)
+    assert encoding.log_forget(x, 0).dtype == torch.float32
+
+
+def test_bad_sizes_name_the_argument():
+    for kwargs, message in [({"num_heads": 0}, "num_heads must be an integer >= 1, got 0"),
+                            ({"dim": 0}, "dim must be an integer >= 1, got 0"),
+                            ({"num_layers": 0}, "num_layers must be an integer >= 1, got 0")]:
+        with pytest.raises(ValueError, match=message):
+            posenc.build("fox", **{"dim": DIM, "num_heads": HEADS, **kwargs})

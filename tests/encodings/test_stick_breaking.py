@@ -129,3 +129,12 @@ def test_the_tiny_lm_trains_with_it_and_decodes_with_a_cache():
     with torch.no_grad():
         steps = torch.cat([model(tokens[:, t : t + 1], cache=cache) for t in range(12)], dim=1)
         torch.testing.assert_close(steps, model(tokens), rtol=1e-10, atol=1e-10)
+
+
+def test_float32_inputs_give_float32_outputs_near_the_float64_ones():
+    q, k, v = qkv()
+    enc = posenc.build("stick-breaking", attend_current=True)
+    assert "attend_current=True" in repr(enc) and enc.attend_current is True
+    got = posenc.attention(q.float(), k.float(), v.float(), enc)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), posenc.attention(q, k, v, enc), rtol=1e-5, atol=1e-5)

@@ -91,3 +91,16 @@ def test_kv_cache_decoding_keeps_the_temperature_of_each_position():
 def test_bad_specs_are_one_line_errors(spec, message):
     with pytest.raises(ValueError, match=message):
         posenc.build("none", temperature=spec)
+
+
+def test_a_zero_beta_is_no_temperature_and_the_factor_keeps_q_in_its_dtype():
+    positions = torch.arange(40)[None]
+    flat = QueryTemperature.from_dict({"kind": "llama4", "beta": 0.0, "floor": 4})
+    assert torch.equal(flat.scale(positions), torch.ones(1, 40))
+    q = torch.randn(1, 2, 40, 8, dtype=torch.bfloat16)
+    tempered = QueryTemperature("llama4", beta=0.5, floor=4).apply(q, positions)
+    assert tempered.dtype == torch.bfloat16
+    expected = q.float() * QueryTemperature("llama4", beta=0.5, floor=4).scale(positions)[:, None, :, None]
+    torch.testing.assert_close(tempered.float(), expected, rtol=1e-2, atol=1e-2)
+    with pytest.raises(ValueError, match=r"a 'kind' \(llama4, log_n\), got \{'beta': 0.1\}"):
+        posenc.build("none", temperature={"beta": 0.1})

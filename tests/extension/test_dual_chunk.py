@@ -87,3 +87,30 @@ def test_the_references_sizes_and_bad_options():
         dual_chunk_attention(*qkv(), build("rope", head_dim=DH), 10, 5)
     with pytest.raises(ValueError, match="dca chunk size must be an integer >= 2, got 1"):
         use_dual_chunk(None, 1, 0)
+
+
+def test_cache_steps_with_explicit_positions_and_a_given_scale_equal_the_full_pass():
+    q, k, v = qkv()
+    rope = build("rope", head_dim=DH)
+    full = dual_chunk_attention(q, k, v, rope, 10, 2, scale=0.2)
+    step = dual_chunk_attention(q[:, :, -3:], k, v, rope, 10, 2, q_positions=torch.arange(T - 3, T),
+                                k_positions=torch.arange(T), scale=0.2)
+    torch.testing.assert_close(step, full[:, :, -3:])
+    assert (full - dual_chunk_attention(q, k, v, rope, 10, 2)).abs().max() > 1e-3  # the scale reached the logits
+
+
+def test_sizes_are_whole_tokens_and_every_bad_option_names_itself():
+    assert default_sizes(1001) == (750, 62) and all(isinstance(n, int) for n in default_sizes(1001))
+    with pytest.raises(ValueError, match="dca local window must be an integer >= 0, got -1"):
+        dual_chunk_attention(*qkv(), build("rope", head_dim=DH), 10, -1)
+    with pytest.raises(ValueError, match=r"\(10\): a chunk holds chunk size − local tokens$"):
+        dual_chunk_attention(*qkv(), build("rope", head_dim=DH), 10, 5)
+
+
+def test_float32_queries_give_float32_outputs_near_the_float64_ones():
+    q, k, v = qkv()
+    choice = chunk_positions(torch.arange(T)[None], torch.arange(T)[None], 10, 2)[2]
+    want = piecewise_attention([q, 2 * q, 3 * q], k, v, choice, scale=0.3)
+    got = piecewise_attention([t.float() for t in (q, 2 * q, 3 * q)], k.float(), v.float(), choice, scale=0.3)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)

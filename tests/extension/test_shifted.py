@@ -84,3 +84,13 @@ def test_bad_options_are_one_line_errors(tmp_path, capsys):
                      str(tmp_path / "x"), *args]) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_cache_steps_with_explicit_positions_and_a_given_scale_equal_the_full_pass():
+    q, k, v = qkv()
+    rope = build("rope", head_dim=DH)
+    full = string_attention(q, k, v, rope, 6, 2, scale=0.2)
+    step = string_attention(q[:, :, -3:], k, v, rope, 6, 2, q_positions=torch.arange(T - 3, T),
+                            k_positions=torch.arange(T), scale=0.2)
+    torch.testing.assert_close(step, full[:, :, -3:])
+    assert (full - string_attention(q, k, v, rope, 6, 2)).abs().max() > 1e-3  # the scale reached the logits

@@ -15,7 +15,7 @@ The factor is computed in float32 (float64 for float64 queries) from the positio
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -59,7 +59,3 @@ class QueryTemperature:
     def apply(self, q: Tensor, q_pos: Tensor) -> Tensor:
         """q (B, H, Tq, Dh) scaled per query position, in q's dtype."""
         return (q * self.scale(q_pos, q.dtype)[:, None, :, None]).to(q.dtype)
-
-    def to_dict(self) -> dict:
-        fields = {"llama4": ("beta", "floor"), "log_n": ("s",)}[self.kind]
-        return {"kind": self.kind, **{name: value for name, value in asdict(self).items() if name in fields}}
