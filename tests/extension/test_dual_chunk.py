@@ -114,3 +114,30 @@ def test_float32_queries_give_float32_outputs_near_the_float64_ones():
     got = piecewise_attention([t.float() for t in (q, 2 * q, 3 * q)], k.float(), v.float(), choice, scale=0.3)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_positions_and_a_shifted_sequence_in_a_transformers_model_are_one_line_errors():
+    q, k, v = qkv()
+    rope = build("rope", head_dim=DH)
+    with pytest.raises(ValueError, match="q_positions"):
+        dual_chunk_attention(q, k, v, rope, 10, 2, q_positions=torch.arange(T + 1))
+    with pytest.raises(ValueError, match="k_positions"):
+        dual_chunk_attention(q, k, v, rope, 10, 2, k_positions=torch.arange(T - 1))
+    inv_freq = rope.frequencies()[0]
+    with pytest.raises(ValueError, match="needs each row's positions to be 0..T−1"):
+        _rotated_attention(None, q, k, v, None, inv_freq=inv_freq, chunk_size=10, local=2,
+                           position_ids=torch.arange(1, T + 1)[None])
+
+
+def test_the_transformers_front_keeps_a_padding_mask_bool_or_additive():
+    q, k, v = qkv()
+    inv_freq = build("rope", head_dim=DH).frequencies()[0]
+    allowed = torch.ones(1, 1, T, T, dtype=torch.bool).tril()
+    allowed[..., :3] = False  # three padded keys
+    allowed[..., :3, :] = True  # (their own rows are discarded by a model; keep them finite here)
+    additive = torch.zeros(allowed.shape, dtype=q.dtype).masked_fill(~allowed, torch.finfo(q.dtype).min)
+    by_bool, _ = _rotated_attention(None, q, k, v, allowed, inv_freq=inv_freq, chunk_size=10, local=2)
+    by_add, _ = _rotated_attention(None, q, k, v, additive, inv_freq=inv_freq, chunk_size=10, local=2)
+    unmasked, _ = _rotated_attention(None, q, k, v, None, inv_freq=inv_freq, chunk_size=10, local=2)
+    torch.testing.assert_close(by_bool, by_add, rtol=0, atol=0)
+    assert (by_bool[:, 5:] - unmasked[:, 5:]).abs().max() > 1e-3  # the padded keys were left out

@@ -4,9 +4,11 @@ and through a transformers model's attention registry, KV-cache decoding, the sm
 import pytest
 import torch
 
+import posenc
 from posenc import attention, build
 from posenc.cli import main
 from posenc.encodings.rotary import apply_rope
+from posenc.experiments.pretrained.measure import tiny_llama
 from posenc.extension.self_extend import _rotated_attention
 from posenc.extension.shifted import (ATTENTION_FACTOR, farthest_distance, shifted, smallest_shift, string_attention,
                                       use_string)
@@ -94,3 +96,41 @@ def test_cache_steps_with_explicit_positions_and_a_given_scale_equal_the_full_pa
                             k_positions=torch.arange(T), scale=0.2)
     torch.testing.assert_close(step, full[:, :, -3:])
     assert (full - string_attention(q, k, v, rope, 6, 2)).abs().max() > 1e-3  # the scale reached the logits
+
+
+def test_bad_positions_are_one_line_errors_naming_them():
+    q, k, v = qkv()
+    rope = build("rope", head_dim=DH)
+    with pytest.raises(ValueError, match="q_positions"):
+        string_attention(q, k, v, rope, 6, 2, q_positions=torch.arange(T + 1))
+    with pytest.raises(ValueError, match="k_positions"):
+        string_attention(q, k, v, rope, 6, 2, k_positions=torch.arange(T - 1))
+    with pytest.raises(ValueError, match="string local window must be an integer >= 0, got -1"):
+        string_attention(q, k, v, rope, 6, -1)
+
+
+def test_distances_below_the_shift_stay_exact_and_the_smallest_shift_has_a_floor():
+    assert farthest_distance(5, 6, 2) == 4 and farthest_distance(6, 6, 2) == 5 and farthest_distance(7, 6, 2) == 2
+    assert smallest_shift(100, 90, 60) == 61  # a target inside the context: just past the local window
+    with pytest.raises(ValueError, match=r"string local window \(100\) must be below the model's context \(100\)"):
+        smallest_shift(100, 200, 100)
+
+
+def test_packed_documents_under_a_mask_equal_separate_runs():
+    q, k, v = qkv()
+    rope = build("rope", head_dim=DH)
+    doc_ids = torch.tensor([0] * 8 + [1] * (T - 8))
+    positions = posenc.document_positions(doc_ids)
+    packed = string_attention(q, k, v, rope, 4, 1, q_positions=positions, k_positions=positions,
+                              mask=posenc.document_mask(doc_ids))
+    separate = torch.cat([string_attention(q[:, :, s], k[:, :, s], v[:, :, s], rope, 4, 1)
+                          for s in (slice(0, 8), slice(8, T))], dim=2)
+    torch.testing.assert_close(packed, separate)
+
+
+def test_the_registered_attention_carries_the_references_factor():
+    from transformers import AttentionInterface
+
+    name = use_string(tiny_llama(0, 32), 20, 4)
+    registered = AttentionInterface()[name]
+    assert registered.keywords["logit_factor"] == ATTENTION_FACTOR**2 and registered.keywords["window"] == 20
