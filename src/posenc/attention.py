@@ -31,18 +31,15 @@ Backends (every one agrees with ``eager``; the tests say so for every encoding):
 
 from __future__ import annotations
 
-import functools
-import os
-import warnings
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from . import checks
-from .kernels import blockwise
+from .kernels import blockwise, dispatch, offset_bias
 from .kernels.band import band_attention
 from .kernels.channels import attend_with_channels
+from .kernels.flex import flex_backend
 from .kernels.sinks import sdpa_with_sink, softmax_with_sink
 from .encodings.base import NoPE, PositionalEncoding, PositionedEncoding
 from .positions import default_positions
@@ -270,15 +267,70 @@ def _sdpa(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) ->
             key_band, value_band, value_floor = encoding.band_parts(_math_dtype(q.dtype))
             return band_attention(q, k, v, key_band, value_band, value_floor, scale=scale)
         return _eager(q, k, v, at, causal, mask, scale)
-    gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
     if not (encoding.has_relative_logits or encoding.has_bias) and plain_causal and mask is None:
+        gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, **gqa)
-    if at.channels_serve(q.dtype):
-        skip_upper = plain_causal and mask is None  # the causal fast path, and no mask at all
-        allowed = None if skip_upper else _allowed(at.q_pos, at.k_pos, causal, mask)
-        content, query_side, key_side = at.score_channel_parts(q, k, scale)
-        return attend_with_channels(content, k, v, query_side, key_side, scale=scale, is_causal=skip_upper,
-                                    allowed=allowed)
+    forms = _score_forms(q, at, causal, mask, plain_causal)
+    if len(forms) > 1:  # on CPU: the fastest here, timed once per shape bucket (``kernels.dispatch``)
+        needs_grad = _needs_grad(encoding, q, k, v)
+        key = dispatch.shape_key(type(encoding).__name__, q, k, v, causal, needs_grad)
+        stand_ins = {name: _stand_in(form, q, k, v, at, (causal, mask, scale, plain_causal), needs_grad)
+                     for name, form in forms.items()}
+        return forms[dispatch.choose(key, stand_ins)](q, k, v, at, causal, mask, scale, plain_causal)
+    return next(iter(forms.values()))(q, k, v, at, causal, mask, scale, plain_causal)
+
+
+def _score_forms(q, at: PositionedEncoding, causal, mask, plain_causal) -> dict:
+    """The forms that serve these score terms, {name: form(q, k, v, at, causal, mask, scale, plain_causal)}. On CPU
+    outside a compiled graph every one that serves, to be timed; elsewhere the one a rule picks (channels where
+    ``channels_serve`` says, else the mask)."""
+    encoding, compute = at.encoding, _math_dtype(q.dtype)
+    if q.device.type != "cpu" or torch.compiler.is_compiling():
+        return {"channels": _channel_form} if at.channels_serve(q.dtype) else {"mask": _mask_form}
+    forms = {}
+    if encoding.has_bias and not encoding.has_relative_logits and mask is None and offset_bias.serves(q) and (
+            at.offset_table(causal, compute) is not None):
+        forms["table"] = _table_form
+    if at.channels_exact(q.dtype):
+        forms["channels"] = _channel_form
+        if encoding.has_relative_logits:  # the mask form would keep (B, H, Tq, Tk) logits for the backward
+            return forms
+    return {**forms, "mask": _mask_form}
+
+
+def _stand_in(form, q, k, v, at: PositionedEncoding, arguments: tuple, needs_grad: bool):
+    """A call that runs ``form`` once on random tensors shaped as q, k and v, backward too when a gradient is
+    needed, with no gradient left on the encoding's parameters."""
+    q_, k_, v_ = (torch.randn_like(x).requires_grad_(needs_grad) for x in (q, k, v))
+    parameters = [p for p in at.encoding.parameters() if p.requires_grad] if needs_grad else []
+
+    def run():  # outside any saved-tensor hooks of the caller's (a memory count), and with its own tables
+        with torch.set_grad_enabled(needs_grad), torch.autograd.graph.saved_tensors_hooks(_same, _same):
+            out = form(q_, k_, v_, at.unmemoized(), *arguments)
+            if needs_grad:
+                torch.autograd.grad(out.sum(), [q_, k_, v_, *parameters], allow_unused=True)
+    return run
+
+
+def _same(tensor: Tensor) -> Tensor:
+    return tensor
+
+
+def _table_form(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) -> Tensor:
+    table, lowest = at.offset_table(causal, _math_dtype(q.dtype))
+    return offset_bias.offset_bias_attention(q, k, v, table, lowest, scale=scale, causal=causal)
+
+
+def _channel_form(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) -> Tensor:
+    skip_upper = plain_causal and mask is None  # the causal fast path, and no mask at all
+    allowed = None if skip_upper else _allowed(at.q_pos, at.k_pos, causal, mask)
+    content, query_side, key_side = at.score_channel_parts(q, k, scale)
+    return attend_with_channels(content, k, v, query_side, key_side, scale=scale, is_causal=skip_upper,
+                                allowed=allowed)
+
+
+def _mask_form(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) -> Tensor:
+    encoding = at.encoding
     if encoding.has_relative_logits:
         allowed = _allowed(at.q_pos, at.k_pos, causal, mask)
         compute = _math_dtype(q.dtype)  # content-position terms, like biases, never run in bf16
@@ -297,6 +349,7 @@ def _sdpa(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) ->
         return blockwise.blockwise_attention(q, k, v, attn_mask, scale=scale, causal=plain_causal)
     if attn_mask is not None and attn_mask.is_floating_point():
         attn_mask = attn_mask.to(q.dtype)
+    gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale, **gqa)
 
 
@@ -329,69 +382,4 @@ def _static_mask(at: PositionedEncoding, causal: bool, dtype: torch.dtype, mask:
     return _masked(at.score_bias(_math_dtype(dtype)), allowed).to(dtype)
 
 
-def _flex(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) -> Tensor:
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-    encoding, q_pos, k_pos = at.encoding, at.q_pos, at.k_pos
-    batch, heads, q_len, _ = q.shape
-    k_len = k.shape[2]
-    q_pos, k_pos = q_pos.expand(batch, q_len), k_pos.expand(batch, k_len)
-    score_mod = None
-    if encoding.has_bias and encoding.bias_from_offset:
-        lowest, table = at.memo(("flex_table", q.dtype), lambda: _offset_table(at, heads, q.dtype))
-
-        def score_mod(score, b, h, q_idx, kv_idx):
-            return score + table[h, q_pos[b, q_idx] - k_pos[b, kv_idx] - lowest]
-    elif encoding.has_bias:  # the bias reads query positions too: look the dense one up per pair
-        dense = at.score_bias(_math_dtype(q.dtype)).to(q.dtype).expand(batch, heads, q_len, k_len)
-
-        def score_mod(score, b, h, q_idx, kv_idx):
-            return score + dense[b, h, q_idx, kv_idx]
-
-    block_mask = None
-    if causal or mask is not None:
-        full_mask = None if mask is None else mask.expand(batch, heads, q_len, k_len)
-
-        def mask_mod(b, h, q_idx, kv_idx):
-            keep = k_pos[b, kv_idx] <= q_pos[b, q_idx] if causal else q_idx >= 0
-            return keep if full_mask is None else keep & full_mask[b, h, q_idx, kv_idx]
-
-        mask_heads = None if mask is None or mask.shape[1] == 1 else heads
-        build = functools.partial(create_block_mask, mask_mod, batch, mask_heads, q_len, k_len, device=q.device)
-        block_mask = build() if mask is not None else at.memo(("flex_block_mask", causal, batch), build)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
-        kernel = _compiled_flex() if _flex_compiles(q) else flex_attention
-        return kernel(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
-                      enable_gqa=k.shape[1] != q.shape[1])
-
-
-def _offset_table(at: PositionedEncoding, heads: int, dtype: torch.dtype) -> tuple[int, Tensor]:
-    """The bias depends only on (head, offset): (lowest offset, (H, N) table over every offset in range),
-    N <= Tq + Tk - 1 for contiguous positions, looked up per pair by the score_mod."""
-    lowest = int(at.q_pos.min() - at.k_pos.max())
-    offsets = torch.arange(lowest, int(at.q_pos.max() - at.k_pos.min()) + 1, device=at.q_pos.device)  # (N,)
-    heads_index = torch.arange(heads, device=at.q_pos.device)[:, None]  # (H, 1)
-    # The table is in q's dtype: with bf16 inputs, torch 2.13's compiled CPU kernel
-    # mis-computed a float32 table added to the score and cast back (errors ~2.5).
-    return lowest, at.encoding.bias_at(offsets[None, :], heads_index, _math_dtype(dtype)).to(dtype)  # (H, N)
-
-
-def _flex_compiles(q: Tensor) -> bool:
-    """POSENC_FLEX_COMPILE: "1" always compile, "0" never, unset/"auto": compile on CUDA only.
-
-    On CPU a compile costs ~20 s per new shape (e.g. per KV-cache step), while the
-    uncompiled form gives the same numbers; auto never picks flex on CPU anyway.
-    """
-    setting = os.environ.get("POSENC_FLEX_COMPILE", "auto")
-    return setting == "1" or (setting == "auto" and q.is_cuda)
-
-
-@functools.cache
-def _compiled_flex():
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return torch.compile(flex_attention, dynamic=False)
-
-
-_BACKENDS = {"eager": _eager, "sdpa": _sdpa, "flex": _flex}
+_BACKENDS = {"eager": _eager, "sdpa": _sdpa, "flex": flex_backend}

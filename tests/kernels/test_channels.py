@@ -12,7 +12,7 @@ from posenc.encodings.alibi import ALiBi
 from posenc.encodings.base import channels_from_keys
 from posenc.encodings.relative import TransformerXL
 from posenc.encodings.sandwich import Sandwich
-from posenc.kernels import blockwise
+from posenc.kernels import blockwise, dispatch
 from posenc.kernels import channels as channels_module
 from posenc.verify import tolerance
 from tests.oracles import naive_attention
@@ -36,7 +36,9 @@ def channels(monkeypatch):
 @pytest.fixture
 def spy(monkeypatch):
     """Records the keyword arguments of every channel-form call: SDPA on widened q, k and padded v, or (more
-    channels than v is wide, on CPU) the blockwise kernel with the channels apart."""
+    channels than v is wide, on CPU) the blockwise kernel with the channels apart. The channel form is forced
+    where it serves (it would be timed against the others)."""
+    monkeypatch.setenv(dispatch.FORCE_VARIABLE, "channels")
     calls = []
 
     def recorder(original, with_channels_only):

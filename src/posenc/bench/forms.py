@@ -1,5 +1,7 @@
-"""Score terms as a bias vs as extra q/k channels, per length: the measurements behind the
-key counts from which ``attention()`` takes the channel form on CPU (``cpu_channels_from_keys``).
+"""Score terms in each form ``attention()`` can run them in on CPU, per length: the bias as a table of offsets
+inside ``kernels.offset_bias``, as a mask (SDPA, or the blockwise kernel), or as extra q/k channels. On CPU
+``kernels.dispatch`` times the forms that serve a call at first use and runs the fastest; this table shows the
+same race at the training step's shapes.
 
 Forward and backward of one attention call with B·T = 4096 tokens (the training step's
 budget), 4 heads of width 32 as in the default model; every form is timed against NoPE
@@ -12,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..encodings import build_for_model
-from ..kernels import blockwise
+from ..kernels import blockwise, offset_bias
 from ..kernels.channels import attend_with_channels
 from .timing import round_robin
 
@@ -35,6 +37,11 @@ def _channel_form(at, q, k, v, scale):
     return attend_with_channels(content, k, v, query_side, key_side, scale=scale, is_causal=True)
 
 
+def _table_form(at, q, k, v, scale):
+    table, lowest = at.offset_table(True, q.dtype)
+    return offset_bias.offset_bias_attention(q, k, v, table, lowest, scale=scale, causal=True)
+
+
 def bench_score_forms(device: str = "cpu", lengths=(64, 256, 512, 1024, 2048), rounds: int = 7) -> list[dict]:
     """Rows {encoding, form, length, batch, ms, ratio (to NoPE causal), ratio_low, ratio_high}."""
     device = torch.device(device)
@@ -45,11 +52,14 @@ def bench_score_forms(device: str = "cpu", lengths=(64, 256, 512, 1024, 2048), r
         q, k, v = (torch.randn(batch, HEADS, length, HEAD_DIM, device=device, requires_grad=True) for _ in range(3))
         positions = torch.arange(length, device=device)[None]
         contenders = {"none (causal)": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)}
-        for name in ("alibi", "sandwich", "transformer_xl"):
+        for name in ("alibi", "sandwich", "kerple", "t5", "transformer_xl"):
             enc = build_for_model(name, sizes={"head_dim": HEAD_DIM, "num_heads": HEADS}).to(device)
-            at = enc.at(positions, positions, contiguous=True)
-            contenders[f"{name} bias"] = lambda at=at: _bias_form(at, q, k, v, scale)
-            contenders[f"{name} channels"] = lambda at=at: _channel_form(at, q, k, v, scale)
+            at = lambda enc=enc: enc.at(positions, positions, contiguous=True)  # noqa: E731 - fresh tables per call
+            if enc.has_bias and offset_bias.serves(q):
+                contenders[f"{name} table"] = lambda at=at: _table_form(at(), q, k, v, scale)
+            contenders[f"{name} bias"] = lambda at=at: _bias_form(at(), q, k, v, scale)
+            if enc.has_score_channels:
+                contenders[f"{name} channels"] = lambda at=at: _channel_form(at(), q, k, v, scale)
         timed = round_robin({name: (lambda fn=fn: fn().sum().backward()) for name, fn in contenders.items()},
                             baseline="none (causal)", rounds=rounds, device=device, label=f"score forms T={length}")
         rows += [{"encoding": name.split()[0], "form": name.split(maxsplit=1)[1], "length": length, "batch": batch,

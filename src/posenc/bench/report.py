@@ -16,12 +16,14 @@ TABLES = {
         ("ms", lambda r: f"{r['ms']:.2f}"), ("time / eager (quartiles)", _ratio)]),
     "training": ("training-step time / NoPE", [
         ("encoding", lambda r: r["encoding"]), ("L", lambda r: str(r["length"])), ("B", lambda r: str(r["batch"])),
-        ("compiled", lambda r: "yes" if r["compiled"] else "no"), ("ms", lambda r: f"{r['ms']:.1f}"),
+        ("compiled", lambda r: "yes" if r["compiled"] else "no"), ("form", lambda r: r.get("form", "—")),
+        ("ms", lambda r: f"{r['ms']:.1f}"),
         ("time / NoPE (quartiles)", _ratio)]),
     "rope": ("RoPE apply on q and k / copy_ of the same bytes", [
         ("contender", lambda r: r["contender"]), ("shape", lambda r: "×".join(map(str, r["shape"]))),
         ("ms", lambda r: f"{r['ms']:.2f}"), ("time / copy_ (quartiles)", _ratio)]),
-    "forms": ("score terms as a bias or as q/k channels, attention forward+backward / NoPE causal", [
+    "forms": ("score terms as a table in the kernel, a bias mask or q/k channels, attention forward+backward / NoPE "
+              "causal", [
         ("encoding", lambda r: r["encoding"]), ("form", lambda r: r["form"]), ("T", lambda r: str(r["length"])),
         ("B", lambda r: str(r["batch"])), ("ms", lambda r: f"{r['ms']:.2f}"), ("time / NoPE (quartiles)", _ratio)]),
     "memory": ("training-step activation memory / NoPE", [

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..encodings.registry import one_axis
+from ..kernels import dispatch
 from ..lm.model import LanguageModel, ModelConfig
 from .timing import round_robin
 
@@ -28,7 +29,8 @@ def _loss(model, tokens: torch.Tensor) -> torch.Tensor:
 
 def bench_training_step(device: str = "cpu", shapes=((64, 32), (512, 8)), encodings=ENCODINGS, rounds: int = 7,
                         compile: bool = False) -> list[dict]:
-    """Rows {encoding, length, batch, ms, ratio (to none), ratio_low, ratio_high} per (length, batch).
+    """Rows {encoding, length, batch, form, ms, ratio (to none), ratio_low, ratio_high} per (length, batch);
+    ``form``: what ``kernels.dispatch`` chose for its score terms at this length ("—" where nothing was chosen).
 
     With ``compile`` each model runs under ``torch.compile(fullgraph=True)``; compile time is
     spent in the warm-up calls and not counted here.
@@ -40,9 +42,10 @@ def bench_training_step(device: str = "cpu", shapes=((64, 32), (512, 8)), encodi
     with limit:
         for length, batch in shapes:
             tokens = torch.randint(0, 256, (batch, length + 1), device=device)
-            contenders = {}
+            contenders, kinds = {}, {}
             for name in encodings:
                 model = _model(name, length, device)
+                kinds[name] = type(model.encoding).__name__
                 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
                 forward = torch.compile(model, fullgraph=True) if compile else model
 
@@ -54,9 +57,16 @@ def bench_training_step(device: str = "cpu", shapes=((64, 32), (512, 8)), encodi
                 contenders[name] = step
             timed = round_robin(contenders, baseline="none", rounds=rounds, device=device, warmup=2,
                                 label=f"training L={length} B={batch}{' compiled' if compile else ''}")
-            rows += [{"encoding": name, "length": length, "batch": batch, "compiled": compile, **numbers}
-                     for name, numbers in timed.items()]
+            rows += [{"encoding": name, "length": length, "batch": batch, "compiled": compile,
+                      "form": form_chosen(kinds[name], length), **numbers} for name, numbers in timed.items()]
     return rows
+
+
+def form_chosen(kind: str, length: int) -> str:
+    """The forms ``kernels.dispatch`` chose in this process for an encoding class's training calls of this length."""
+    marks = (f"{kind} ", " train ", f" Tq={dispatch.bucket(length)} ")
+    forms = {form for key, form in dispatch.chosen().items() if all(mark in f"{key} " for mark in marks)}
+    return ", ".join(sorted(forms)) or "—"
 
 
 def saved_activation_bytes(model: torch.nn.Module, tokens: torch.Tensor) -> int:

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from .. import checks
 from ..kernels.channels import materialized, widen
+from ..kernels.offset_bias import offsets
 
 
 class PositionedEncoding:
@@ -66,6 +67,12 @@ class PositionedEncoding:
         done = PositionedEncoding(self.encoding, self.q_pos, self.k_pos, self.seq_len, self.contiguous)
         done.rotated, done._memo, done.log_forget = True, self._memo, self.log_forget
         return done
+
+    def unmemoized(self) -> PositionedEncoding:
+        """The same positions, gates and rotation with nothing built yet: a stand-in call's own tables."""
+        fresh = PositionedEncoding(self.encoding, self.q_pos, self.k_pos, self.seq_len, self.contiguous)
+        fresh.rotated, fresh.log_forget = self.rotated, self.log_forget
+        return fresh
 
     def with_gates(self, log_forget: Tensor) -> PositionedEncoding:
         """The same positions with the keys' log forget gates (B or 1, H, Tk), from which a token-gates encoding
@@ -118,6 +125,19 @@ class PositionedEncoding:
             return self.encoding.gate_bias(self.log_forget, self.q_pos.shape[-1], dtype)
         return self.memo(("bias", dtype), lambda: _finite(self.encoding, "score bias", build()))
 
+    def offset_table(self, causal: bool, dtype: torch.dtype) -> tuple[Tensor, int] | None:
+        """The score bias as (table (H, N), lowest): ``bias[h, i, j] = table[h, q_pos_i − k_pos_j − lowest]`` for the
+        pairs this call reaches (causally, the offsets ≥ 0 only), for ``kernels.offset_bias``; None where the bias is
+        no function of the offset here, or the positions are not contiguous."""
+        def build() -> tuple[Tensor, int] | None:
+            if not self.contiguous or not self.encoding.has_bias:
+                return None
+            lowest, highest = offsets(self.q_pos.shape[-1], self.k_pos.shape[-1], causal)
+            last_query = int(self.q_pos.max()) if self.q_pos.numel() else 0
+            table = self.encoding.offset_table(lowest, highest, last_query, self.q_pos.device, dtype)
+            return None if table is None else (_finite(self.encoding, "score bias", table), lowest)
+        return self.memo(("offset_table", causal, dtype), build)
+
     def relative_logits(self, q: Tensor, k: Tensor, allowed: Tensor | None, scale: float) -> Tensor:
         """The content-position term as added to the *scaled* logits q·kᵀ·scale: ``scale ·`` the encoding's
         ``relative_logits`` (Shaw, Transformer-XL), or the term itself where ``relative_logits_scaled`` is False
@@ -129,14 +149,16 @@ class PositionedEncoding:
     def relative_values(self, probs: Tensor) -> Tensor:
         return self.encoding.relative_values(probs, self.q_pos, self.k_pos)
 
+    def channels_exact(self, dtype: torch.dtype) -> bool:
+        """Whether the channel form is offered here and within verify's tolerance (``channels_exact``)."""
+        return self.memo(("channels_exact", dtype), lambda: self.encoding.has_score_channels and (
+            self.encoding.channels_exact(self.q_pos, self.k_pos, dtype, self.contiguous)))
+
     def channels_serve(self, dtype: torch.dtype) -> bool:
-        """Whether attention takes the channel form here: offered, faster on this device at this
-        many keys (``channels_from_keys``), and within verify's tolerance (``channels_exact``)."""
-        def decide() -> bool:
-            encoding = self.encoding
-            return (encoding.has_score_channels and self.k_pos.shape[-1] >= channels_from_keys(encoding, self.k_pos.device)
-                    and encoding.channels_exact(self.q_pos, self.k_pos, dtype, self.contiguous))
-        return self.memo(("channels_serve", dtype), decide)
+        """Where forms are not timed (a GPU, a compiled graph): whether attention takes the channel form, offered,
+        faster at this many keys (``channels_from_keys``) and exact."""
+        return self.channels_exact(dtype) and self.k_pos.shape[-1] >= channels_from_keys(self.encoding,
+                                                                                        self.k_pos.device)
 
     def score_channels(self, q: Tensor, k: Tensor, scale: float) -> tuple[Tensor, Tensor]:
         return self.encoding.score_channels(q, k, self.q_pos, self.k_pos, scale)
@@ -218,6 +240,15 @@ class PositionalEncoding(nn.Module):
         eager/SDPA backends and serves as a FlexAttention ``score_mod``.
         """
         raise NotImplementedError(f"{type(self).__name__} has no score bias")
+
+    def offset_table(self, lowest: int, highest: int, last_query: int, device: torch.device,
+                     dtype: torch.dtype = torch.float32) -> Tensor | None:
+        """The bias of offsets lowest..highest as an (H, N) table, for queries at positions up to ``last_query``;
+        None where the bias is not a function of (offset, head) there (token gates, FIRE past its threshold)."""
+        if not self.has_bias or not self.bias_from_offset or self.has_token_gates:
+            return None
+        offset = torch.arange(lowest, highest + 1, device=device)[None, :]
+        return self.bias_at(offset, torch.arange(self.num_heads, device=device)[:, None], dtype)
 
     def score_bias(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
         """Dense bias (B or 1, H, Tq, Tk) in ``dtype``, added to the scaled logits; positions (T,) or (B or 1, T)."""

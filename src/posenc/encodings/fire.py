@@ -12,7 +12,9 @@ with a ReLU; c (init 0.1) and L (init 512, learned as a multiplier of 512) are l
 paper's pseudo-code.
 
 The bias depends on the query's position as well as the offset, so this encoding overrides
-``score_bias`` (``bias_from_offset = False``); FlexAttention looks its dense bias up per pair.
+``score_bias`` (``bias_from_offset = False``); FlexAttention looks its dense bias up per pair. Up to the
+threshold the normaliser is ψ(L) for every query, so there the bias is a table of offsets (``offset_table``),
+which the CPU kernel with the bias inside serves.
 """
 
 from __future__ import annotations
@@ -57,6 +59,15 @@ class FIRE(PositionalEncoding):
         hidden = torch.relu(x.unsqueeze(-1) * weights[0][:, 0] + weights[1])  # (B or 1, Tq, Tk, width)
         bias = hidden @ weights[2].T + weights[3]  # (B or 1, Tq, Tk, H)
         return bias.permute(0, 3, 1, 2)  # (B or 1, H, Tq, Tk)
+
+    def offset_table(self, lowest: int, highest: int, last_query: int, device: torch.device,
+                     dtype: torch.dtype = torch.float32) -> Tensor | None:
+        """(H, N): queries below the threshold L all divide by ψ(L), so the bias there depends on the offset alone,
+        and is a query at position 0 against keys at −offset; None when a query reaches L."""
+        if last_query >= float((self.threshold.detach() * INIT_THRESHOLD).abs()):
+            return None
+        keys = -torch.arange(lowest, highest + 1, device=device)[None, :]
+        return self.score_bias(torch.zeros(1, 1, dtype=torch.long, device=device), keys, dtype)[0, :, 0, :]
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, width={self.mlp[0].out_features}"

@@ -3,10 +3,7 @@
 PyTorch's elementwise kernels run the rotation as four or more passes over half-width
 strided views (5–6× a ``copy_`` of the same bytes on the 2-core EPYC); this kernel
 walks each (batch, head, position) row once, with cos/sin from a table that stays in
-cache. It is compiled on first use by ``torch.utils.cpp_extension`` (about 30 s once;
-cached in ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``, under a name that carries a
-hash of the source, the flags and the torch version: two checkouts or versions of posenc never
-rebuild over, or load, each other's build). Where it
+cache. It is built as ``native`` builds every C++ kernel; where it
 cannot be built (no C++ compiler or ninja) or ``POSENC_CPU_KERNELS=0``, callers use the
 PyTorch form in ``rope.py``, which stays the reference the tests compare it with.
 
@@ -16,43 +13,30 @@ Shapes: B batch, H heads, T positions, Dh head width, F rotated pairs (2F <= Dh)
 from __future__ import annotations
 
 import functools
-import hashlib
-import os
-import warnings
 from pathlib import Path
 
 import torch
 from torch import Tensor
+
+from . import native
 
 SOURCE = Path(__file__).with_name("rope_cpu.cpp")
 MATH_DTYPES = (torch.float32, torch.float64)
 ACTIVATION_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
-CFLAGS = ("-O3", "-fopenmp")
-LDFLAGS = ("-fopenmp",)
+PREFIX = "posenc_rope_cpu"
 
 
 def build_name(source: bytes, torch_version: str = torch.__version__) -> str:
     """The extension's name for this source and torch: what was built decides where it is cached."""
-    digest = hashlib.sha256(b"\0".join([source, torch_version.encode(), " ".join(CFLAGS + LDFLAGS).encode()]))
-    return f"posenc_rope_cpu_{digest.hexdigest()[:16]}"
+    return native.build_name(PREFIX, source, torch_version)
 
 
 @functools.cache
 def extension():
     """The compiled module, or None where it is switched off or cannot be built (warned once)."""
-    if os.environ.get("POSENC_CPU_KERNELS", "1") == "0":
-        return None
-    try:
-        from torch.utils.cpp_extension import load
-
-        return load(name=build_name(SOURCE.read_bytes()), sources=[str(SOURCE)], extra_cflags=list(CFLAGS),
-                    extra_ldflags=list(LDFLAGS), verbose=False)
-    except Exception as error:  # noqa: BLE001 - any build failure means "use the PyTorch form"
-        warnings.warn(f"posenc: RoPE's C++ CPU kernel could not be built, using the PyTorch form ({error})",
-                      stacklevel=2)
-        return None
+    return native.load(PREFIX, SOURCE, "RoPE's C++ CPU kernel")
 
 
 def serves(x: Tensor, cos: Tensor, sin: Tensor) -> bool:

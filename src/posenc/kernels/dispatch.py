@@ -1,0 +1,133 @@
+"""Which form runs a score term on CPU, chosen by timing the forms at first use on this machine.
+
+A score bias or content-position term can run in several forms (``attention`` builds them): ``table`` (the
+bias inside ``offset_bias``'s kernel), ``channels`` (the terms as extra q/k channels) and ``mask`` (a float mask
+on SDPA or on the blockwise kernel). Which is fastest depends on the CPU (an AMD EPYC and an Intel Xeon disagree),
+the shape and whether a gradient is needed, so no threshold is written down: the first call with a new key
+(encoding, shape bucket, dtype, gradient) times every form that serves it, round-robin, forward and backward on
+random tensors of that shape, runs the fastest and remembers it, in memory and in a JSON file, ``POSENC_FORMS_CACHE``
+(default ``~/.cache/posenc/attention-forms.json``). An entry measured under another torch, CPU or kernel source is
+stale and timed again. ``POSENC_ATTENTION_FORM`` (or ``force``) makes one form run wherever it serves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+from .. import checks, storage
+from . import native
+
+FORMS = ("table", "channels", "mask")
+FORCE_VARIABLE = "POSENC_ATTENTION_FORM"
+CACHE_VARIABLE = "POSENC_FORMS_CACHE"
+ROUNDS = 3  # timed rounds after one warm-up call of each form: a few milliseconds to a second, once per key
+
+_chosen: dict[str, str] = {}  # this process's choices, by key
+_forced: list[str] = []
+
+
+def cache_path() -> Path:
+    return Path(os.environ.get(CACHE_VARIABLE) or Path.home() / ".cache" / "posenc" / "attention-forms.json")
+
+
+def fingerprint() -> str:
+    """What a timing is only valid for: torch, the CPU and the kernels' sources."""
+    sources = sorted(Path(__file__).parent.glob("*.cpp")) + [Path(__file__).with_name("blockwise.py")]
+    parts = [torch.__version__, native.cpu_identity(), *(path.read_text() for path in sources)]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def bucket(n: int) -> int:
+    """Sizes within a factor of two share a timing: the next power of two."""
+    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+def shape_key(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, needs_grad: bool) -> str:
+    """The key a choice is remembered under: q (B, H, Tq, Dh), k (B, Hkv, Tk, Dh), v (B, Hkv, Tk, Dv)."""
+    batch, heads, queries, width = q.shape
+    return (f"{name} {str(q.dtype).removeprefix('torch.')} {'causal' if causal else 'bidirectional'} "
+            f"{'train' if needs_grad else 'infer'} B·H={bucket(batch * heads)} Hkv={k.shape[1]} Tq={bucket(queries)} "
+            f"Tk={bucket(k.shape[2])} Dh={width} Dv={v.shape[-1]}")
+
+
+def forced_form() -> str | None:
+    """The form ``force`` or ``POSENC_ATTENTION_FORM`` names, if any."""
+    if _forced:
+        return _forced[-1]
+    value = os.environ.get(FORCE_VARIABLE)
+    return checks.choice(FORCE_VARIABLE, value, FORMS) if value else None
+
+
+@contextlib.contextmanager
+def force(form: str) -> Iterator[None]:
+    """Within the block, ``form`` runs wherever it serves (benchmarks, tests)."""
+    _forced.append(checks.choice("form", form, FORMS))
+    try:
+        yield
+    finally:
+        _forced.pop()
+
+
+def chosen() -> dict[str, str]:
+    """The choices made in this process: {key: form}."""
+    return dict(_chosen)
+
+
+def choose(key: str, contenders: dict[str, Callable[[], object]]) -> str:
+    """The form to run under ``key``: the only one, the forced one, the remembered one, or the fastest of a
+    timing now (then remembered). ``contenders``: {form: a call that runs it once on stand-in tensors}."""
+    if len(contenders) == 1:
+        return next(iter(contenders))
+    forced = forced_form()
+    if forced in contenders:
+        return forced
+    if _chosen.get(key) in contenders:
+        return _chosen[key]
+    stamp = fingerprint()
+    entry = _read().get(key)
+    if entry and entry.get("fingerprint") == stamp and entry.get("form") in contenders:
+        _chosen[key] = entry["form"]
+        return entry["form"]
+    ms = time_forms(contenders)
+    _chosen[key] = min(ms, key=ms.get)
+    _write(key, {"form": _chosen[key], "ms": {name: round(t, 4) for name, t in ms.items()}, "fingerprint": stamp})
+    return _chosen[key]
+
+
+def time_forms(contenders: dict[str, Callable[[], object]], rounds: int = ROUNDS) -> dict[str, float]:
+    """Median milliseconds of each form, one call of each per round, after one warm-up call of each."""
+    for run in contenders.values():
+        run()
+    samples: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(rounds):
+        for name, run in contenders.items():
+            start = time.perf_counter()
+            run()
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(times) * 1e3 for name, times in samples.items()}
+
+
+def _read() -> dict:
+    try:
+        data = storage.read_json(cache_path())
+    except (OSError, ValueError):  # absent or damaged: time again and write it anew
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write(key: str, entry: dict) -> None:
+    data = _read()
+    data[key] = entry
+    try:
+        storage.write_json(cache_path(), data)
+    except OSError:  # a read-only home keeps the choice in memory only
+        pass

@@ -1,0 +1,297 @@
+// Attention with a score bias that is a function of (head, offset) alone, on CPU, in query and key tiles with
+// an online softmax (the flash-attention scheme): the bias of a tile is read from a small per-head table
+// indexed by offset, so no (B, H, Tq, Tk) tensor exists, forward or backward, and the gradient of a learned
+// bias is summed per offset. The eager backend in attention.py is the reference it must equal.
+//
+// Shapes: B batch, H heads, Tq queries at positions q_start..q_start+Tq-1, Tk keys at 0..Tk-1, Dh and Dv head
+// widths, N table entries: the bias of query i and key j in head h is table[h][(q_start + i - j) + origin].
+// Products run on the BLAS torch links (its Fortran sgemm_/dgemm_; row-major tiles passed as their column-major
+// transposes); a torch without those symbols fails to load this kernel, and posenc then uses the PyTorch form.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+extern "C" {
+void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*, const float*, const int*,
+            const float*, const int*, const float*, float*, const int*);
+void dgemm_(const char*, const char*, const int*, const int*, const int*, const double*, const double*, const int*,
+            const double*, const int*, const double*, double*, const int*);
+}
+
+namespace {
+
+enum class TransposeType : char { NoTranspose = 'N', Transpose = 'T' };
+
+// C (m×n, column-major) = alpha·op(A)·op(B) + beta·C
+template <typename T>
+void gemm(TransposeType ta, TransposeType tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
+          const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  const char transa = static_cast<char>(ta), transb = static_cast<char>(tb);
+  const int m_ = m, n_ = n, k_ = k, lda_ = lda, ldb_ = ldb, ldc_ = ldc;
+  if constexpr (std::is_same_v<T, float>) {
+    sgemm_(&transa, &transb, &m_, &n_, &k_, &alpha, a, &lda_, b, &ldb_, &beta, c, &ldc_);
+  } else {
+    dgemm_(&transa, &transb, &m_, &n_, &k_, &alpha, a, &lda_, b, &ldb_, &beta, c, &ldc_);
+  }
+}
+constexpr int64_t QUERY_TILE = 64;
+constexpr int64_t KEY_TILE = 128;
+constexpr float FLOAT_FLOOR = -87.0f;  // exp(-87) is the smallest float exp keeps normal; masked entries are 0
+
+// exp(x) for float in a form the compiler vectorizes: x = n·ln2 + f with n rounded by the 1.5·2^23 trick,
+// ln2 split in two (Cody–Waite) so f is exact, e^f by its Taylor series to degree 7 (|f| <= ln2/2: relative
+// error below 1e-7), 2^n put into the exponent bits.
+inline float exp_of(float x) {
+  x = std::min(std::max(x, FLOAT_FLOOR), 88.0f);
+  const float shifter = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer in the low mantissa bits
+  const float shifted = x * 1.4426950408889634f + shifter;
+  const float n = shifted - shifter;
+  const float f = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.0f / 5040.0f;
+  p = p * f + 1.0f / 720.0f;
+  p = p * f + 1.0f / 120.0f;
+  p = p * f + 1.0f / 24.0f;
+  p = p * f + 1.0f / 6.0f;
+  p = p * f + 0.5f;
+  p = p * f + 1.0f;
+  p = p * f + 1.0f;
+  int32_t bits;
+  std::memcpy(&bits, &shifted, sizeof bits);
+  bits = (bits - 0x4B400000 + 127) << 23;  // the integer n sits in the low bits of shifted's mantissa
+  float power;
+  std::memcpy(&power, &bits, sizeof power);
+  return p * power;
+}
+
+inline double exp_of(double x) { return std::exp(x); }
+
+template <typename T>
+T lowest() { return -std::numeric_limits<T>::infinity(); }
+
+// A (B, H, T, D) tensor with unit stride along D: the row pointer of (b, h) and the stride between its rows.
+template <typename T>
+struct Rows {
+  T* data;
+  int64_t batch_stride, head_stride, row_stride;
+  explicit Rows(const torch::Tensor& x)
+      : data(x.data_ptr<T>()), batch_stride(x.stride(0)), head_stride(x.stride(1)), row_stride(x.stride(2)) {}
+  T* at(int64_t b, int64_t h) const { return data + b * batch_stride + h * head_stride; }
+};
+
+struct Geometry {
+  int64_t batch, heads, queries, keys, width, value_width, entries;
+  int64_t q_start, origin;
+  bool causal;
+  // keys a query tile reads: all, or those up to its last query when causal
+  int64_t key_end(int64_t q0, int64_t rows) const {
+    return causal ? std::min(keys, q_start + q0 + rows) : keys;
+  }
+  // keys of query (q0 + r) allowed in the key tile starting at k0 with `cols` keys
+  int64_t allowed(int64_t q0, int64_t r, int64_t k0, int64_t cols) const {
+    return causal ? std::max<int64_t>(0, std::min(cols, q_start + q0 + r - k0 + 1)) : cols;
+  }
+};
+
+// scores[r][c] = scale·scores[r][c] + bias, for the allowed columns of each row
+template <typename T>
+void add_bias(T* scores, int64_t rows, int64_t cols, int64_t q0, int64_t k0, const T* table_row,
+              const Geometry& g, T scale) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t valid = g.allowed(q0, r, k0, cols);
+    T* s = scores + r * KEY_TILE;
+    const T* bias = table_row + (g.q_start + q0 + r - k0) + g.origin;  // bias of column c is bias[-c]
+#pragma omp simd
+    for (int64_t c = 0; c < valid; ++c) s[c] = s[c] * scale + bias[-c];
+  }
+}
+
+template <typename T>
+void forward_tiles(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& table,
+                   torch::Tensor& out, torch::Tensor& lse, const Geometry& g, T scale) {
+  const Rows<T> Q(q), K(k), V(v), O(out);
+  const T* tables = table.data_ptr<T>();
+  T* lse_data = lse.data_ptr<T>();
+  const int64_t tiles = (g.queries + QUERY_TILE - 1) / QUERY_TILE;
+  at::parallel_for(0, g.batch * g.heads * tiles, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> scores(QUERY_TILE * KEY_TILE), acc(QUERY_TILE * g.value_width);
+    std::vector<T> row_max(QUERY_TILE), row_sum(QUERY_TILE);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t tile = task % tiles, h = (task / tiles) % g.heads, b = task / (tiles * g.heads);
+      const int64_t q0 = tile * QUERY_TILE, rows = std::min(QUERY_TILE, g.queries - q0);
+      const T* q_rows = Q.at(b, h) + q0 * Q.row_stride;
+      const T* table_row = tables + h * g.entries;
+      std::fill(row_max.begin(), row_max.end(), lowest<T>());
+      std::fill(row_sum.begin(), row_sum.end(), T(0));
+      std::fill(acc.begin(), acc.end(), T(0));
+      const int64_t key_end = g.key_end(q0, rows);
+      for (int64_t k0 = 0; k0 < key_end; k0 += KEY_TILE) {
+        const int64_t cols = std::min(KEY_TILE, key_end - k0);
+        const T* k_rows = K.at(b, h) + k0 * K.row_stride;
+        gemm(TransposeType::Transpose, TransposeType::NoTranspose, cols, rows, g.width, T(1),
+                                  k_rows, K.row_stride, q_rows, Q.row_stride, T(0), scores.data(), KEY_TILE);
+        add_bias(scores.data(), rows, cols, q0, k0, table_row, g, scale);
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t valid = g.allowed(q0, r, k0, cols);
+          T* s = scores.data() + r * KEY_TILE;
+          T tile_max = lowest<T>();
+          for (int64_t c = 0; c < valid; ++c) tile_max = std::max(tile_max, s[c]);
+          const T new_max = std::max(row_max[r], tile_max);
+          T sum = 0;
+          if (valid > 0) {
+#pragma omp simd reduction(+ : sum)
+            for (int64_t c = 0; c < valid; ++c) {
+              s[c] = exp_of(s[c] - new_max);
+              sum += s[c];
+            }
+          }
+          std::fill(s + valid, s + cols, T(0));
+          const T rescale = row_max[r] == lowest<T>() ? T(0) : exp_of(row_max[r] - new_max);
+          row_sum[r] = row_sum[r] * rescale + sum;
+          row_max[r] = new_max;
+          T* a = acc.data() + r * g.value_width;
+#pragma omp simd
+          for (int64_t d = 0; d < g.value_width; ++d) a[d] *= rescale;
+        }
+        gemm(TransposeType::NoTranspose, TransposeType::NoTranspose, g.value_width, rows, cols,
+                                  T(1), V.at(b, h) + k0 * V.row_stride, V.row_stride, scores.data(), KEY_TILE, T(1),
+                                  acc.data(), g.value_width);
+      }
+      T* o_rows = O.at(b, h) + q0 * O.row_stride;
+      T* lse_rows = lse_data + (b * g.heads + h) * g.queries + q0;
+      for (int64_t r = 0; r < rows; ++r) {
+        const bool empty = row_sum[r] == T(0);  // no allowed key: zeros, as SDPA returns
+        const T inverse = empty ? T(0) : T(1) / row_sum[r];
+        for (int64_t d = 0; d < g.value_width; ++d) o_rows[r * O.row_stride + d] = acc[r * g.value_width + d] * inverse;
+        lse_rows[r] = empty ? T(0) : row_max[r] + std::log(row_sum[r]);
+      }
+    }
+  });
+}
+
+template <typename T>
+void backward_tiles(const torch::Tensor& grad_out, const torch::Tensor& q, const torch::Tensor& k,
+                    const torch::Tensor& v, const torch::Tensor& lse, const torch::Tensor& row_terms,
+                    const torch::Tensor& table, torch::Tensor& grad_q, torch::Tensor& grad_k, torch::Tensor& grad_v,
+                    torch::Tensor& grad_table, bool want_table, const Geometry& g, T scale) {
+  const Rows<T> dO(grad_out), Q(q), K(k), V(v), dQ(grad_q), dK(grad_k), dV(grad_v);
+  const T* tables = table.data_ptr<T>();
+  const T* lse_data = lse.data_ptr<T>();
+  const T* row_term_data = row_terms.data_ptr<T>();  // (B, H, Tq): Σ_d dout·out
+  T* grad_tables = grad_table.data_ptr<T>();       // (B, H, N): each (b, h) task owns its row
+  at::parallel_for(0, g.batch * g.heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> probs(QUERY_TILE * KEY_TILE), grad_scores(QUERY_TILE * KEY_TILE);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t h = task % g.heads, b = task / g.heads;
+      const T* table_row = tables + h * g.entries;
+      T* grad_table_row = want_table ? grad_tables + task * g.entries : nullptr;
+      for (int64_t q0 = 0; q0 < g.queries; q0 += QUERY_TILE) {
+        const int64_t rows = std::min(QUERY_TILE, g.queries - q0);
+        const T* q_rows = Q.at(b, h) + q0 * Q.row_stride;
+        const T* do_rows = dO.at(b, h) + q0 * dO.row_stride;
+        const T* lse_rows = lse_data + task * g.queries + q0;
+        const T* terms = row_term_data + task * g.queries + q0;
+        const int64_t key_end = g.key_end(q0, rows);
+        for (int64_t k0 = 0; k0 < key_end; k0 += KEY_TILE) {
+          const int64_t cols = std::min(KEY_TILE, key_end - k0);
+          const T* k_rows = K.at(b, h) + k0 * K.row_stride;
+          const T* v_rows = V.at(b, h) + k0 * V.row_stride;
+          gemm(TransposeType::Transpose, TransposeType::NoTranspose, cols, rows, g.width, T(1),
+                                    k_rows, K.row_stride, q_rows, Q.row_stride, T(0), probs.data(), KEY_TILE);
+          add_bias(probs.data(), rows, cols, q0, k0, table_row, g, scale);
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t valid = g.allowed(q0, r, k0, cols);
+            T* p = probs.data() + r * KEY_TILE;
+            const T shift = lse_rows[r];
+#pragma omp simd
+            for (int64_t c = 0; c < valid; ++c) p[c] = exp_of(p[c] - shift);
+            std::fill(p + valid, p + cols, T(0));
+          }
+          // dV_tile += Pᵀ·dO
+          gemm(TransposeType::NoTranspose, TransposeType::Transpose, g.value_width, cols, rows,
+                                    T(1), do_rows, dO.row_stride, probs.data(), KEY_TILE, T(1),
+                                    dV.at(b, h) + k0 * dV.row_stride, dV.row_stride);
+          // dP = dO·Vᵀ, then dS = P ⊙ (dP − rowterm)
+          gemm(TransposeType::Transpose, TransposeType::NoTranspose, cols, rows, g.value_width,
+                                    T(1), v_rows, V.row_stride, do_rows, dO.row_stride, T(0), grad_scores.data(),
+                                    KEY_TILE);
+          for (int64_t r = 0; r < rows; ++r) {
+            const T* p = probs.data() + r * KEY_TILE;
+            T* ds = grad_scores.data() + r * KEY_TILE;
+            const T term = terms[r];
+#pragma omp simd
+            for (int64_t c = 0; c < cols; ++c) ds[c] = p[c] * (ds[c] - term);
+            if (want_table) {
+              T* bias_grad = grad_table_row + (g.q_start + q0 + r - k0) + g.origin;
+              const int64_t valid = g.allowed(q0, r, k0, cols);
+              for (int64_t c = 0; c < valid; ++c) bias_grad[-c] += ds[c];
+            }
+          }
+          // dQ_tile += scale·dS·K,  dK_tile += scale·dSᵀ·Q
+          gemm(TransposeType::NoTranspose, TransposeType::NoTranspose, g.width, rows, cols, scale,
+                                    k_rows, K.row_stride, grad_scores.data(), KEY_TILE, T(1),
+                                    dQ.at(b, h) + q0 * dQ.row_stride, dQ.row_stride);
+          gemm(TransposeType::NoTranspose, TransposeType::Transpose, g.width, cols, rows, scale,
+                                    q_rows, Q.row_stride, grad_scores.data(), KEY_TILE, T(1),
+                                    dK.at(b, h) + k0 * dK.row_stride, dK.row_stride);
+        }
+      }
+    }
+  });
+}
+
+Geometry geometry(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& table,
+                  int64_t q_start, int64_t origin, bool causal) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "offset_bias_attention: q, k, v must be 4-D");
+  TORCH_CHECK(k.size(1) == q.size(1) && v.size(1) == q.size(1), "offset_bias_attention: q, k, v need equal heads");
+  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "offset_bias_attention: unit stride along D");
+  TORCH_CHECK(table.dim() == 2 && table.size(0) == q.size(1) && table.is_contiguous(),
+              "offset_bias_attention: table must be contiguous (H, N)");
+  Geometry g{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), v.size(3), table.size(1), q_start, origin, causal};
+  // every offset a pair reaches must index the table
+  const int64_t low = causal ? 0 : q_start - (g.keys - 1), high = q_start + g.queries - 1;
+  TORCH_CHECK(g.queries == 0 || g.keys == 0 || (low + origin >= 0 && high + origin < g.entries),
+              "offset_bias_attention: the table does not cover offsets ", low, "..", high);
+  return g;
+}
+
+}  // namespace
+
+// Returns (out (B, H, Tq, Dv) laid out token-major, lse (B, H, Tq)), in q's dtype.
+std::vector<torch::Tensor> offset_bias_forward(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor table,
+                                               int64_t q_start, int64_t origin, bool causal, double scale) {
+  const Geometry g = geometry(q, k, v, table, q_start, origin, causal);
+  auto out = torch::empty({g.batch, g.queries, g.heads, g.value_width}, q.options()).transpose(1, 2);
+  auto lse = torch::empty({g.batch, g.heads, g.queries}, q.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "offset_bias_forward", [&] {
+    forward_tiles<scalar_t>(q, k, v, table, out, lse, g, static_cast<scalar_t>(scale));
+  });
+  return {out, lse};
+}
+
+// Returns (dq, dk, dv, dtable (B, H, N), zeros when not wanted). row_terms: (B, H, Tq) contiguous.
+std::vector<torch::Tensor> offset_bias_backward(torch::Tensor grad_out, torch::Tensor q, torch::Tensor k,
+                                                torch::Tensor v, torch::Tensor lse, torch::Tensor row_terms,
+                                                torch::Tensor table, int64_t q_start, int64_t origin, bool causal,
+                                                double scale, bool want_table) {
+  const Geometry g = geometry(q, k, v, table, q_start, origin, causal);
+  TORCH_CHECK(grad_out.stride(3) == 1 && lse.is_contiguous() && row_terms.is_contiguous(),
+              "offset_bias_backward: layouts");
+  auto grad_q = torch::zeros_like(q), grad_k = torch::zeros_like(k), grad_v = torch::zeros_like(v);
+  auto grad_table = torch::zeros({want_table ? g.batch : 1, g.heads, g.entries}, table.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "offset_bias_backward", [&] {
+    backward_tiles<scalar_t>(grad_out, q, k, v, lse, row_terms, table, grad_q, grad_k, grad_v, grad_table,
+                             want_table, g, static_cast<scalar_t>(scale));
+  });
+  return {grad_q, grad_k, grad_v, grad_table};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("offset_bias_forward", &offset_bias_forward, "attention with a (head, offset) bias table: out, lse");
+  m.def("offset_bias_backward", &offset_bias_backward, "its backward: dq, dk, dv, per-batch dtable");
+}

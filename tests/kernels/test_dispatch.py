@@ -1,0 +1,133 @@
+"""The form a score term runs in on CPU is timed at first use, remembered in memory and on disk, timed again when
+the disk entry is stale or the shape new, and can be forced."""
+
+import json
+
+import pytest
+import torch
+
+import posenc
+from posenc.kernels import dispatch
+
+
+@pytest.fixture
+def fresh(tmp_path, monkeypatch):
+    """An empty cache file and no choice made yet in this process."""
+    path = tmp_path / "forms.json"
+    monkeypatch.setenv(dispatch.CACHE_VARIABLE, str(path))
+    monkeypatch.delenv(dispatch.FORCE_VARIABLE, raising=False)
+    monkeypatch.setattr(dispatch, "_chosen", {})
+    return path
+
+
+def counted(delays: dict[str, float]):
+    """Contenders that count their calls; each 'runs' for its given number of milliseconds (by the clock)."""
+    calls = {name: 0 for name in delays}
+    clock = {"now": 0.0}
+
+    def contender(name):
+        def run():
+            calls[name] += 1
+            clock["now"] += delays[name] / 1e3
+        return run
+
+    return {name: contender(name) for name in delays}, calls, clock
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """time.perf_counter driven by the contenders, so the fastest is known."""
+    state = {"now": 0.0}
+    monkeypatch.setattr(dispatch.time, "perf_counter", lambda: state["now"])
+    return state
+
+
+def make(clock, delays):
+    contenders, calls, own = counted(delays)
+
+    def ticking(run):
+        def timed():
+            before = own["now"]
+            run()
+            clock["now"] += own["now"] - before
+        return timed
+
+    return {name: ticking(run) for name, run in contenders.items()}, calls
+
+
+def test_the_fastest_form_is_chosen_once_and_remembered_on_disk(fresh, clock):
+    contenders, calls = make(clock, {"table": 2.0, "mask": 5.0, "channels": 3.0})
+    assert dispatch.choose("key A", contenders) == "table"
+    assert calls == {name: 1 + dispatch.ROUNDS for name in calls}  # a warm-up call and the rounds, each
+    entry = json.loads(fresh.read_text())["key A"]
+    assert entry["form"] == "table" and entry["fingerprint"] == dispatch.fingerprint()
+    assert entry["ms"] == {"table": 2.0, "mask": 5.0, "channels": 3.0}
+    assert dispatch.choose("key A", contenders) == "table" and calls["table"] == 1 + dispatch.ROUNDS  # memory
+    dispatch._chosen.clear()  # a new process: the file answers
+    assert dispatch.choose("key A", contenders) == "table" and calls["table"] == 1 + dispatch.ROUNDS
+
+
+def test_a_new_shape_is_timed_and_kept_beside_the_others(fresh, clock):
+    dispatch.choose("key A", make(clock, {"table": 2.0, "mask": 5.0})[0])
+    contenders, calls = make(clock, {"table": 9.0, "mask": 5.0})
+    assert dispatch.choose("key B", contenders) == "mask" and calls["mask"] == 1 + dispatch.ROUNDS
+    assert {key: entry["form"] for key, entry in json.loads(fresh.read_text()).items()} == {
+        "key A": "table", "key B": "mask"}
+
+
+def test_a_stale_or_damaged_entry_is_timed_again(fresh, clock):
+    fresh.write_text(json.dumps({"key A": {"form": "mask", "ms": {}, "fingerprint": "another torch or CPU"}}))
+    contenders, calls = make(clock, {"table": 2.0, "mask": 5.0})
+    assert dispatch.choose("key A", contenders) == "table" and calls["table"] == 1 + dispatch.ROUNDS
+    assert json.loads(fresh.read_text())["key A"]["fingerprint"] == dispatch.fingerprint()
+    dispatch._chosen.clear()
+    fresh.write_text("{ half a file")
+    assert dispatch.choose("key A", contenders) == "table" and calls["table"] == 2 * (1 + dispatch.ROUNDS)
+    assert json.loads(fresh.read_text())["key A"]["form"] == "table"
+
+
+def test_a_forced_form_runs_wherever_it_serves(fresh, clock, monkeypatch):
+    contenders, calls = make(clock, {"table": 2.0, "mask": 5.0})
+    with dispatch.force("mask"):
+        assert dispatch.choose("key A", contenders) == "mask"
+    monkeypatch.setenv(dispatch.FORCE_VARIABLE, "channels")  # serves nowhere here: the timing decides
+    assert dispatch.choose("key A", contenders) == "table"
+    assert all(calls[name] > 0 for name in calls)
+    monkeypatch.setenv(dispatch.FORCE_VARIABLE, "fastest")
+    with pytest.raises(ValueError, match=r"POSENC_ATTENTION_FORM must be one of \['channels', 'mask', 'table'\]"):
+        dispatch.choose("key B", contenders)
+    with pytest.raises(ValueError, match="form must be one of"):
+        with dispatch.force("blockwise"):
+            pass
+
+
+def test_one_form_is_never_timed(fresh, clock):
+    contenders, calls = make(clock, {"mask": 5.0})
+    assert dispatch.choose("key A", contenders) == "mask" and calls == {"mask": 0} and not fresh.exists()
+
+
+def test_shapes_within_a_factor_of_two_share_a_key():
+    q = torch.empty(2, 4, 300, 32)
+    key = dispatch.shape_key("ALiBi", q, torch.empty(2, 4, 300, 32), torch.empty(2, 4, 300, 32), True, True)
+    assert key == "ALiBi float32 causal train B·H=8 Hkv=4 Tq=512 Tk=512 Dh=32 Dv=32"
+    same = dispatch.shape_key("ALiBi", torch.empty(2, 4, 400, 32), torch.empty(2, 4, 400, 32),
+                              torch.empty(2, 4, 400, 32), True, True)
+    longer = dispatch.shape_key("ALiBi", torch.empty(2, 4, 600, 32), torch.empty(2, 4, 600, 32),
+                                torch.empty(2, 4, 600, 32), True, True)
+    assert same == key and longer != key and dispatch.bucket(1) == 1 and dispatch.bucket(513) == 1024
+
+
+def test_attention_times_the_forms_of_its_first_call_per_shape(fresh):
+    """ALiBi, causal, at its own positions: the table, channel and mask forms all serve on CPU, are all timed,
+    and the result equals eager whichever wins."""
+    enc = posenc.build("alibi", num_heads=4)
+    q, k, v = (torch.randn(2, 4, 48, 16) for _ in range(3))
+    with torch.no_grad():
+        out = posenc.attention(q, k, v, enc, backend="sdpa")
+    (key, form), = dispatch.chosen().items()
+    assert key == "ALiBi float32 causal infer B·H=8 Hkv=4 Tq=64 Tk=64 Dh=16 Dv=16"
+    assert set(json.loads(fresh.read_text())[key]["ms"]) == {"table", "channels", "mask"}
+    torch.testing.assert_close(out, posenc.attention(q, k, v, enc, backend="eager"), rtol=0, atol=1e-5)
+    for name in dispatch.FORMS:
+        with dispatch.force(name):
+            torch.testing.assert_close(posenc.attention(q, k, v, enc, backend="sdpa"), out, rtol=0, atol=1e-5)
