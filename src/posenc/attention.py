@@ -274,9 +274,8 @@ def _sdpa(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) ->
     if len(forms) > 1:  # on CPU: the fastest here, timed once per shape bucket (``kernels.dispatch``)
         needs_grad = _needs_grad(encoding, q, k, v)
         key = dispatch.shape_key(type(encoding).__name__, q, k, v, causal, needs_grad)
-        stand_ins = {name: _stand_in(form, q, k, v, at, (causal, mask, scale, plain_causal), needs_grad)
-                     for name, form in forms.items()}
-        return forms[dispatch.choose(key, stand_ins)](q, k, v, at, causal, mask, scale, plain_causal)
+        stand_ins = lambda: _stand_ins(forms, q, k, v, at, (causal, mask, scale, plain_causal), needs_grad)  # noqa: E731
+        return forms[dispatch.choose(key, list(forms), stand_ins)](q, k, v, at, causal, mask, scale, plain_causal)
     return next(iter(forms.values()))(q, k, v, at, causal, mask, scale, plain_causal)
 
 
@@ -298,12 +297,15 @@ def _score_forms(q, at: PositionedEncoding, causal, mask, plain_causal) -> dict:
     return {**forms, "mask": _mask_form}
 
 
-def _stand_in(form, q, k, v, at: PositionedEncoding, arguments: tuple, needs_grad: bool):
-    """A call that runs ``form`` once on random tensors shaped as q, k and v, backward too when a gradient is
-    needed, with no gradient left on the encoding's parameters."""
+def _stand_ins(forms: dict, q, k, v, at: PositionedEncoding, arguments: tuple, needs_grad: bool) -> dict:
+    """{name: a call that runs the form once on random tensors shaped as q, k and v, backward too when a gradient
+    is needed, with no gradient left on the encoding's parameters}."""
     q_, k_, v_ = (torch.randn_like(x).requires_grad_(needs_grad) for x in (q, k, v))
     parameters = [p for p in at.encoding.parameters() if p.requires_grad] if needs_grad else []
+    return {name: _stand_in(form, q_, k_, v_, at, arguments, needs_grad, parameters) for name, form in forms.items()}
 
+
+def _stand_in(form, q_, k_, v_, at: PositionedEncoding, arguments: tuple, needs_grad: bool, parameters: list):
     def run():  # outside any saved-tensor hooks of the caller's (a memory count), and with its own tables
         with torch.set_grad_enabled(needs_grad), torch.autograd.graph.saved_tensors_hooks(_same, _same):
             out = form(q_, k_, v_, at.unmemoized(), *arguments)

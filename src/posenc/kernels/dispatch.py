@@ -82,22 +82,23 @@ def chosen() -> dict[str, str]:
     return dict(_chosen)
 
 
-def choose(key: str, contenders: dict[str, Callable[[], object]]) -> str:
-    """The form to run under ``key``: the only one, the forced one, the remembered one, or the fastest of a
-    timing now (then remembered). ``contenders``: {form: a call that runs it once on stand-in tensors}."""
-    if len(contenders) == 1:
-        return next(iter(contenders))
+def choose(key: str, forms: list[str], stand_ins: Callable[[], dict[str, Callable[[], object]]]) -> str:
+    """The form to run under ``key``, one of ``forms``: the only one, the forced one, the remembered one, or the
+    fastest of a timing now (then remembered). ``stand_ins()``: {form: a call that runs it once on stand-in
+    tensors}, made only when a timing is needed."""
+    if len(forms) == 1:
+        return forms[0]
     forced = forced_form()
-    if forced in contenders:
+    if forced in forms:
         return forced
-    if _chosen.get(key) in contenders:
+    if _chosen.get(key) in forms:
         return _chosen[key]
     stamp = fingerprint()
     entry = _read().get(key)
-    if entry and entry.get("fingerprint") == stamp and entry.get("form") in contenders:
+    if entry and entry.get("fingerprint") == stamp and entry.get("form") in forms:
         _chosen[key] = entry["form"]
         return entry["form"]
-    ms = time_forms(contenders)
+    ms = time_forms(stand_ins())
     _chosen[key] = min(ms, key=ms.get)
     _write(key, {"form": _chosen[key], "ms": {name: round(t, 4) for name, t in ms.items()}, "fingerprint": stamp})
     return _chosen[key]
