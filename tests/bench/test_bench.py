@@ -81,8 +81,10 @@ def test_cpu_model_is_read_from_proc_cpuinfo(tmp_path, monkeypatch):
 def test_score_forms_table_times_bias_and_channels_against_nope():
     rows = bench_score_forms(lengths=(16,), rounds=2)
     forms = {(r["encoding"], r["form"]) for r in rows}
-    assert forms == {("none", "(causal)"), ("alibi", "bias"), ("alibi", "channels"), ("sandwich", "bias"),
-                     ("sandwich", "channels"), ("transformer_xl", "bias"), ("transformer_xl", "channels")}
+    assert forms == {("none", "(causal)"), ("alibi", "table"), ("alibi", "bias"), ("alibi", "channels"),
+                     ("sandwich", "table"), ("sandwich", "bias"), ("sandwich", "channels"), ("kerple", "table"),
+                     ("kerple", "bias"), ("t5", "table"), ("t5", "bias"), ("transformer_xl", "bias"),
+                     ("transformer_xl", "channels")}
     assert rows[0]["ratio"] == 1.0 and all(r["batch"] == 4096 // 16 and r["ms"] > 0 for r in rows)
 
 

@@ -98,10 +98,12 @@ struct Geometry {
   }
 };
 
-// scores[r][c] = scale·scores[r][c] + bias, for the allowed columns of each row
+// scores (rows × cols, row stride KEY_TILE) = scale·q_tile·k_tileᵀ + bias, for the allowed columns of each row
 template <typename T>
-void add_bias(T* scores, int64_t rows, int64_t cols, int64_t q0, int64_t k0, const T* table_row,
-              const Geometry& g, T scale) {
+void tile_logits(T* scores, const T* q_rows, int64_t q_stride, const T* k_rows, int64_t k_stride, int64_t rows,
+                 int64_t cols, int64_t q0, int64_t k0, const T* table_row, const Geometry& g, T scale) {
+  gemm(TransposeType::Transpose, TransposeType::NoTranspose, cols, rows, g.width, T(1), k_rows, k_stride, q_rows,
+       q_stride, T(0), scores, KEY_TILE);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t valid = g.allowed(q0, r, k0, cols);
     T* s = scores + r * KEY_TILE;
@@ -133,9 +135,7 @@ void forward_tiles(const torch::Tensor& q, const torch::Tensor& k, const torch::
       for (int64_t k0 = 0; k0 < key_end; k0 += KEY_TILE) {
         const int64_t cols = std::min(KEY_TILE, key_end - k0);
         const T* k_rows = K.at(b, h) + k0 * K.row_stride;
-        gemm(TransposeType::Transpose, TransposeType::NoTranspose, cols, rows, g.width, T(1),
-                                  k_rows, K.row_stride, q_rows, Q.row_stride, T(0), scores.data(), KEY_TILE);
-        add_bias(scores.data(), rows, cols, q0, k0, table_row, g, scale);
+        tile_logits(scores.data(), q_rows, Q.row_stride, k_rows, K.row_stride, rows, cols, q0, k0, table_row, g, scale);
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t valid = g.allowed(q0, r, k0, cols);
           T* s = scores.data() + r * KEY_TILE;
@@ -201,9 +201,8 @@ void backward_tiles(const torch::Tensor& grad_out, const torch::Tensor& q, const
           const int64_t cols = std::min(KEY_TILE, key_end - k0);
           const T* k_rows = K.at(b, h) + k0 * K.row_stride;
           const T* v_rows = V.at(b, h) + k0 * V.row_stride;
-          gemm(TransposeType::Transpose, TransposeType::NoTranspose, cols, rows, g.width, T(1),
-                                    k_rows, K.row_stride, q_rows, Q.row_stride, T(0), probs.data(), KEY_TILE);
-          add_bias(probs.data(), rows, cols, q0, k0, table_row, g, scale);
+          tile_logits(probs.data(), q_rows, Q.row_stride, k_rows, K.row_stride, rows, cols, q0, k0, table_row, g,
+                      scale);
           for (int64_t r = 0; r < rows; ++r) {
             const int64_t valid = g.allowed(q0, r, k0, cols);
             T* p = probs.data() + r * KEY_TILE;
