@@ -20,9 +20,11 @@ PACKAGE = SRC / "posenc"
 # From the foundations up: each unit may import only the units before it (and itself).
 # "posenc" is the package's own __init__ (public names and __version__ over encodings and attention).
 UNITS = ("checks", "storage", "positions", "kernels", "encodings", "attention", "posenc", "lm", "extension",
-         "hf", "figures", "experiments", "publish", "verify", "bench", "cli", "__main__")
+         "hf", "figures", "experiments", "verify", "bench", "cli", "__main__")
 COMMANDS = ("extrapolate", "extend", "pretrained")
 TOP_LEVEL_MODULES_AT_MOST = 9
+#: the one experiments module above the commands: it renders their reports into the README's and docs' tables
+PUBLISHER = "posenc.experiments.published"
 
 
 def module_name(path: Path) -> str:
@@ -88,7 +90,7 @@ def violations(name: str, text: str, is_init: bool) -> list[str]:
         if theirs > mine:
             found.append(f"{where}: {unit_of(name)} may not import {unit_of(target)} (arrows point down)")
         a, b = command_of(name), command_of(target)
-        if unit_of(name) == "experiments" and a is None and b is not None:
+        if unit_of(name) == "experiments" and a is None and b is not None and name != PUBLISHER:
             found.append(f"{where}: shared experiment modules may not import a command")
         public_extrapolate = a == "extend" and target == "posenc.experiments.extrapolate"
         if a and b and a != b and not public_extrapolate:

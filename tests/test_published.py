@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from posenc.cli import main
-from posenc.publish import tables as published
+from posenc.experiments import published
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results" / "smollm2-1.5x-default.json"

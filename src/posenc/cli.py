@@ -328,7 +328,7 @@ def _add_report(commands) -> None:
 
 
 def _run_report(args) -> int:
-    from .publish import tables as published
+    from .experiments import published
 
     files = args.files or published.documented(Path.cwd())
     missing = [str(f) for f in files if not f.is_file()]

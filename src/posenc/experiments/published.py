@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Callable
 
 from .. import storage
-from ..experiments.extrapolate import report as extrapolate_report
-from ..experiments.pretrained import report as pretrained_report
-from ..experiments.tables import markdown_table
-from ..experiments.tasks import report as tasks_report
+from .extrapolate import report as extrapolate_report
+from .pretrained import report as pretrained_report
+from .tables import markdown_table
+from .tasks import report as tasks_report
 
 Rows = Callable[[dict], tuple[list[str], list[list[str]]]]
 
