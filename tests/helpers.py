@@ -81,3 +81,20 @@ def assert_swapped_attention_decodes_as_the_full_pass(switch, prefill: int) -> N
     torch.testing.assert_close(decoded_logits(model, ids, prefill), full)
     use_attention(model, "sdpa")
     torch.testing.assert_close(model(ids).logits, plain)
+
+
+def kernel_calls(monkeypatch, module, function: str, form: str) -> list[dict]:
+    """The keyword arguments of every call of ``module.function`` from attention(), with the attention form
+    that reaches it forced (``kernels.dispatch``; it would otherwise be timed against the others)."""
+    from posenc.kernels import dispatch
+
+    monkeypatch.setenv(dispatch.FORCE_VARIABLE, form)
+    calls = []
+    original = getattr(module, function)
+
+    def recording(*args, **kwargs):
+        calls.append(kwargs)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, function, recording)
+    return calls

@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
-from posenc.kernels import blockwise, dispatch
+from posenc.kernels import blockwise
 from posenc.verify import tolerance
 from tests.kernels.test_channels import CASES, assert_all_close, outputs_and_grads, tensors
-from tests.helpers import make_encoding
+from tests.helpers import kernel_calls, make_encoding
 
 
 
@@ -145,16 +145,7 @@ LEARNED = ["t5", "t5_interpolated", "kerple_log", "kerple_power", "fire", "trans
 def spy(monkeypatch):
     """Counts the calls that reach this kernel from attention(), with the mask form forced (it would be timed
     against the kernel with the bias inside, ``test_offset_bias``)."""
-    monkeypatch.setenv(dispatch.FORCE_VARIABLE, "mask")
-    calls = []
-    original = blockwise.blockwise_attention
-
-    def recording(*args, **kwargs):
-        calls.append(kwargs)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(blockwise, "blockwise_attention", recording)
-    return calls
+    return kernel_calls(monkeypatch, blockwise, "blockwise_attention", "mask")
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -14,7 +14,7 @@ import posenc
 from posenc import storage
 from posenc.kernels import dispatch, offset_bias
 from posenc.verify import tolerance
-from tests.helpers import make_encoding
+from tests.helpers import kernel_calls, make_encoding
 from tests.kernels.test_channels import CASES, assert_all_close, outputs_and_grads, tensors
 
 pytestmark = pytest.mark.skipif(offset_bias.extension() is None, reason="no C++ toolchain to build the kernel")
@@ -111,16 +111,7 @@ def test_a_table_that_misses_an_offset_is_refused():
 @pytest.fixture
 def spy(monkeypatch):
     """Counts the calls that reach this kernel from attention(), with the table form forced."""
-    monkeypatch.setenv(dispatch.FORCE_VARIABLE, "table")
-    calls = []
-    original = offset_bias.offset_bias_attention
-
-    def recording(*args, **kwargs):
-        calls.append(kwargs)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(offset_bias, "offset_bias_attention", recording)
-    return calls
+    return kernel_calls(monkeypatch, offset_bias, "offset_bias_attention", "table")
 
 
 @pytest.mark.parametrize("case", CONTIGUOUS_CASES)
