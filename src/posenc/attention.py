@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import checks
-from .kernels import blockwise, dispatch, offset_bias
+from .kernels import blockwise, dispatch, gated_counts, offset_bias
 from .kernels.band import band_attention
 from .kernels.channels import attend_with_channels
 from .kernels.flex import flex_backend
@@ -271,12 +271,11 @@ def _sdpa(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) ->
         gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, **gqa)
     forms = _score_forms(q, at, causal, mask, plain_causal)
-    if len(forms) > 1:  # on CPU: the fastest here, timed once per shape bucket (``kernels.dispatch``)
-        needs_grad = _needs_grad(encoding, q, k, v)
-        key = dispatch.shape_key(type(encoding).__name__, q, k, v, causal, needs_grad)
-        stand_ins = lambda: _stand_ins(forms, q, k, v, at, (causal, mask, scale, plain_causal), needs_grad)  # noqa: E731
-        return forms[dispatch.choose(key, list(forms), stand_ins)](q, k, v, at, causal, mask, scale, plain_causal)
-    return next(iter(forms.values()))(q, k, v, at, causal, mask, scale, plain_causal)
+    # where several serve (on CPU): the fastest here, timed once per shape bucket (``kernels.dispatch``)
+    needs_grad = _needs_grad(encoding, q, k, v)
+    key = dispatch.shape_key(type(encoding).__name__, q, k, v, causal, needs_grad)
+    stand_ins = lambda: _stand_ins(forms, q, k, v, at, (causal, mask, scale, plain_causal), needs_grad)  # noqa: E731
+    return forms[dispatch.choose(key, list(forms), stand_ins)](q, k, v, at, causal, mask, scale, plain_causal)
 
 
 def _score_forms(q, at: PositionedEncoding, causal, mask, plain_causal) -> dict:
@@ -286,6 +285,8 @@ def _score_forms(q, at: PositionedEncoding, causal, mask, plain_causal) -> dict:
     encoding, compute = at.encoding, _math_dtype(q.dtype)
     if q.device.type != "cpu" or torch.compiler.is_compiling():
         return {"channels": _channel_form} if at.channels_serve(q.dtype) else {"mask": _mask_form}
+    if encoding.has_gated_counts and causal and mask is None and at.contiguous and gated_counts.serves(q):
+        return {"counts": _counts_form}  # the mask form would keep (B, H, Tq, Tk) gates, counts and logits
     forms = {}
     if encoding.has_bias and not encoding.has_relative_logits and mask is None and offset_bias.serves(q) and (
             at.offset_table(causal, compute) is not None):
@@ -321,6 +322,11 @@ def _same(tensor: Tensor) -> Tensor:
 def _table_form(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) -> Tensor:
     table, lowest = at.offset_table(causal, _math_dtype(q.dtype))
     return offset_bias.offset_bias_attention(q, k, v, table, lowest, scale=scale, causal=causal)
+
+
+def _counts_form(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) -> Tensor:
+    return gated_counts.gated_counts_attention(q, k, v, at.counts_table(), scale=scale,
+                                               gate_scale=at.encoding.gate_scale)
 
 
 def _channel_form(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) -> Tensor:

@@ -146,6 +146,10 @@ class PositionedEncoding:
         return _finite(self.encoding, "content-position logits",
                        scale * term if self.encoding.relative_logits_scaled else term)
 
+    def counts_table(self) -> Tensor:
+        """CoPE's (P, Dh) position vectors for ``kernels.gated_counts``, checked for NaN as every term is."""
+        return _finite(self.encoding, "position table", self.encoding.embeddings)
+
     def relative_values(self, probs: Tensor) -> Tensor:
         return self.encoding.relative_values(probs, self.q_pos, self.k_pos)
 
@@ -187,6 +191,9 @@ class PositionalEncoding(nn.Module):
     #: keys from which ``score_channels`` is the faster form on CPU (see ``channels_from_keys``);
     #: ``math.inf`` where it never measured faster
     cpu_channels_from_keys: float = 0
+    #: CoPE's term (gated counts looked up in ``embeddings``, gates at ``gate_scale``), which causal attention at
+    #: the model's own positions runs inside ``kernels.gated_counts``
+    has_gated_counts = False
     #: heads this encoding was built for; None when it works with any count.
     num_heads: int | None = None
     #: the attention weights are not a softmax of the logits but the encoding's ``weights(logits, allowed)``

@@ -34,6 +34,7 @@ class CoPE(PositionalEncoding):
 
     has_relative_logits = True
     relative_logits_scaled = False
+    has_gated_counts = True
 
     def __init__(self, head_dim: int, max_positions: int = 64):
         super().__init__()
@@ -41,10 +42,15 @@ class CoPE(PositionalEncoding):
         self.max_positions = checks.positive_int("max_positions", max_positions, minimum=2)
         self.embeddings = nn.Parameter(torch.zeros(max_positions, head_dim))
 
+    @property
+    def gate_scale(self) -> float:
+        """The gates' logit scale, 1/√Dh, whatever scale attention is given."""
+        return self.head_dim**-0.5
+
     def contextual_positions(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor,
                              allowed: Tensor | None = None) -> Tensor:
         """p_ij, (B, H, Tq, Tk) in q's dtype: 0 for pairs that may not attend."""
-        gates = torch.sigmoid(q @ k.transpose(-1, -2) * self.head_dim**-0.5)  # (B, H, Tq, Tk)
+        gates = torch.sigmoid(q @ k.transpose(-1, -2) * self.gate_scale)  # (B, H, Tq, Tk)
         before = (k_pos[:, None, :] <= q_pos[:, :, None]).unsqueeze(1)  # (B or 1, 1, Tq, Tk)
         after = (k_pos[:, None, :] >= q_pos[:, :, None]).unsqueeze(1)
         if allowed is not None:

@@ -1,8 +1,9 @@
 """Which form runs a score term on CPU, chosen by timing the forms at first use on this machine.
 
 A score bias or content-position term can run in several forms (``attention`` builds them): ``table`` (the
-bias inside ``offset_bias``'s kernel), ``channels`` (the terms as extra q/k channels) and ``mask`` (a float mask
-on SDPA or on the blockwise kernel). Which is fastest depends on the CPU (an AMD EPYC and an Intel Xeon disagree),
+bias inside ``offset_bias``'s kernel), ``channels`` (the terms as extra q/k channels), ``mask`` (a float mask
+on SDPA or on the blockwise kernel) and ``counts`` (CoPE inside ``gated_counts``' kernel, the one form offered
+where it serves). Which is fastest depends on the CPU (an AMD EPYC and an Intel Xeon disagree),
 the shape and whether a gradient is needed, so no threshold is written down: the first call with a new key
 (encoding, shape bucket, dtype, gradient) times every form that serves it, round-robin, forward and backward on
 random tensors of that shape, runs the fastest and remembers it, in memory and in a JSON file, ``POSENC_FORMS_CACHE``
@@ -26,7 +27,7 @@ import torch
 from .. import checks, storage
 from . import native
 
-FORMS = ("table", "channels", "mask")
+FORMS = ("table", "channels", "mask", "counts")
 FORCE_VARIABLE = "POSENC_ATTENTION_FORM"
 CACHE_VARIABLE = "POSENC_FORMS_CACHE"
 ROUNDS = 3  # timed rounds after one warm-up call of each form: a few milliseconds to a second, once per key
@@ -87,6 +88,7 @@ def choose(key: str, forms: list[str], stand_ins: Callable[[], dict[str, Callabl
     fastest of a timing now (then remembered). ``stand_ins()``: {form: a call that runs it once on stand-in
     tensors}, made only when a timing is needed."""
     if len(forms) == 1:
+        _chosen[key] = forms[0]  # nothing to time, but ``chosen`` names what ran
         return forms[0]
     forced = forced_form()
     if forced in forms:

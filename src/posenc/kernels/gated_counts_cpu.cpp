@@ -1,0 +1,302 @@
+// CoPE attention on CPU (Golovneva et al. 2024), causal, in query tiles: the gates, their counts, the
+// interpolated position logits and the softmax of one tile live in a per-thread buffer of tile × keys, so no
+// (B, H, Tq, Tk) tensor exists, forward or backward. The eager backend in attention.py is the reference it must
+// equal (the same order of summation for the counts: from the query's own key down to the first).
+//
+// Shapes: B batch, H heads, Tq queries at positions start..start+Tq-1 (start = Tk − Tq), Tk keys at 0..Tk-1,
+// Dh head width, Dv value width, P table rows. For query i and key j ≤ start + i:
+//   s_ij = q_i·k_j,  g_ij = σ(gate_scale·s_ij),  p_ij = min(Σ_{t=j..start+i} g_it, P − 1),
+//   logit_ij = scale·s_ij + lerp(q_i·e[⌊p_ij⌋], q_i·e[⌈p_ij⌉], p_ij − ⌊p_ij⌋).
+// Products run on the BLAS torch links (its Fortran sgemm_/dgemm_; row-major tiles passed as their column-major
+// transposes).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+extern "C" {
+void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*, const float*, const int*,
+            const float*, const int*, const float*, float*, const int*);
+void dgemm_(const char*, const char*, const int*, const int*, const int*, const double*, const double*, const int*,
+            const double*, const int*, const double*, double*, const int*);
+}
+
+namespace {
+
+enum class TransposeType : char { NoTranspose = 'N', Transpose = 'T' };
+
+// C (m×n, column-major) = alpha·op(A)·op(B) + beta·C
+template <typename T>
+void gemm(TransposeType ta, TransposeType tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
+          const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  const char transa = static_cast<char>(ta), transb = static_cast<char>(tb);
+  const int m_ = m, n_ = n, k_ = k, lda_ = lda, ldb_ = ldb, ldc_ = ldc;
+  if constexpr (std::is_same_v<T, float>) {
+    sgemm_(&transa, &transb, &m_, &n_, &k_, &alpha, a, &lda_, b, &ldb_, &beta, c, &ldc_);
+  } else {
+    dgemm_(&transa, &transb, &m_, &n_, &k_, &alpha, a, &lda_, b, &ldb_, &beta, c, &ldc_);
+  }
+}
+
+constexpr int64_t QUERY_TILE = 32;
+constexpr float FLOAT_FLOOR = -87.0f;
+
+// exp(x) for float in a form the compiler vectorizes (as in offset_bias_cpu.cpp): Cody–Waite reduction by ln 2,
+// e^f to degree 7, 2^n into the exponent bits; relative error below 1e-7.
+inline float exp_of(float x) {
+  x = std::min(std::max(x, FLOAT_FLOOR), 88.0f);
+  const float shifter = 12582912.0f;
+  const float shifted = x * 1.4426950408889634f + shifter;
+  const float n = shifted - shifter;
+  const float f = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.0f / 5040.0f;
+  p = p * f + 1.0f / 720.0f;
+  p = p * f + 1.0f / 120.0f;
+  p = p * f + 1.0f / 24.0f;
+  p = p * f + 1.0f / 6.0f;
+  p = p * f + 0.5f;
+  p = p * f + 1.0f;
+  p = p * f + 1.0f;
+  int32_t bits;
+  std::memcpy(&bits, &shifted, sizeof bits);
+  bits = (bits - 0x4B400000 + 127) << 23;
+  float power;
+  std::memcpy(&power, &bits, sizeof power);
+  return p * power;
+}
+
+inline double exp_of(double x) { return std::exp(x); }
+
+// A (B, H, T, D) tensor with unit stride along D: the row pointer of (b, h) and the stride between its rows.
+template <typename T>
+struct Rows {
+  T* data;
+  int64_t batch_stride, head_stride, row_stride;
+  explicit Rows(const torch::Tensor& x)
+      : data(x.data_ptr<T>()), batch_stride(x.stride(0)), head_stride(x.stride(1)), row_stride(x.stride(2)) {}
+  T* at(int64_t b, int64_t h) const { return data + b * batch_stride + h * head_stride; }
+};
+
+struct Geometry {
+  int64_t batch, heads, queries, keys, width, value_width, positions;
+  int64_t start() const { return keys - queries; }
+  int64_t allowed(int64_t i) const { return std::min(keys, start() + i + 1); }  // keys 0..allowed-1
+  // table rows a tile can reach: counts never pass the number of keys a query sees
+  int64_t rows_used(int64_t key_end) const { return std::min(positions, key_end + 1); }
+};
+
+// One query tile's numbers, recomputed identically by forward and backward.
+template <typename T>
+struct Tile {
+  const Geometry& g;
+  T scale, gate_scale;
+  int64_t q0, rows, key_end, used;  // queries q0..q0+rows-1, keys 0..key_end-1, table rows 0..used-1
+  std::vector<T> dots, gates, counts, per_row;  // rows × key_end (dots, gates, counts), rows × used (q·e)
+
+  Tile(const Geometry& g, T scale, T gate_scale) : g(g), scale(scale), gate_scale(gate_scale) {
+    dots.resize(QUERY_TILE * g.keys);
+    gates.resize(QUERY_TILE * g.keys);
+    counts.resize(QUERY_TILE * g.keys);
+    per_row.resize(QUERY_TILE * g.positions);
+  }
+
+  // dots = q·kᵀ, per_row = q·eᵀ, then gates, counts and the logits (written over dots) of the tile
+  void logits(int64_t tile_q0, const T* q_rows, int64_t q_stride, const T* k_rows, int64_t k_stride, const T* table) {
+    q0 = tile_q0;
+    rows = std::min(QUERY_TILE, g.queries - q0);
+    key_end = g.allowed(q0 + rows - 1);
+    used = g.rows_used(key_end);
+    gemm(TransposeType::Transpose, TransposeType::NoTranspose, key_end, rows, g.width, T(1), k_rows, k_stride,
+         q_rows, q_stride, T(0), dots.data(), key_end);
+    gemm(TransposeType::Transpose, TransposeType::NoTranspose, used, rows, g.width, T(1), table, g.width, q_rows,
+         q_stride, T(0), per_row.data(), used);
+    const T last = T(g.positions - 1);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t n = g.allowed(q0 + r);
+      T* s = dots.data() + r * key_end;
+      T* gate = gates.data() + r * key_end;
+      T* count = counts.data() + r * key_end;
+      const T* e = per_row.data() + r * used;
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) gate[j] = T(1) / (T(1) + exp_of(-gate_scale * s[j]));
+      double running = 0;  // in double, as torch's cumsum accumulates a float on CPU
+      for (int64_t j = n - 1; j >= 0; --j) {
+        running += gate[j];
+        count[j] = static_cast<T>(running);
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        const T p = std::min(count[j], last);
+        const T below = std::floor(p);
+        const T lo = e[static_cast<int64_t>(below)], hi = e[static_cast<int64_t>(std::ceil(p))];
+        s[j] = s[j] * scale + lerp(lo, hi, p - below);
+      }
+    }
+  }
+
+  // torch.lerp's formula, so values agree with eager to the last bit where the arithmetic does
+  static T lerp(T lo, T hi, T w) { return w < T(0.5) ? lo + w * (hi - lo) : hi - (hi - lo) * (T(1) - w); }
+};
+
+template <typename T>
+void forward_tiles(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& table,
+                   torch::Tensor& out, torch::Tensor& lse, const Geometry& g, T scale, T gate_scale) {
+  const Rows<T> Q(q), K(k), V(v), O(out);
+  const T* table_data = table.data_ptr<T>();
+  T* lse_data = lse.data_ptr<T>();
+  const int64_t tiles = (g.queries + QUERY_TILE - 1) / QUERY_TILE;
+  at::parallel_for(0, g.batch * g.heads * tiles, 1, [&](int64_t begin, int64_t end) {
+    Tile<T> tile(g, scale, gate_scale);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t index = task % tiles, h = (task / tiles) % g.heads, b = task / (tiles * g.heads);
+      const T* q_rows = Q.at(b, h) + index * QUERY_TILE * Q.row_stride;
+      tile.logits(index * QUERY_TILE, q_rows, Q.row_stride, K.at(b, h), K.row_stride, table_data);
+      T* lse_rows = lse_data + (b * g.heads + h) * g.queries + tile.q0;
+      for (int64_t r = 0; r < tile.rows; ++r) {
+        const int64_t n = g.allowed(tile.q0 + r);
+        T* s = tile.dots.data() + r * tile.key_end;
+        T top = -std::numeric_limits<T>::infinity();
+        for (int64_t j = 0; j < n; ++j) top = std::max(top, s[j]);
+        T sum = 0;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < n; ++j) {
+          s[j] = exp_of(s[j] - top);
+          sum += s[j];
+        }
+        const T inverse = T(1) / sum;
+#pragma omp simd
+        for (int64_t j = 0; j < n; ++j) s[j] *= inverse;
+        std::fill(s + n, s + tile.key_end, T(0));
+        lse_rows[r] = top + std::log(sum);
+      }
+      gemm(TransposeType::NoTranspose, TransposeType::NoTranspose, g.value_width, tile.rows, tile.key_end, T(1),
+           V.at(b, h), V.row_stride, tile.dots.data(), tile.key_end, T(0), O.at(b, h) + tile.q0 * O.row_stride,
+           O.row_stride);
+    }
+  });
+}
+
+template <typename T>
+void backward_tiles(const torch::Tensor& grad_out, const torch::Tensor& q, const torch::Tensor& k,
+                    const torch::Tensor& v, const torch::Tensor& table, const torch::Tensor& lse,
+                    const torch::Tensor& row_terms, torch::Tensor& grad_q, torch::Tensor& grad_k, torch::Tensor& grad_v,
+                    torch::Tensor& grad_table, const Geometry& g, T scale, T gate_scale) {
+  const Rows<T> dO(grad_out), Q(q), K(k), V(v), dQ(grad_q), dK(grad_k), dV(grad_v);
+  const T* table_data = table.data_ptr<T>();
+  const T* lse_data = lse.data_ptr<T>();
+  const T* row_term_data = row_terms.data_ptr<T>();  // (B, H, Tq): Σ_d dout·out
+  T* grad_tables = grad_table.data_ptr<T>();       // (B·H, P, Dh): each (b, h) task owns its table
+  const T last = T(g.positions - 1);
+  at::parallel_for(0, g.batch * g.heads, 1, [&](int64_t begin, int64_t end) {
+    Tile<T> tile(g, scale, gate_scale);
+    std::vector<T> grad_logits(QUERY_TILE * g.keys), grad_per_row(QUERY_TILE * g.positions);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t h = task % g.heads, b = task / g.heads;
+      for (int64_t q0 = 0; q0 < g.queries; q0 += QUERY_TILE) {
+        const T* q_rows = Q.at(b, h) + q0 * Q.row_stride;
+        const T* do_rows = dO.at(b, h) + q0 * dO.row_stride;
+        tile.logits(q0, q_rows, Q.row_stride, K.at(b, h), K.row_stride, table_data);
+        const int64_t rows = tile.rows, keys = tile.key_end, used = tile.used;
+        const T* lse_rows = lse_data + task * g.queries + q0;
+        const T* terms = row_term_data + task * g.queries + q0;
+        T* probs = tile.dots.data();
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t n = g.allowed(q0 + r);
+          T* p = probs + r * keys;
+#pragma omp simd
+          for (int64_t j = 0; j < n; ++j) p[j] = exp_of(p[j] - lse_rows[r]);
+          std::fill(p + n, p + keys, T(0));
+        }
+        // dV += Pᵀ·dO; dP = dO·Vᵀ
+        gemm(TransposeType::NoTranspose, TransposeType::Transpose, g.value_width, keys, rows, T(1), do_rows,
+             dO.row_stride, probs, keys, T(1), dV.at(b, h), dV.row_stride);
+        gemm(TransposeType::Transpose, TransposeType::NoTranspose, keys, rows, g.value_width, T(1), V.at(b, h),
+             V.row_stride, do_rows, dO.row_stride, T(0), grad_logits.data(), keys);
+        std::fill(grad_per_row.begin(), grad_per_row.begin() + rows * used, T(0));
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t n = g.allowed(q0 + r);
+          const T* p = probs + r * keys;
+          const T* gate = tile.gates.data() + r * keys;
+          const T* count = tile.counts.data() + r * keys;
+          const T* e = tile.per_row.data() + r * used;
+          T* de = grad_per_row.data() + r * used;
+          T* dl = grad_logits.data() + r * keys;  // dP, then the gradient of the dots q·k
+          const T term = terms[r];
+          double carried = 0;  // Σ_{t ≤ j} ∂loss/∂p_it: the gradient of gate j (in every count p_it with t ≤ j)
+          for (int64_t j = 0; j < n; ++j) {
+            const T d_logit = p[j] * (dl[j] - term);
+            const T clamped = std::min(count[j], last);
+            const T below = std::floor(clamped), above = std::ceil(clamped), w = clamped - below;
+            const int64_t lo = static_cast<int64_t>(below), hi = static_cast<int64_t>(above);
+            de[lo] += d_logit * (T(1) - w);
+            de[hi] += d_logit * w;
+            // the clamp passes the gradient up to and including its bound, as torch's does
+            if (count[j] <= last) carried += d_logit * (e[hi] - e[lo]);
+            dl[j] = d_logit * scale + static_cast<T>(carried) * gate[j] * (T(1) - gate[j]) * gate_scale;
+          }
+          std::fill(dl + n, dl + keys, T(0));
+        }
+        // dQ = dDots·K + dE_rows·E; dK += dDotsᵀ·Q; dTable += dE_rowsᵀ·Q
+        T* dq_rows = dQ.at(b, h) + q0 * dQ.row_stride;
+        gemm(TransposeType::NoTranspose, TransposeType::NoTranspose, g.width, rows, keys, T(1), K.at(b, h),
+             K.row_stride, grad_logits.data(), keys, T(0), dq_rows, dQ.row_stride);
+        gemm(TransposeType::NoTranspose, TransposeType::NoTranspose, g.width, rows, used, T(1), table_data, g.width,
+             grad_per_row.data(), used, T(1), dq_rows, dQ.row_stride);
+        gemm(TransposeType::NoTranspose, TransposeType::Transpose, g.width, keys, rows, T(1), q_rows, Q.row_stride,
+             grad_logits.data(), keys, T(1), dK.at(b, h), dK.row_stride);
+        gemm(TransposeType::NoTranspose, TransposeType::Transpose, g.width, used, rows, T(1), q_rows, Q.row_stride,
+             grad_per_row.data(), used, T(1), grad_tables + task * g.positions * g.width, g.width);
+      }
+    }
+  });
+}
+
+Geometry geometry(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& table) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "gated_counts_attention: q, k, v must be 4-D");
+  TORCH_CHECK(k.size(1) == q.size(1) && v.size(1) == q.size(1), "gated_counts_attention: q, k, v need equal heads");
+  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "gated_counts_attention: unit stride along D");
+  TORCH_CHECK(q.size(2) <= k.size(2), "gated_counts_attention: more queries than keys");
+  TORCH_CHECK(table.dim() == 2 && table.size(1) == q.size(3) && table.size(0) >= 2 && table.is_contiguous(),
+              "gated_counts_attention: table must be contiguous (P >= 2, Dh)");
+  return Geometry{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), v.size(3), table.size(0)};
+}
+
+}  // namespace
+
+// Returns (out (B, H, Tq, Dv) laid out token-major, lse (B, H, Tq)), in q's dtype.
+std::vector<torch::Tensor> gated_counts_forward(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor table,
+                                                double scale, double gate_scale) {
+  const Geometry g = geometry(q, k, v, table);
+  auto out = torch::empty({g.batch, g.queries, g.heads, g.value_width}, q.options()).transpose(1, 2);
+  auto lse = torch::empty({g.batch, g.heads, g.queries}, q.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "gated_counts_forward", [&] {
+    forward_tiles<scalar_t>(q, k, v, table, out, lse, g, static_cast<scalar_t>(scale),
+                            static_cast<scalar_t>(gate_scale));
+  });
+  return {out, lse};
+}
+
+// Returns (dq, dk, dv, dtable (P, Dh)). row_terms: (B, H, Tq) contiguous.
+std::vector<torch::Tensor> gated_counts_backward(torch::Tensor grad_out, torch::Tensor q, torch::Tensor k,
+                                                 torch::Tensor v, torch::Tensor table, torch::Tensor lse,
+                                                 torch::Tensor row_terms, double scale, double gate_scale) {
+  const Geometry g = geometry(q, k, v, table);
+  TORCH_CHECK(grad_out.stride(3) == 1 && lse.is_contiguous() && row_terms.is_contiguous(),
+              "gated_counts_backward: layouts");
+  auto grad_q = torch::empty_like(q), grad_k = torch::zeros_like(k), grad_v = torch::zeros_like(v);
+  auto grad_table = torch::zeros({g.batch * g.heads, g.positions, g.width}, table.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "gated_counts_backward", [&] {
+    backward_tiles<scalar_t>(grad_out, q, k, v, table, lse, row_terms, grad_q, grad_k, grad_v, grad_table, g,
+                             static_cast<scalar_t>(scale), static_cast<scalar_t>(gate_scale));
+  });
+  return {grad_q, grad_k, grad_v, grad_table.sum(0)};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("gated_counts_forward", &gated_counts_forward, "CoPE attention, causal: out, lse");
+  m.def("gated_counts_backward", &gated_counts_backward, "its backward: dq, dk, dv, dtable");
+}
