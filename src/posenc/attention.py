@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import checks
-from .kernels import blockwise, dispatch, gated_counts, offset_bias
+from .kernels import blockwise, dispatch, gated_counts, offset_bias, offset_lookup, sticks
 from .kernels.band import band_attention
 from .kernels.channels import attend_with_channels
 from .kernels.flex import flex_backend
@@ -167,7 +167,8 @@ def choose_backend(backend: str, encoding: PositionalEncoding, q: Tensor, k: Ten
 
 def _refusal(backend: str, encoding: PositionalEncoding, q: Tensor, needs_grad: bool, sink: bool = False
              ) -> str | None:
-    if encoding.replaces_softmax and backend != "eager":
+    if encoding.replaces_softmax and backend != "eager" and not (
+            backend == "sdpa" and encoding.breaks_sticks and not sink and sticks.serves(q)):
         return f"its weights replace the softmax that {backend} computes; use backend='eager' (or 'auto')"
     if backend == "sdpa" and encoding.has_relative_values and (sink or not encoding.has_band_form):
         return "its value-side term is outside SDPA's softmax(QKᵀ+mask)·V; use backend='eager'"
@@ -262,6 +263,11 @@ def _resolve_positions(q, k, q_positions, k_positions, mask) -> tuple[Tensor, Te
 
 def _sdpa(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) -> Tensor:
     encoding = at.encoding
+    if encoding.replaces_softmax:  # served here only by the stick-breaking kernel, on CPU
+        k, v = _repeat_kv_heads(k, q.shape[1]), _repeat_kv_heads(v, q.shape[1])
+        if at.contiguous and mask is None:
+            return sticks.stick_breaking_attention(q, k, v, scale=scale, attend_current=encoding.attend_current)
+        return _eager(q, k, v, at, causal, mask, scale)
     if encoding.has_relative_values:  # served only with a band form (Shaw)
         if plain_causal and mask is None:
             key_band, value_band, value_floor = encoding.band_parts(_math_dtype(q.dtype))
@@ -274,7 +280,7 @@ def _sdpa(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) ->
     # where several serve (on CPU): the fastest here, timed once per shape bucket (``kernels.dispatch``)
     needs_grad = _needs_grad(encoding, q, k, v)
     key = dispatch.shape_key(type(encoding).__name__, q, k, v, causal, needs_grad)
-    stand_ins = lambda: _stand_ins(forms, q, k, v, at, (causal, mask, scale, plain_causal), needs_grad)  # noqa: E731
+    stand_ins = lambda: dispatch.stand_ins(forms, q, k, v, at, (causal, mask, scale, plain_causal), needs_grad)  # noqa: E731
     return forms[dispatch.choose(key, list(forms), stand_ins)](q, k, v, at, causal, mask, scale, plain_causal)
 
 
@@ -291,32 +297,13 @@ def _score_forms(q, at: PositionedEncoding, causal, mask, plain_causal) -> dict:
     if encoding.has_bias and not encoding.has_relative_logits and mask is None and offset_bias.serves(q) and (
             at.offset_table(causal, compute) is not None):
         forms["table"] = _table_form
+    if encoding.has_offset_lookups and causal and mask is None and at.contiguous and offset_lookup.serves(q):
+        forms["lookups"] = _lookup_form
     if at.channels_exact(q.dtype):
         forms["channels"] = _channel_form
         if encoding.has_relative_logits:  # the mask form would keep (B, H, Tq, Tk) logits for the backward
             return forms
     return {**forms, "mask": _mask_form}
-
-
-def _stand_ins(forms: dict, q, k, v, at: PositionedEncoding, arguments: tuple, needs_grad: bool) -> dict:
-    """{name: a call that runs the form once on random tensors shaped as q, k and v, backward too when a gradient
-    is needed, with no gradient left on the encoding's parameters}."""
-    q_, k_, v_ = (torch.randn_like(x).requires_grad_(needs_grad) for x in (q, k, v))
-    parameters = [p for p in at.encoding.parameters() if p.requires_grad] if needs_grad else []
-    return {name: _stand_in(form, q_, k_, v_, at, arguments, needs_grad, parameters) for name, form in forms.items()}
-
-
-def _stand_in(form, q_, k_, v_, at: PositionedEncoding, arguments: tuple, needs_grad: bool, parameters: list):
-    def run():  # outside any saved-tensor hooks of the caller's (a memory count), and with its own tables
-        with torch.set_grad_enabled(needs_grad), torch.autograd.graph.saved_tensors_hooks(_same, _same):
-            out = form(q_, k_, v_, at.unmemoized(), *arguments)
-            if needs_grad:
-                torch.autograd.grad(out.sum(), [q_, k_, v_, *parameters], allow_unused=True)
-    return run
-
-
-def _same(tensor: Tensor) -> Tensor:
-    return tensor
 
 
 def _table_form(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) -> Tensor:
@@ -327,6 +314,12 @@ def _table_form(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_caus
 def _counts_form(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) -> Tensor:
     return gated_counts.gated_counts_attention(q, k, v, at.counts_table(), scale=scale,
                                                gate_scale=at.encoding.gate_scale)
+
+
+def _lookup_form(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) -> Tensor:
+    table, content_shift, lookup_shift = at.offset_lookup_parts(k.shape[2], _math_dtype(q.dtype))  # never bf16
+    return offset_lookup.offset_lookup_attention(q, k, v, table, content_shift=content_shift,
+                                                 lookup_shift=lookup_shift, scale=scale)
 
 
 def _channel_form(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) -> Tensor:

@@ -1,6 +1,6 @@
 """Stick-breaking attention equals the paper's product formula and its reference code's log-space form in float64;
-it is causal, order-aware and exact under KV caches, packed documents and grouped heads; the backends that compute
-a softmax refuse it in one line."""
+it is causal, order-aware and exact under KV caches, packed documents and grouped heads; flex, and sdpa where its
+kernel does not serve (tests/kernels/test_sticks.py), refuse it in one line."""
 
 import pytest
 import torch
@@ -101,13 +101,18 @@ def test_gradients_equal_finite_differences():
     assert torch.autograd.gradcheck(lambda *x: posenc.attention(*x, posenc.build("stick-breaking")), (q, k, v))
 
 
-def test_softmax_backends_bidirectional_calls_and_sinks_are_refused_in_one_line():
+def test_softmax_backends_bidirectional_calls_and_sinks_are_refused_in_one_line(monkeypatch):
+    from posenc.kernels import sticks
+
     enc = posenc.build("stick-breaking")
     q, k, v = qkv()
+    with pytest.raises(ValueError, match="replace the softmax that flex computes; use backend='eager'"):
+        posenc.attention(q, k, v, enc, backend="flex")
+    monkeypatch.setattr(sticks, "serves", lambda q: False)  # a GPU, or no C++ compiler: no stick-breaking kernel
     assert choose_backend("auto", enc, q, k, v) == "eager"
-    for backend in ("sdpa", "flex"):
-        with pytest.raises(ValueError, match=f"replace the softmax that {backend} computes; use backend='eager'"):
-            posenc.attention(q, k, v, enc, backend=backend)
+    with pytest.raises(ValueError, match="replace the softmax that sdpa computes; use backend='eager'"):
+        posenc.attention(q, k, v, enc, backend="sdpa")
+    monkeypatch.undo()
     with pytest.raises(ValueError, match="causal only: it has no bidirectional form; pass causal=True"):
         posenc.attention(q, k, v, enc, causal=False)
     with pytest.raises(ValueError, match="causal only"):

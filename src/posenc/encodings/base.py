@@ -150,6 +150,14 @@ class PositionedEncoding:
         """CoPE's (P, Dh) position vectors for ``kernels.gated_counts``, checked for NaN as every term is."""
         return _finite(self.encoding, "position table", self.encoding.embeddings)
 
+    def offset_lookup_parts(self, keys: int, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+        """The encoding's (table (H, keys, Dh), content shift (H, Dh), lookup shift (H, Dh)) for
+        ``kernels.offset_lookup``, the table built once per forward."""
+        device = self.k_pos.device
+        table = self.memo(("lookup table", keys, dtype),
+                          lambda: self.encoding.offset_lookup_table(keys, dtype, device))
+        return table, *self.encoding.query_shifts(dtype)
+
     def relative_values(self, probs: Tensor) -> Tensor:
         return self.encoding.relative_values(probs, self.q_pos, self.k_pos)
 
@@ -194,11 +202,18 @@ class PositionalEncoding(nn.Module):
     #: CoPE's term (gated counts looked up in ``embeddings``, gates at ``gate_scale``), which causal attention at
     #: the model's own positions runs inside ``kernels.gated_counts``
     has_gated_counts = False
+    #: Transformer-XL's terms as two per-head query shifts and a per-head table of offsets
+    #: (``offset_lookup_parts``), which causal attention at the model's own positions runs inside
+    #: ``kernels.offset_lookup``
+    has_offset_lookups = False
     #: heads this encoding was built for; None when it works with any count.
     num_heads: int | None = None
     #: the attention weights are not a softmax of the logits but the encoding's ``weights(logits, allowed)``
-    #: (stick-breaking); only eager serves it, and only causally
+    #: (stick-breaking); eager serves it, sdpa where ``breaks_sticks`` (below), and only causally
     replaces_softmax = False
+    #: the weights are stick-breaking's (``attend_current`` says whether a query's own key breaks the stick),
+    #: which sdpa runs inside ``kernels.sticks`` on CPU
+    breaks_sticks = False
     #: no bidirectional form (stick-breaking, FoX): ``attention()`` refuses causal=False
     causal_only = False
     #: a query may attend to the key at its own position under a causal mask (stick-breaking's default: not)

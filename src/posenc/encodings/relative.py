@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from .. import checks
 from ..kernels.blockwise import ChannelBlocks, ShiftedQueries
+from .absolute import sinusoid
 from .base import PositionalEncoding
 
 
@@ -203,6 +204,7 @@ class TransformerXL(PositionalEncoding):
 
     has_relative_logits = True
     has_score_channels = True
+    has_offset_lookups = True
     #: keys from which the channel form is the faster on CPU (measured: benchmarks/README.md)
     cpu_channels_from_keys = 256
 
@@ -250,6 +252,16 @@ class TransformerXL(PositionalEncoding):
         so one attention call with no mask tensor runs it and gradients reach u, v and W_R through q'."""
         query_terms, key_terms = self._position_factors(q, q_pos, k_pos)
         return ShiftedQueries(q, self.content_bias.to(q.dtype)), query_terms, key_terms
+
+    def offset_lookup_table(self, keys: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """(H, keys, Dh): row d of head h is W_R,h r_d, the sinusoid of offset d (angles in float64)."""
+        r = sinusoid(torch.arange(keys, dtype=torch.float64, device=device), self.r_width, self.base)
+        projected = r.to(dtype) @ self.position_proj.weight.to(dtype).T  # (keys, H·Dh)
+        return projected.view(keys, self.num_heads, self.head_dim).transpose(0, 1).contiguous()
+
+    def query_shifts(self, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """(u, v), each (H, Dh): the content term u·k rides on q·k as (q + u)·k, the position terms on q + v."""
+        return self.content_bias.to(dtype), self.position_bias.to(dtype)
 
     def channels_exact(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype, contiguous: bool) -> bool:
         return True  # sums of O(1) products: no cancellation (tests: float32 and bf16 at offset 2^20)

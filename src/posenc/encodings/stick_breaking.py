@@ -13,7 +13,8 @@ break the stick, so packed documents under a document mask and KV-cache decoding
 does not attend to its own key unless ``attend_current`` (the reference code's default is not to).
 
 There is no bidirectional form (the stick is broken from the nearest earlier key backwards): ``attention()``
-refuses ``causal=False``; the softmax backends (sdpa, flex) do not serve it, and ``auto`` runs it on eager.
+refuses ``causal=False``. flex does not serve it; sdpa serves it on CPU, where ``kernels.sticks`` runs calls at
+the model's own positions with no mask (and eager the others), and ``auto`` picks sdpa there, eager elsewhere.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class StickBreaking(PositionalEncoding):
     """Stick-breaking attention weights in place of the softmax; no position doors."""
 
     replaces_softmax = True
+    breaks_sticks = True
     causal_only = True
 
     def __init__(self, attend_current: bool = False):

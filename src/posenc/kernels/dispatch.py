@@ -2,8 +2,8 @@
 
 A score bias or content-position term can run in several forms (``attention`` builds them): ``table`` (the
 bias inside ``offset_bias``'s kernel), ``channels`` (the terms as extra q/k channels), ``mask`` (a float mask
-on SDPA or on the blockwise kernel) and ``counts`` (CoPE inside ``gated_counts``' kernel, the one form offered
-where it serves). Which is fastest depends on the CPU (an AMD EPYC and an Intel Xeon disagree),
+on SDPA or on the blockwise kernel), ``counts`` (CoPE inside ``gated_counts``' kernel, the one form offered
+where it serves) and ``lookups`` (Transformer-XL's terms inside ``offset_lookup``'s kernel). Which is fastest depends on the CPU (an AMD EPYC and an Intel Xeon disagree),
 the shape and whether a gradient is needed, so no threshold is written down: the first call with a new key
 (encoding, shape bucket, dtype, gradient) times every form that serves it, round-robin, forward and backward on
 random tensors of that shape, runs the fastest and remembers it, in memory and in a JSON file, ``POSENC_FORMS_CACHE``
@@ -27,7 +27,7 @@ import torch
 from .. import checks, storage
 from . import native
 
-FORMS = ("table", "channels", "mask", "counts")
+FORMS = ("table", "channels", "mask", "counts", "lookups")
 FORCE_VARIABLE = "POSENC_ATTENTION_FORM"
 CACHE_VARIABLE = "POSENC_FORMS_CACHE"
 ROUNDS = 3  # timed rounds after one warm-up call of each form: a few milliseconds to a second, once per key
@@ -42,7 +42,8 @@ def cache_path() -> Path:
 
 def fingerprint() -> str:
     """What a timing is only valid for: torch, the CPU and the kernels' sources."""
-    sources = sorted(Path(__file__).parent.glob("*.cpp")) + [Path(__file__).with_name("blockwise.py")]
+    kernels = Path(__file__).parent
+    sources = sorted(kernels.glob("*.cpp")) + sorted(kernels.glob("*.h")) + [kernels / "blockwise.py"]
     parts = [torch.__version__, native.cpu_identity(), *(path.read_text() for path in sources)]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
@@ -104,6 +105,28 @@ def choose(key: str, forms: list[str], stand_ins: Callable[[], dict[str, Callabl
     _chosen[key] = min(ms, key=ms.get)
     _write(key, {"form": _chosen[key], "ms": {name: round(t, 4) for name, t in ms.items()}, "fingerprint": stamp})
     return _chosen[key]
+
+
+def stand_ins(forms: dict, q, k, v, at, arguments: tuple, needs_grad: bool) -> dict:
+    """{name: a call that runs ``forms[name](q, k, v, at, *arguments)`` once on random tensors shaped as q, k and v
+    (``at``: the positioned encoding), backward too when a gradient is needed, with no gradient left on the
+    encoding's parameters."""
+    q_, k_, v_ = (torch.randn_like(x).requires_grad_(needs_grad) for x in (q, k, v))
+    parameters = [p for p in at.encoding.parameters() if p.requires_grad] if needs_grad else []
+    return {name: _stand_in(form, q_, k_, v_, at, arguments, needs_grad, parameters) for name, form in forms.items()}
+
+
+def _stand_in(form, q_, k_, v_, at, arguments: tuple, needs_grad: bool, parameters: list):
+    def run():  # outside any saved-tensor hooks of the caller's (a memory count), and with its own tables
+        with torch.set_grad_enabled(needs_grad), torch.autograd.graph.saved_tensors_hooks(_same, _same):
+            out = form(q_, k_, v_, at.unmemoized(), *arguments)
+            if needs_grad:
+                torch.autograd.grad(out.sum(), [q_, k_, v_, *parameters], allow_unused=True)
+    return run
+
+
+def _same(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
 
 
 def time_forms(contenders: dict[str, Callable[[], object]], rounds: int = ROUNDS) -> dict[str, float]:

@@ -7,10 +7,11 @@
 // Dh head width, Dv value width, P table rows. For query i and key j ≤ start + i:
 //   s_ij = q_i·k_j,  g_ij = σ(gate_scale·s_ij),  p_ij = min(Σ_{t=j..start+i} g_it, P − 1),
 //   logit_ij = scale·s_ij + lerp(q_i·e[⌊p_ij⌋], q_i·e[⌈p_ij⌉], p_ij − ⌊p_ij⌋).
-// Products run on the BLAS torch links (its Fortran sgemm_/dgemm_; row-major tiles passed as their column-major
-// transposes).
+// Products run on the BLAS torch links (cpu_tiles.h).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+
+#include "cpu_tiles.h"
 
 #include <algorithm>
 #include <cmath>
@@ -19,68 +20,11 @@
 #include <type_traits>
 #include <vector>
 
-extern "C" {
-void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*, const float*, const int*,
-            const float*, const int*, const float*, float*, const int*);
-void dgemm_(const char*, const char*, const int*, const int*, const int*, const double*, const double*, const int*,
-            const double*, const int*, const double*, double*, const int*);
-}
-
 namespace {
 
-enum class TransposeType : char { NoTranspose = 'N', Transpose = 'T' };
-
-// C (m×n, column-major) = alpha·op(A)·op(B) + beta·C
-template <typename T>
-void gemm(TransposeType ta, TransposeType tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
-          const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
-  const char transa = static_cast<char>(ta), transb = static_cast<char>(tb);
-  const int m_ = m, n_ = n, k_ = k, lda_ = lda, ldb_ = ldb, ldc_ = ldc;
-  if constexpr (std::is_same_v<T, float>) {
-    sgemm_(&transa, &transb, &m_, &n_, &k_, &alpha, a, &lda_, b, &ldb_, &beta, c, &ldc_);
-  } else {
-    dgemm_(&transa, &transb, &m_, &n_, &k_, &alpha, a, &lda_, b, &ldb_, &beta, c, &ldc_);
-  }
-}
+using namespace posenc_tiles;
 
 constexpr int64_t QUERY_TILE = 32;
-constexpr float FLOAT_FLOOR = -87.0f;
-
-// exp(x) for float in a form the compiler vectorizes (as in offset_bias_cpu.cpp): Cody–Waite reduction by ln 2,
-// e^f to degree 7, 2^n into the exponent bits; relative error below 1e-7.
-inline float exp_of(float x) {
-  x = std::min(std::max(x, FLOAT_FLOOR), 88.0f);
-  const float shifter = 12582912.0f;
-  const float shifted = x * 1.4426950408889634f + shifter;
-  const float n = shifted - shifter;
-  const float f = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-  float p = 1.0f / 5040.0f;
-  p = p * f + 1.0f / 720.0f;
-  p = p * f + 1.0f / 120.0f;
-  p = p * f + 1.0f / 24.0f;
-  p = p * f + 1.0f / 6.0f;
-  p = p * f + 0.5f;
-  p = p * f + 1.0f;
-  p = p * f + 1.0f;
-  int32_t bits;
-  std::memcpy(&bits, &shifted, sizeof bits);
-  bits = (bits - 0x4B400000 + 127) << 23;
-  float power;
-  std::memcpy(&power, &bits, sizeof power);
-  return p * power;
-}
-
-inline double exp_of(double x) { return std::exp(x); }
-
-// A (B, H, T, D) tensor with unit stride along D: the row pointer of (b, h) and the stride between its rows.
-template <typename T>
-struct Rows {
-  T* data;
-  int64_t batch_stride, head_stride, row_stride;
-  explicit Rows(const torch::Tensor& x)
-      : data(x.data_ptr<T>()), batch_stride(x.stride(0)), head_stride(x.stride(1)), row_stride(x.stride(2)) {}
-  T* at(int64_t b, int64_t h) const { return data + b * batch_stride + h * head_stride; }
-};
 
 struct Geometry {
   int64_t batch, heads, queries, keys, width, value_width, positions;

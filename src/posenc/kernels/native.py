@@ -21,6 +21,14 @@ CFLAGS = ("-O3", "-fopenmp", "-march=native")
 LDFLAGS = ("-fopenmp",)
 
 
+HEADERS = Path(__file__).parent  # the kernels' shared header, cpu_tiles.h
+
+
+def headers() -> bytes:
+    """The shared headers' text: a change to one is a change to every kernel that includes it."""
+    return b"".join(path.read_bytes() for path in sorted(HEADERS.glob("*.h")))
+
+
 @functools.cache
 def cpu_identity() -> str:
     """The CPU's model name and instruction-set flags (``/proc/cpuinfo``), or what ``platform`` says elsewhere."""
@@ -33,10 +41,10 @@ def cpu_identity() -> str:
 
 
 def build_name(prefix: str, source: bytes, torch_version: str = torch.__version__, cpu: str | None = None) -> str:
-    """The extension's name for this source, torch and CPU: what was built, and for what, decides where it is
-    cached."""
+    """The extension's name for this source (and the shared headers), torch and CPU: what was built, and for what,
+    decides where it is cached."""
     cpu = cpu_identity() if cpu is None else cpu
-    parts = [source, torch_version.encode(), " ".join(CFLAGS + LDFLAGS).encode(), cpu.encode()]
+    parts = [source, headers(), torch_version.encode(), " ".join(CFLAGS + LDFLAGS).encode(), cpu.encode()]
     digest = hashlib.sha256(b"\0".join(parts)).hexdigest()
     return f"{prefix}_{digest[:16]}"
 
@@ -50,7 +58,8 @@ def load(prefix: str, source: Path, what: str):
         from torch.utils.cpp_extension import load as compile_and_load
 
         return compile_and_load(name=build_name(prefix, source.read_bytes()), sources=[str(source)],
-                                extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS), verbose=False)
+                                extra_include_paths=[str(HEADERS)], extra_cflags=list(CFLAGS),
+                                extra_ldflags=list(LDFLAGS), verbose=False)
     except Exception as error:  # noqa: BLE001 - any build failure means "use the PyTorch form"
         warnings.warn(f"posenc: {what} could not be built, using the PyTorch form ({error})", stacklevel=3)
         return None

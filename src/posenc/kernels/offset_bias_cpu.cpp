@@ -5,10 +5,11 @@
 //
 // Shapes: B batch, H heads, Tq queries at positions q_start..q_start+Tq-1, Tk keys at 0..Tk-1, Dh and Dv head
 // widths, N table entries: the bias of query i and key j in head h is table[h][(q_start + i - j) + origin].
-// Products run on the BLAS torch links (its Fortran sgemm_/dgemm_; row-major tiles passed as their column-major
-// transposes); a torch without those symbols fails to load this kernel, and posenc then uses the PyTorch form.
+// Products run on the BLAS torch links (cpu_tiles.h).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+
+#include "cpu_tiles.h"
 
 #include <algorithm>
 #include <cmath>
@@ -17,72 +18,15 @@
 #include <type_traits>
 #include <vector>
 
-extern "C" {
-void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*, const float*, const int*,
-            const float*, const int*, const float*, float*, const int*);
-void dgemm_(const char*, const char*, const int*, const int*, const int*, const double*, const double*, const int*,
-            const double*, const int*, const double*, double*, const int*);
-}
-
 namespace {
 
-enum class TransposeType : char { NoTranspose = 'N', Transpose = 'T' };
+using namespace posenc_tiles;
 
-// C (m×n, column-major) = alpha·op(A)·op(B) + beta·C
-template <typename T>
-void gemm(TransposeType ta, TransposeType tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
-          const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
-  const char transa = static_cast<char>(ta), transb = static_cast<char>(tb);
-  const int m_ = m, n_ = n, k_ = k, lda_ = lda, ldb_ = ldb, ldc_ = ldc;
-  if constexpr (std::is_same_v<T, float>) {
-    sgemm_(&transa, &transb, &m_, &n_, &k_, &alpha, a, &lda_, b, &ldb_, &beta, c, &ldc_);
-  } else {
-    dgemm_(&transa, &transb, &m_, &n_, &k_, &alpha, a, &lda_, b, &ldb_, &beta, c, &ldc_);
-  }
-}
 constexpr int64_t QUERY_TILE = 64;
 constexpr int64_t KEY_TILE = 128;
-constexpr float FLOAT_FLOOR = -87.0f;  // exp(-87) is the smallest float exp keeps normal; masked entries are 0
-
-// exp(x) for float in a form the compiler vectorizes: x = n·ln2 + f with n rounded by the 1.5·2^23 trick,
-// ln2 split in two (Cody–Waite) so f is exact, e^f by its Taylor series to degree 7 (|f| <= ln2/2: relative
-// error below 1e-7), 2^n put into the exponent bits.
-inline float exp_of(float x) {
-  x = std::min(std::max(x, FLOAT_FLOOR), 88.0f);
-  const float shifter = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer in the low mantissa bits
-  const float shifted = x * 1.4426950408889634f + shifter;
-  const float n = shifted - shifter;
-  const float f = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-  float p = 1.0f / 5040.0f;
-  p = p * f + 1.0f / 720.0f;
-  p = p * f + 1.0f / 120.0f;
-  p = p * f + 1.0f / 24.0f;
-  p = p * f + 1.0f / 6.0f;
-  p = p * f + 0.5f;
-  p = p * f + 1.0f;
-  p = p * f + 1.0f;
-  int32_t bits;
-  std::memcpy(&bits, &shifted, sizeof bits);
-  bits = (bits - 0x4B400000 + 127) << 23;  // the integer n sits in the low bits of shifted's mantissa
-  float power;
-  std::memcpy(&power, &bits, sizeof power);
-  return p * power;
-}
-
-inline double exp_of(double x) { return std::exp(x); }
 
 template <typename T>
 T lowest() { return -std::numeric_limits<T>::infinity(); }
-
-// A (B, H, T, D) tensor with unit stride along D: the row pointer of (b, h) and the stride between its rows.
-template <typename T>
-struct Rows {
-  T* data;
-  int64_t batch_stride, head_stride, row_stride;
-  explicit Rows(const torch::Tensor& x)
-      : data(x.data_ptr<T>()), batch_stride(x.stride(0)), head_stride(x.stride(1)), row_stride(x.stride(2)) {}
-  T* at(int64_t b, int64_t h) const { return data + b * batch_stride + h * head_stride; }
-};
 
 struct Geometry {
   int64_t batch, heads, queries, keys, width, value_width, entries;

@@ -1,0 +1,176 @@
+"""Transformer-XL's kernel (``kernels.offset_lookup``) equals attention with the looked-up terms added.
+
+The reference is autograd through ``softmax(scale·(c·kᵀ + l·table[h, i − j]))·v`` in float64 and, through
+``attention()``, the eager backend: output and the gradients of q, k, v, u, v (the biases) and W_R.
+"""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from posenc.kernels import dispatch, offset_lookup
+from tests.helpers import kernel_calls, make_encoding
+from tests.kernels.test_channels import CASES, assert_all_close, outputs_and_grads, tensors
+
+pytestmark = pytest.mark.skipif(offset_lookup.extension() is None, reason="no C++ toolchain to build the kernel")
+
+
+def reference(q, k, v, table, content_shift, lookup_shift, scale):
+    """float64 causal attention with the term l_i·table[h, i − j], queries at the last Tq key positions."""
+    content, lookup = q + content_shift[:, None, :], q + lookup_shift[:, None, :]
+    q_len, k_len = q.shape[2], k.shape[2]
+    offset = torch.arange(q_len)[:, None] + (k_len - q_len) - torch.arange(k_len)[None, :]  # (Tq, Tk)
+    allowed = offset >= 0
+    per_offset = lookup @ table.transpose(-1, -2)  # (B, H, Tq, N)
+    looked_up = per_offset.gather(-1, offset.clamp(min=0).expand(*per_offset.shape[:2], -1, -1))
+    logits = (scale * (content @ k.transpose(-1, -2) + looked_up)).masked_fill(~allowed, float("-inf"))
+    return torch.softmax(logits, dim=-1) @ v
+
+
+def kernel(q, k, v, table, content_shift, lookup_shift, scale):
+    return offset_lookup.offset_lookup_attention(q, k, v, table, content_shift=content_shift,
+                                                 lookup_shift=lookup_shift, scale=scale)
+
+
+def output_and_grads(function, upstream, *inputs):
+    inputs = [t.detach().requires_grad_() for t in inputs]
+    out = function(*inputs)
+    return [out, *torch.autograd.grad(out, inputs, upstream.to(out.dtype))]
+
+
+@st.composite
+def problems(draw):
+    q_len = draw(st.integers(1, 90))
+    k_len = draw(st.integers(q_len, 120)) if draw(st.booleans()) else q_len  # queries are the last Tq keys
+    return dict(batch=draw(st.integers(1, 2)), heads=draw(st.integers(1, 3)), q_len=q_len, k_len=k_len,
+                spare=draw(st.integers(0, 5)), width=draw(st.sampled_from([4, 8, 16])),
+                value_width=draw(st.sampled_from([4, 6, 16])), scale=draw(st.sampled_from([0.25, 1.0, 4.0])),
+                strided=draw(st.booleans()), seed=draw(st.integers(0, 2**16)))
+
+
+@settings(max_examples=50, deadline=None)
+@given(problems())
+def test_equals_attention_with_looked_up_terms_in_float64(p):
+    """Across query tiles (32 rows), KV-cache steps (Tq < Tk), tables longer than the keys, token-major layouts
+    and large logits: output and the gradients of both queries, k, v and the table."""
+    generator = torch.Generator().manual_seed(p["seed"])
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float64)
+
+    def laid_out(length, width):  # token-major (B, T, H, D) viewed as (B, H, T, D), as models pass
+        if p["strided"]:
+            return randn(p["batch"], length, p["heads"], width).transpose(1, 2)
+        return randn(p["batch"], p["heads"], length, width)
+
+    q, k, v = laid_out(p["q_len"], p["width"]), laid_out(p["k_len"], p["width"]), laid_out(p["k_len"], p["value_width"])
+    table = randn(p["heads"], p["k_len"] + p["spare"], p["width"])
+    shifts = randn(p["heads"], p["width"]), randn(p["heads"], p["width"])
+    upstream = randn(p["batch"], p["heads"], p["q_len"], p["value_width"])
+    got = output_and_grads(lambda *t: kernel(*t, scale=p["scale"]), upstream, q, k, v, table, *shifts)
+    expected = output_and_grads(lambda *t: reference(*t, p["scale"]), upstream, q, k, v, table, *shifts)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12 * max(1.0, float(b.detach().abs().max())))
+
+
+def test_float32_is_within_verify_tolerance_of_float64():
+    generator = torch.Generator().manual_seed(0)
+    q, k, v, upstream = (torch.randn(2, 3, 150, 16, generator=generator, dtype=torch.float64) for _ in range(4))
+    table = torch.randn(3, 150, 16, generator=generator, dtype=torch.float64)
+    shifts = [torch.randn(3, 16, generator=generator, dtype=torch.float64) for _ in range(2)]
+    run = lambda *t: kernel(*t, scale=1.0)  # noqa: E731
+    expected = output_and_grads(run, upstream, q, k, v, table, *shifts)
+    got = output_and_grads(run, upstream, *(t.float() for t in (q, k, v, table, *shifts)))
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a.double(), b, rtol=0, atol=2e-5 * max(1.0, float(b.detach().abs().max())))
+
+
+def test_bad_shapes_are_refused():
+    q, k, v = tensors(q_len=5, k_len=9)
+    shift = torch.zeros(4, 8, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"table must be \(H, N ≥ Tk, Dh\) = \(4, ≥ 9, 8\), got \(4, 8, 8\)"):
+        kernel(q, k, v, torch.zeros(4, 8, 8, dtype=torch.float64), shift, shift, 1.0)
+    with pytest.raises(ValueError, match=r"Tq ≤ Tk"):
+        kernel(k, q, q, torch.zeros(4, 9, 8, dtype=torch.float64), shift, shift, 1.0)
+    with pytest.raises(ValueError, match=r"lookup_shift must be \(H, Dh\) = \(4, 8\), got \(8,\)"):
+        kernel(q, k, v, torch.zeros(4, 9, 8, dtype=torch.float64), shift, shift[0], 1.0)
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """The calls that reach this kernel from attention(), with the lookup form forced (it would be timed against
+    the channel form)."""
+    return kernel_calls(monkeypatch, offset_lookup, "offset_lookup_attention", "lookups")
+
+
+@pytest.mark.parametrize("case", ["causal", "kv-cache step"])
+@pytest.mark.parametrize("kv_heads", [None, 2])
+def test_attention_serves_transformer_xl_exactly(case, kv_heads, spy):
+    """sdpa (this kernel) equals eager in float64: output, q, k, v and the gradients of u, v and W_R."""
+    q_len, k_len, kwargs = CASES[case]
+    enc = make_encoding("transformer_xl", heads=4)
+    q, k, v = tensors(q_len=q_len, k_len=k_len, kv_heads=kv_heads)
+    expected = outputs_and_grads(enc, q, k, v, "eager", **kwargs)
+    got = outputs_and_grads(enc, q, k, v, "sdpa", **kwargs)
+    assert len(spy) == 1, "the kernel did not serve"
+    assert_all_close(got, expected, atol=1e-10)
+    assert all(g.abs().sum() > 0 for g in got[4:]), "every parameter receives a gradient"
+
+
+@pytest.mark.parametrize("case", ["bidirectional", "per-row positions", "packed documents"])
+def test_other_calls_take_another_form(case, spy):
+    q_len, k_len, kwargs = CASES[case]
+    enc = make_encoding("transformer_xl", heads=4)
+    q, k, v = tensors(q_len=q_len, k_len=k_len)
+    assert_all_close(outputs_and_grads(enc, q, k, v, "sdpa", **kwargs),
+                     outputs_and_grads(enc, q, k, v, "eager", **kwargs), atol=1e-10)
+    assert not spy
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_low_precision_errs_no_more_than_eager(dtype, spy):
+    """Against float64, from the same rounded inputs and parameters: the table is built in float32 from float64
+    angles even for bf16 activations, so the kernel errs no more than eager at that dtype."""
+    enc = make_encoding("transformer_xl", heads=4)
+    q, k, v = tensors(q_len=70, k_len=70)
+    exact = [t.detach() for t in outputs_and_grads(enc, q, k, v, "eager")]
+    low = make_encoding("transformer_xl", heads=4)
+    low.load_state_dict(enc.state_dict())
+    q, k, v = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
+    got = outputs_and_grads(low.to(dtype), q, k, v, "sdpa")
+    eager = outputs_and_grads(low, q, k, v, "eager")
+    assert spy and got[0].dtype == dtype
+    for ours, theirs, truth in zip(got, eager, exact, strict=True):
+        error, eager_error = (float((x.detach().double() - truth).abs().max()) for x in (ours, theirs))
+        assert error <= 1.5 * eager_error + 1e-5 * float(truth.abs().max()), (error, eager_error)
+
+
+def test_a_training_step_keeps_what_nope_keeps(monkeypatch):
+    """Bytes autograd keeps for the backward, 2 sequences of 512 tokens: within 5% of NoPE's (the lookup queries
+    and one (H, T, Dh) table beside q, k, v and the output)."""
+    from posenc.bench.training import saved_activation_bytes
+    from posenc.lm.model import LanguageModel, ModelConfig
+
+    monkeypatch.setenv(dispatch.FORCE_VARIABLE, "lookups")
+    tokens = torch.randint(0, 256, (2, 513))
+    sizes = {}
+    for encoding in ("none", "transformer_xl"):
+        torch.manual_seed(0)
+        sizes[encoding] = saved_activation_bytes(LanguageModel(ModelConfig(encoding=encoding, max_positions=512)),
+                                                 tokens)
+    assert sizes["transformer_xl"] <= 1.05 * sizes["none"], sizes
+
+
+def test_the_lookup_and_channel_forms_are_timed_against_each_other(tmp_path, monkeypatch):
+    import posenc
+
+    monkeypatch.setenv(dispatch.CACHE_VARIABLE, str(tmp_path / "forms.json"))
+    monkeypatch.setattr(dispatch, "_chosen", {})
+    timed = []
+    monkeypatch.setattr(dispatch, "time_forms", lambda contenders: timed.append(sorted(contenders)) or
+                        {name: float(i) for i, name in enumerate(sorted(contenders))})
+    enc = posenc.build("transformer_xl", num_heads=4, head_dim=8)
+    q, k, v = (torch.randn(2, 4, 40, 8, requires_grad=True) for _ in range(3))
+    posenc.attention(q, k, v, enc, backend="sdpa").sum().backward()
+    assert timed == [["channels", "lookups"]] and list(dispatch.chosen().values()) == ["channels"]
