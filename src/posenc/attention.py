@@ -293,6 +293,8 @@ def _score_forms(q, at: PositionedEncoding, causal, mask, plain_causal) -> dict:
         return {"channels": _channel_form} if at.channels_serve(q.dtype) else {"mask": _mask_form}
     if encoding.has_gated_counts and causal and mask is None and at.contiguous and gated_counts.serves(q):
         return {"counts": _counts_form}  # the mask form would keep (B, H, Tq, Tk) gates, counts and logits
+    if encoding.has_token_gates and causal and mask is None and at.contiguous and offset_bias.serves(q):
+        return {"gates": _gate_form}  # the mask form would keep a (B, H, Tq, Tk) bias and its gradient
     forms = {}
     if encoding.has_bias and not encoding.has_relative_logits and mask is None and offset_bias.serves(q) and (
             at.offset_table(causal, compute) is not None):
@@ -309,6 +311,13 @@ def _score_forms(q, at: PositionedEncoding, causal, mask, plain_causal) -> dict:
 def _table_form(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) -> Tensor:
     table, lowest = at.offset_table(causal, _math_dtype(q.dtype))
     return offset_bias.offset_bias_attention(q, k, v, table, lowest, scale=scale, causal=causal)
+
+
+def _gate_form(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) -> Tensor:
+    lowest, highest = offset_bias.offsets(q.shape[2], k.shape[2], causal)
+    no_offset_bias = q.new_zeros(q.shape[1], highest - lowest + 1, dtype=_math_dtype(q.dtype))
+    return offset_bias.offset_bias_attention(q, k, v, no_offset_bias, lowest, scale=scale, causal=causal,
+                                             token_values=at.cumulative_gates())
 
 
 def _counts_form(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) -> Tensor:

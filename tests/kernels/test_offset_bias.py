@@ -20,7 +20,7 @@ from tests.kernels.test_channels import CASES, assert_all_close, outputs_and_gra
 pytestmark = pytest.mark.skipif(offset_bias.extension() is None, reason="no C++ toolchain to build the kernel")
 
 BIAS_ENCODINGS = ["alibi", "alibi_symmetric", "sandwich", "kerple_log", "kerple_power", "t5", "t5_interpolated", "fire"]
-MODEL_BIAS_ENCODINGS = ["alibi", "sandwich", "kerple", "t5", "fire"]
+MODEL_BIAS_ENCODINGS = ["alibi", "sandwich", "kerple", "t5", "fire", "fox"]
 CONTIGUOUS_CASES = ["causal", "bidirectional", "kv-cache step"]
 
 
@@ -164,6 +164,50 @@ def test_low_precision_within_verify_tolerance(dtype, spy):
     got = outputs_and_grads(low.to(dtype), q, k, v, "sdpa")
     assert spy and got[0].dtype == dtype
     assert_all_close(got, expected, atol=tolerance(dtype, 4))
+
+
+def fox_inputs(q_len, k_len, kv_heads=None):
+    q, k, v = tensors(q_len=q_len, k_len=k_len, kv_heads=kv_heads)
+    generator = torch.Generator().manual_seed(3)
+    log_forget = torch.nn.functional.logsigmoid(torch.randn(2, 4, k_len, generator=generator, dtype=torch.float64))
+    return q, k, v, log_forget.requires_grad_()
+
+
+@pytest.mark.parametrize("case", ["causal", "kv-cache step"])
+@pytest.mark.parametrize("kv_heads", [None, 2])
+def test_attention_serves_fox_with_its_gates_inside(case, kv_heads, monkeypatch):
+    """FoX's c_i − c_j is formed per tile from c = cumsum log f (float64): sdpa equals eager in float64, output,
+    q, k, v and the log gates' gradients."""
+    calls = kernel_calls(monkeypatch, offset_bias, "offset_bias_attention", "gates")
+    q_len, k_len, _ = CASES[case]
+    enc = posenc.build("fox", dim=8, num_heads=4).double()
+    q, k, v, log_forget = fox_inputs(q_len, k_len, kv_heads)
+    upstream = torch.randn(2, 4, q_len, 8, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    results = {}
+    for backend in ("eager", "sdpa"):
+        at = enc.at(torch.arange(k_len - q_len, k_len), torch.arange(k_len), contiguous=True).with_gates(log_forget)
+        out = posenc.attention(q, k, v, at, backend=backend)
+        results[backend] = [out, *torch.autograd.grad(out, [q, k, v, log_forget], upstream)]
+    assert len(calls) == 1 and calls[0]["token_values"] is not None, "the kernel did not serve"
+    assert_all_close(results["sdpa"], results["eager"], atol=1e-10)
+    assert results["sdpa"][4].abs().sum() > 0
+
+
+def test_token_values_keep_their_digits_far_from_zero_in_float32():
+    """c reaches −30,000 (gates of e^−3 over 10,000 tokens): formed in double, c_i − c_j is exact to float32."""
+    q, k, v = (torch.randn(1, 2, 200, 16, dtype=torch.float64) for _ in range(3))
+    c = (torch.full((1, 2, 200), -3.0, dtype=torch.float64).cumsum(-1) - 29_400).requires_grad_()
+    low, high = offset_bias.offsets(200, 200, True)
+    table = torch.zeros(2, high - low + 1, dtype=torch.float64)
+    upstream = torch.randn(1, 2, 200, 16, dtype=torch.float64)
+    run = lambda q, k, v, c: offset_bias.offset_bias_attention(  # noqa: E731
+        q, k, v, table.to(q.dtype), low, scale=0.25, causal=True, token_values=c)
+    expected = output_and_grads(run, upstream, q, k, v, c)
+    got = output_and_grads(run, upstream, q.float(), k.float(), v.float(), c)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a.double(), b, rtol=0, atol=2e-5 * max(1.0, float(b.detach().abs().max())))
+    with pytest.raises(ValueError, match=r"token_values must be \(B or 1, H, Tk\) = \(1, 2, 200\), got \(1, 2, 199\)"):
+        run(q, k, v, c[..., 1:])
 
 
 @pytest.mark.parametrize("name", MODEL_BIAS_ENCODINGS)

@@ -119,11 +119,20 @@ class PositionedEncoding:
         def build() -> Tensor:
             if not self.encoding.has_token_gates:
                 return self.encoding.score_bias(self.q_pos, self.k_pos, dtype)
-            if self.log_forget is None:
-                raise ValueError(f"{type(self.encoding).__name__}'s bias comes from its tokens' forget gates: attend "
-                                 "with encoding.at(q_pos, k_pos).with_gates(encoding.log_forget(x, layer))")
-            return self.encoding.gate_bias(self.log_forget, self.q_pos.shape[-1], dtype)
+            return self.encoding.gate_bias(self._gates(), self.q_pos.shape[-1], dtype)
         return self.memo(("bias", dtype), lambda: _finite(self.encoding, "score bias", build()))
+
+    def cumulative_gates(self) -> Tensor:
+        """FoX's c = cumsum log f of the keys, (B or 1, H, Tk) float64: the bias is c_i − c_j (``kernels.offset_bias``
+        forms the difference itself)."""
+        return self.memo(("cumulative gates",), lambda: _finite(
+            self.encoding, "forget gates", self.encoding.cumulative_gates(self._gates())))
+
+    def _gates(self) -> Tensor:
+        if self.log_forget is None:
+            raise ValueError(f"{type(self.encoding).__name__}'s bias comes from its tokens' forget gates: attend "
+                             "with encoding.at(q_pos, k_pos).with_gates(encoding.log_forget(x, layer))")
+        return self.log_forget
 
     def offset_table(self, causal: bool, dtype: torch.dtype) -> tuple[Tensor, int] | None:
         """The score bias as (table (H, N), lowest): ``bias[h, i, j] = table[h, q_pos_i − k_pos_j − lowest]`` for the

@@ -11,7 +11,9 @@ heads)`` on the layer's input, weights N(0, 0.02²), bias 0, so every gate start
 
 A caller computes the gates with ``log_forget(x, layer)`` and hands them to attention with
 ``encoding.at(q_pos, k_pos).with_gates(log_forget)``; the score bias is then built once per layer, and every
-backend serves it as a dense bias (the gates' gradient flows through it). A KV cache keeps each layer's gates
+backend serves it as a dense bias (the gates' gradient flows through it), except where sdpa on CPU runs causal
+attention at the model's own positions: there ``kernels.offset_bias`` takes c itself and forms c_i − c_j per tile
+in float64, so no (B, H, Tq, Tk) bias or gradient exists. A KV cache keeps each layer's gates
 beside its keys (``KVCache``), so decoding equals the full pass. Positions are not read at all.
 """
 
@@ -52,9 +54,13 @@ class ForgettingGates(PositionalEncoding):
         compute = torch.float64 if x.dtype == torch.float64 else torch.float32
         return F.logsigmoid(self.gates[layer](x).to(compute)).transpose(1, 2)
 
+    def cumulative_gates(self, log_forget: Tensor) -> Tensor:
+        """c_t = Σ_{l ≤ t} log f_l, (B, H, Tk) float64 from the keys' log gates, so c_i − c_j keeps its digits."""
+        return log_forget.to(torch.float64).cumsum(-1)
+
     def gate_bias(self, log_forget: Tensor, q_len: int, dtype: torch.dtype) -> Tensor:
         """D (B, H, Tq, Tk) in ``dtype`` from the keys' log gates (B, H, Tk); queries are the last Tq keys."""
-        cumulative = log_forget.to(torch.float64).cumsum(-1)  # c_t: float64, so c_i − c_j keeps its digits
+        cumulative = self.cumulative_gates(log_forget)
         return (cumulative[..., -q_len:, None] - cumulative[..., None, :]).to(dtype)
 
     def score_bias(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:

@@ -3,7 +3,8 @@
 A score bias or content-position term can run in several forms (``attention`` builds them): ``table`` (the
 bias inside ``offset_bias``'s kernel), ``channels`` (the terms as extra q/k channels), ``mask`` (a float mask
 on SDPA or on the blockwise kernel), ``counts`` (CoPE inside ``gated_counts``' kernel, the one form offered
-where it serves) and ``lookups`` (Transformer-XL's terms inside ``offset_lookup``'s kernel). Which is fastest depends on the CPU (an AMD EPYC and an Intel Xeon disagree),
+where it serves), ``lookups`` (Transformer-XL's terms inside ``offset_lookup``'s kernel) and ``gates`` (FoX's
+c_i − c_j inside ``offset_bias``' kernel, the one form offered where it serves). Which is fastest depends on the CPU (an AMD EPYC and an Intel Xeon disagree),
 the shape and whether a gradient is needed, so no threshold is written down: the first call with a new key
 (encoding, shape bucket, dtype, gradient) times every form that serves it, round-robin, forward and backward on
 random tensors of that shape, runs the fastest and remembers it, in memory and in a JSON file, ``POSENC_FORMS_CACHE``
@@ -27,7 +28,7 @@ import torch
 from .. import checks, storage
 from . import native
 
-FORMS = ("table", "channels", "mask", "counts", "lookups")
+FORMS = ("table", "channels", "mask", "counts", "lookups", "gates")
 FORCE_VARIABLE = "POSENC_ATTENTION_FORM"
 CACHE_VARIABLE = "POSENC_FORMS_CACHE"
 ROUNDS = 3  # timed rounds after one warm-up call of each form: a few milliseconds to a second, once per key

@@ -4,7 +4,8 @@
 // bias is summed per offset. The eager backend in attention.py is the reference it must equal.
 //
 // Shapes: B batch, H heads, Tq queries at positions q_start..q_start+Tq-1, Tk keys at 0..Tk-1, Dh and Dv head
-// widths, N table entries: the bias of query i and key j in head h is table[h][(q_start + i - j) + origin].
+// widths, N table entries: the bias of query i and key j in head h is table[h][(q_start + i - j) + origin],
+// plus, with token values (FoX's cumulative log forget gates c, float64 (B, H, T)), c_i − c_j formed in double.
 // Products run on the BLAS torch links (cpu_tiles.h).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -42,10 +43,27 @@ struct Geometry {
   }
 };
 
+// The token values of one (b, h): c of the queries (from q0) and of the keys (from k0), or null for none.
+struct TokenValues {
+  const double* queries;
+  const double* keys;
+};
+
+// Token values of every (b, h): (B, H, Tq) and (B, H, Tk) contiguous float64, or null for none.
+struct Tokens {
+  const double* queries;
+  const double* keys;
+  TokenValues at(const Geometry& g, int64_t task, int64_t q0, int64_t k0) const {
+    if (queries == nullptr) return {nullptr, nullptr};
+    return {queries + task * g.queries + q0, keys + task * g.keys + k0};
+  }
+};
+
 // scores (rows × cols, row stride KEY_TILE) = scale·q_tile·k_tileᵀ + bias, for the allowed columns of each row
 template <typename T>
 void tile_logits(T* scores, const T* q_rows, int64_t q_stride, const T* k_rows, int64_t k_stride, int64_t rows,
-                 int64_t cols, int64_t q0, int64_t k0, const T* table_row, const Geometry& g, T scale) {
+                 int64_t cols, int64_t q0, int64_t k0, const T* table_row, TokenValues values, const Geometry& g,
+                 T scale) {
   gemm(TransposeType::Transpose, TransposeType::NoTranspose, cols, rows, g.width, T(1), k_rows, k_stride, q_rows,
        q_stride, T(0), scores, KEY_TILE);
   for (int64_t r = 0; r < rows; ++r) {
@@ -54,12 +72,17 @@ void tile_logits(T* scores, const T* q_rows, int64_t q_stride, const T* k_rows, 
     const T* bias = table_row + (g.q_start + q0 + r - k0) + g.origin;  // bias of column c is bias[-c]
 #pragma omp simd
     for (int64_t c = 0; c < valid; ++c) s[c] = s[c] * scale + bias[-c];
+    if (values.queries != nullptr) {
+      const double query_value = values.queries[r];
+#pragma omp simd
+      for (int64_t c = 0; c < valid; ++c) s[c] += static_cast<T>(query_value - values.keys[c]);
+    }
   }
 }
 
 template <typename T>
 void forward_tiles(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& table,
-                   torch::Tensor& out, torch::Tensor& lse, const Geometry& g, T scale) {
+                   Tokens tokens, torch::Tensor& out, torch::Tensor& lse, const Geometry& g, T scale) {
   const Rows<T> Q(q), K(k), V(v), O(out);
   const T* tables = table.data_ptr<T>();
   T* lse_data = lse.data_ptr<T>();
@@ -79,7 +102,8 @@ void forward_tiles(const torch::Tensor& q, const torch::Tensor& k, const torch::
       for (int64_t k0 = 0; k0 < key_end; k0 += KEY_TILE) {
         const int64_t cols = std::min(KEY_TILE, key_end - k0);
         const T* k_rows = K.at(b, h) + k0 * K.row_stride;
-        tile_logits(scores.data(), q_rows, Q.row_stride, k_rows, K.row_stride, rows, cols, q0, k0, table_row, g, scale);
+        tile_logits(scores.data(), q_rows, Q.row_stride, k_rows, K.row_stride, rows, cols, q0, k0, table_row,
+                    tokens.at(g, b * g.heads + h, q0, k0), g, scale);
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t valid = g.allowed(q0, r, k0, cols);
           T* s = scores.data() + r * KEY_TILE;
@@ -121,8 +145,9 @@ void forward_tiles(const torch::Tensor& q, const torch::Tensor& k, const torch::
 template <typename T>
 void backward_tiles(const torch::Tensor& grad_out, const torch::Tensor& q, const torch::Tensor& k,
                     const torch::Tensor& v, const torch::Tensor& lse, const torch::Tensor& row_terms,
-                    const torch::Tensor& table, torch::Tensor& grad_q, torch::Tensor& grad_k, torch::Tensor& grad_v,
-                    torch::Tensor& grad_table, bool want_table, const Geometry& g, T scale) {
+                    const torch::Tensor& table, Tokens tokens, torch::Tensor& grad_q, torch::Tensor& grad_k,
+                    torch::Tensor& grad_v, torch::Tensor& grad_table, bool want_table, double* grad_query_values,
+                    double* grad_key_values, const Geometry& g, T scale) {
   const Rows<T> dO(grad_out), Q(q), K(k), V(v), dQ(grad_q), dK(grad_k), dV(grad_v);
   const T* tables = table.data_ptr<T>();
   const T* lse_data = lse.data_ptr<T>();
@@ -145,8 +170,8 @@ void backward_tiles(const torch::Tensor& grad_out, const torch::Tensor& q, const
           const int64_t cols = std::min(KEY_TILE, key_end - k0);
           const T* k_rows = K.at(b, h) + k0 * K.row_stride;
           const T* v_rows = V.at(b, h) + k0 * V.row_stride;
-          tile_logits(probs.data(), q_rows, Q.row_stride, k_rows, K.row_stride, rows, cols, q0, k0, table_row, g,
-                      scale);
+          tile_logits(probs.data(), q_rows, Q.row_stride, k_rows, K.row_stride, rows, cols, q0, k0, table_row,
+                      tokens.at(g, task, q0, k0), g, scale);
           for (int64_t r = 0; r < rows; ++r) {
             const int64_t valid = g.allowed(q0, r, k0, cols);
             T* p = probs.data() + r * KEY_TILE;
@@ -169,10 +194,19 @@ void backward_tiles(const torch::Tensor& grad_out, const torch::Tensor& q, const
             const T term = terms[r];
 #pragma omp simd
             for (int64_t c = 0; c < cols; ++c) ds[c] = p[c] * (ds[c] - term);
+            const int64_t valid = g.allowed(q0, r, k0, cols);
             if (want_table) {
               T* bias_grad = grad_table_row + (g.q_start + q0 + r - k0) + g.origin;
-              const int64_t valid = g.allowed(q0, r, k0, cols);
               for (int64_t c = 0; c < valid; ++c) bias_grad[-c] += ds[c];
+            }
+            if (grad_query_values != nullptr) {  // ∂/∂c_i = Σ_j dS_ij, ∂/∂c_j = −Σ_i dS_ij
+              double* key_grads = grad_key_values + task * g.keys + k0;
+              double row_sum = 0;
+              for (int64_t c = 0; c < valid; ++c) {
+                row_sum += ds[c];
+                key_grads[c] -= ds[c];
+              }
+              grad_query_values[task * g.queries + q0 + r] += row_sum;
             }
           }
           // dQ_tile += scale·dS·K,  dK_tile += scale·dSᵀ·Q
@@ -203,35 +237,62 @@ Geometry geometry(const torch::Tensor& q, const torch::Tensor& k, const torch::T
   return g;
 }
 
+Tokens token_values(const Geometry& g, const c10::optional<torch::Tensor>& query_values,
+                    const c10::optional<torch::Tensor>& key_values) {
+  TORCH_CHECK(query_values.has_value() == key_values.has_value(), "offset_bias_attention: token values go in pairs");
+  if (!query_values.has_value()) return {nullptr, nullptr};
+  const auto& queries = *query_values;
+  const auto& keys = *key_values;
+  TORCH_CHECK(queries.scalar_type() == torch::kFloat64 && keys.scalar_type() == torch::kFloat64 &&
+                  queries.is_contiguous() && keys.is_contiguous() &&
+                  queries.sizes() == torch::IntArrayRef({g.batch, g.heads, g.queries}) &&
+                  keys.sizes() == torch::IntArrayRef({g.batch, g.heads, g.keys}),
+              "offset_bias_attention: token values must be contiguous float64 (B, H, Tq) and (B, H, Tk)");
+  return {queries.data_ptr<double>(), keys.data_ptr<double>()};
+}
+
 }  // namespace
 
 // Returns (out (B, H, Tq, Dv) laid out token-major, lse (B, H, Tq)), in q's dtype.
 std::vector<torch::Tensor> offset_bias_forward(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor table,
-                                               int64_t q_start, int64_t origin, bool causal, double scale) {
+                                               int64_t q_start, int64_t origin, bool causal, double scale,
+                                               c10::optional<torch::Tensor> query_values,
+                                               c10::optional<torch::Tensor> key_values) {
   const Geometry g = geometry(q, k, v, table, q_start, origin, causal);
+  const Tokens tokens = token_values(g, query_values, key_values);
   auto out = torch::empty({g.batch, g.queries, g.heads, g.value_width}, q.options()).transpose(1, 2);
   auto lse = torch::empty({g.batch, g.heads, g.queries}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "offset_bias_forward", [&] {
-    forward_tiles<scalar_t>(q, k, v, table, out, lse, g, static_cast<scalar_t>(scale));
+    forward_tiles<scalar_t>(q, k, v, table, tokens, out, lse, g, static_cast<scalar_t>(scale));
   });
   return {out, lse};
 }
 
-// Returns (dq, dk, dv, dtable (B, H, N), zeros when not wanted). row_terms: (B, H, Tq) contiguous.
+// Returns (dq, dk, dv, dtable (B, H, N), zeros when not wanted, and with token values their gradients (B, H, Tq),
+// (B, H, Tk) in float64). row_terms: (B, H, Tq) contiguous.
 std::vector<torch::Tensor> offset_bias_backward(torch::Tensor grad_out, torch::Tensor q, torch::Tensor k,
                                                 torch::Tensor v, torch::Tensor lse, torch::Tensor row_terms,
                                                 torch::Tensor table, int64_t q_start, int64_t origin, bool causal,
-                                                double scale, bool want_table) {
+                                                double scale, bool want_table,
+                                                c10::optional<torch::Tensor> query_values,
+                                                c10::optional<torch::Tensor> key_values) {
   const Geometry g = geometry(q, k, v, table, q_start, origin, causal);
+  const Tokens tokens = token_values(g, query_values, key_values);
   TORCH_CHECK(grad_out.stride(3) == 1 && lse.is_contiguous() && row_terms.is_contiguous(),
               "offset_bias_backward: layouts");
   auto grad_q = torch::zeros_like(q), grad_k = torch::zeros_like(k), grad_v = torch::zeros_like(v);
   auto grad_table = torch::zeros({want_table ? g.batch : 1, g.heads, g.entries}, table.options());
+  const auto doubles = q.options().dtype(torch::kFloat64);
+  const bool with_tokens = tokens.queries != nullptr;
+  auto grad_query_values = torch::zeros({with_tokens ? g.batch : 0, g.heads, g.queries}, doubles);
+  auto grad_key_values = torch::zeros({with_tokens ? g.batch : 0, g.heads, g.keys}, doubles);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "offset_bias_backward", [&] {
-    backward_tiles<scalar_t>(grad_out, q, k, v, lse, row_terms, table, grad_q, grad_k, grad_v, grad_table,
-                             want_table, g, static_cast<scalar_t>(scale));
+    backward_tiles<scalar_t>(grad_out, q, k, v, lse, row_terms, table, tokens, grad_q, grad_k, grad_v, grad_table,
+                             want_table, with_tokens ? grad_query_values.data_ptr<double>() : nullptr,
+                             with_tokens ? grad_key_values.data_ptr<double>() : nullptr, g,
+                             static_cast<scalar_t>(scale));
   });
-  return {grad_q, grad_k, grad_v, grad_table};
+  return {grad_q, grad_k, grad_v, grad_table, grad_query_values, grad_key_values};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
