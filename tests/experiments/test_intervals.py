@@ -134,3 +134,50 @@ def test_position_bands_keep_the_bins_they_describe():
     bands = intervals.position_bands(position, ["a"])
     assert bands == {"length": 4, "bin_edges": [0, 2, 4], "bits": [1.0, 2.0], "low": [1.0, 2.0], "high": [1.0, 2.0]}
     assert intervals.position_bands(None, ["a"]) is None
+
+
+def test_one_seed_is_the_plain_bootstrap_over_groups():
+    """The crossed bootstrap with one seed draws the same groups, in the same order, as the plain one did."""
+    values = torch.randn(40, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    groups = [i // 4 for i in range(40)]
+    generator = torch.Generator().manual_seed(intervals.BOOTSTRAP_SEED)
+    sums = torch.zeros(10, dtype=torch.float64).index_add_(0, torch.tensor(groups), values)
+    draws = torch.randint(0, 10, (intervals.RESAMPLES, 10), generator=generator)
+    means = sums[draws].sum(1) / (4.0 * 10)
+    expected = torch.quantile(means, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+    assert list(intervals.crossed_interval(values[None], groups)) == expected
+    assert intervals.bootstrap_interval(values, groups) == intervals.crossed_interval(values[None], groups)
+
+
+def seeds_that_disagree():
+    """Three seeds' differences on 30 windows of 30 files: per-seed means −0.006, −0.142 and −0.063 (the spread
+    one seed hid in the README's 'YaRN leads at 8×'), each window within ±0.01 of its seed's mean."""
+    noise = torch.linspace(-0.01, 0.01, 30, dtype=torch.float64)
+    return [(mean + noise).tolist() for mean in (-0.006, -0.142, -0.063)], list(range(30))
+
+
+def test_seeds_that_disagree_widen_the_interval_and_their_t_interval_carries_no_verdict():
+    per_seed, groups = seeds_that_disagree()
+    zeros = [[0.0] * 30] * 3
+    difference = intervals.paired(per_seed, zeros, groups)
+    assert difference["mean"] == pytest.approx(-0.070333, abs=1e-6)
+    assert difference["per_seed"] == pytest.approx([-0.006, -0.142, -0.063])
+    means = torch.tensor([-0.006, -0.142, -0.063], dtype=torch.float64)
+    half = 4.302652729911275 * means.std().item() / math.sqrt(3)  # t(0.975, 2 df)
+    assert (difference["seed_low"], difference["seed_high"]) == pytest.approx((-0.070333 - half, -0.070333 + half),
+                                                                              abs=1e-6)
+    assert difference["seed_low"] < -0.2 and difference["seed_high"] > 0.05  # about [−0.24, +0.10]
+    averaged_first = intervals.paired_difference(intervals.seed_mean(per_seed), [0.0] * 30, groups)
+    assert not intervals.covers_zero(averaged_first)  # what the old cells said: −0.070 [−0.072, −0.068]
+    assert difference["high"] - difference["low"] > 10 * (averaged_first["high"] - averaged_first["low"])
+    assert not intervals.supported(difference) and intervals.supported(averaged_first)
+    agreeing = intervals.paired([[m - 0.1 for m in seed] for seed in per_seed], per_seed, groups)
+    assert "seed_low" in agreeing and intervals.supported(agreeing)  # every seed −0.1 exactly
+
+
+def test_cells_of_several_seeds_carry_each_seeds_mean_and_their_t_interval():
+    cell = intervals.cell([[1.0, 2.0], [3.0, 4.0], [2.0, 3.0]], [0, 1])
+    assert cell["per_seed"] == [1.5, 3.5, 2.5]
+    assert (cell["seed_low"], cell["seed_high"]) == pytest.approx((2.5 - 4.302652729911275 / math.sqrt(3),
+                                                                   2.5 + 4.302652729911275 / math.sqrt(3)))
+    assert "seed_low" not in intervals.cell([[1.0, 2.0]], [0, 1])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from . import intervals
+
 
 def text_table(header: list[str], body: list[list[str]]) -> str:
     """Columns padded to their widest cell, a dashed rule under the header."""
@@ -32,11 +34,14 @@ def interval_cell(mean: float | None, interval: list[float] | None, seed_std: fl
 
 
 def difference_cell(difference: dict | None) -> str:
-    """'+0.123 [+0.100, +0.140]', marked '(noise)' when the interval covers zero; 'identical' when every window
-    scores the same; '—' when undefined."""
+    """'+0.123 [+0.100, +0.140]', with the seeds' t interval ' (seeds [+0.020, +0.210])' where several seeds ran,
+    marked '(noise)' unless the difference is supported (``intervals.supported``: both intervals exclude zero);
+    'identical' when every window scores the same; '—' when undefined."""
     if difference is None:
         return "—"
     if difference["low"] == difference["high"] == difference["mean"] == 0:
         return "identical"
     text = f"{difference['mean']:+.3f} [{difference['low']:+.3f}, {difference['high']:+.3f}]"
-    return text + (" (noise)" if difference["low"] <= 0 <= difference["high"] else "")
+    if "seed_low" in difference:
+        text += f" (seeds [{difference['seed_low']:+.3f}, {difference['seed_high']:+.3f}])"
+    return text + ("" if intervals.supported(difference) else " (noise)")
