@@ -36,7 +36,7 @@ RUNS = {
                               "--finetune-steps", "1", "--out", "OUT"],
     "extend --hf": ["extend", "--hf", "tiny", "--preset", "smoke", "--to", "1024", "--methods", "none,yarn",
                     "--corpus", "stdlib", "--documents", "2", "--dev-documents", "2", "--keys-per-band", "1",
-                    "--control-stride", "256", "--finetune", "pose", "--finetune-method", "ntk", "--finetune-window",
+                    "--retrieval-format", "remember", "--control-stride", "256", "--finetune", "pose", "--finetune-method", "ntk", "--finetune-window",
                     "64", "--pose-chunks", "3", "--finetune-lr", "1e-3", "--finetune-steps", "2", "--finetune-batch",
                     "1", "--lora", "2", "--export", "OUT/exported", "--device", "cpu", "--out", "OUT"],
     "extend --hf self-extend": ["extend", "--hf", "tiny", "--preset", "smoke", "--methods",
@@ -139,6 +139,7 @@ def _check_hf(out, run, printed):
     assert (config["finetune_method"], config["lora"], config["pose_chunks"], config["finetune_window"]) == ("ntk", 2, 3, 64)
     assert list(results["rows"]) == ["none", "yarn", "ntk+pose", "ntk+control"]
     assert len(results["rows"]["none"]["test"]) == 2 and results["control"]["context"] == [257, 512]
+    assert results["retrieval_format"] == "remember" and list(results["calibration"]["formats"]) == ["remember"]
     assert (out / "exported" / "config.json").exists()
 
 

@@ -134,6 +134,8 @@ def _add_extend(commands) -> None:
     hf.add_argument("--documents", type=int, help="test documents (the first --to tokens of each, keys planted)")
     hf.add_argument("--dev-documents", type=int, help="dev documents (they choose the exported row)")
     hf.add_argument("--keys-per-band", type=int, help="retrieval keys planted per depth band (4 bands) per document")
+    hf.add_argument("--retrieval-format", help="how keys are worded: auto (the one the unscaled model answers best "
+                                               "inside its context on dev, asked in each), secret-word, remember")
     hf.add_argument("--control-stride", type=int, help="the context control re-reads every this many tokens")
     hf.add_argument("--finetune", choices=["none", "pose", "full"],
                     help="pose: PoSE on short windows (adds the control row: same tokens, plain ids); full: windows "
@@ -153,7 +155,7 @@ def _add_extend(commands) -> None:
 
 
 # Flags of one of extend's two modes, refused in the other rather than silently ignored.
-_HF_ONLY = ("to", "corpus", "documents", "dev_documents", "keys_per_band", "control_stride", "finetune", "finetune_method",
+_HF_ONLY = ("to", "corpus", "documents", "dev_documents", "keys_per_band", "retrieval_format", "control_stride", "finetune", "finetune_method",
             "finetune_window", "pose_chunks", "finetune_lr", "lora", "self_extend_window", "self_extend_group",
             "string_shift", "string_local", "export")
 _OWN_MODEL_ONLY = ("run_dir", "factor", "finetune_lrs", "from_scratch", "eval_stride", "seeds", "sweep_windows",
@@ -198,8 +200,8 @@ def _run_extend_hf(args) -> int:
         check_lora_rank(args.lora)
     if args.corpus is not None and args.text is not None:
         raise ValueError("--corpus and --text both name the documents: pass one")
-    names = ("to", "methods", "text", "corpus", "documents", "dev_documents", "keys_per_band", "control_stride",
-             "finetune", "finetune_method", "finetune_window", "pose_chunks", "finetune_lr", "lora",
+    names = ("to", "methods", "text", "corpus", "documents", "dev_documents", "keys_per_band", "retrieval_format",
+             "control_stride", "finetune", "finetune_method", "finetune_window", "pose_chunks", "finetune_lr", "lora",
              "self_extend_window", "self_extend_group", "string_shift", "string_local", "finetune_steps",
              "finetune_batch", "search_population", "search_generations")
     overrides = {"model": args.hf, **{name: getattr(args, name) for name in names}}

@@ -13,13 +13,16 @@ TOKENS = ByteTokens()
 TEXT = TOKENS.encode("def f(x):\n    return x * 2\n" * 20)
 
 
-def test_needles_sit_at_their_depth_bands_and_the_haystack_has_the_asked_length():
-    haystack = retrieval.make_haystack(TOKENS.encode, TEXT, 2000, 4, 3, seed=0)
-    assert len(haystack.ids) == 2000 and len(haystack.needles) == 12
+@pytest.mark.parametrize("wording", list(retrieval.FORMATS))
+def test_needles_sit_at_their_depth_bands_and_the_haystack_has_the_asked_length(wording):
+    haystack = retrieval.make_haystack(TOKENS.encode, TEXT, 2000, 4, 3, seed=0, format=wording)
+    assert len(haystack.ids) == 2000 and len(haystack.needles) == 12 and haystack.format == wording
     assert [n.band for n in haystack.needles] == [b for b in range(4) for _ in range(3)]
     for needle in haystack.needles:
         start = round(needle.depth * 2000)
-        sentence = TOKENS.encode(retrieval.KEY.format(label=needle.label, key=needle.key))
+        sentence = TOKENS.encode(retrieval.FORMATS[wording].sentence(needle.label, needle.key))
+        assert sentence[: len(TOKENS.encode(retrieval.FORMATS[wording].ask(needle.label)))] == TOKENS.encode(
+            retrieval.FORMATS[wording].ask(needle.label))  # the question is the needle up to its key
         assert haystack.ids[start : start + len(sentence)] == sentence
         assert needle.band / 4 <= needle.depth < (needle.band + 1) / 4 + 0.05
     assert len({n.label for n in haystack.needles}) == 12 and all(n.key in retrieval.VALUES for n in haystack.needles)
@@ -37,16 +40,16 @@ def whole_prompt_answer(model, prefix, question, answer, steps):
     return greedy, log_prob
 
 
-@pytest.mark.parametrize("self_extend", [False, True])
-def test_asking_from_the_cache_equals_asking_with_the_whole_prompt(self_extend):
+@pytest.mark.parametrize("self_extend, wording", [(False, "secret-word"), (True, "remember")])
+def test_asking_from_the_cache_equals_asking_with_the_whole_prompt(self_extend, wording):
     model = tiny_llama(0, 64).double()
     if self_extend:
         use_self_extend(model, 24, 3)
-    haystack = retrieval.make_haystack(TOKENS.encode, TEXT, 300, 2, 2, seed=1)
+    haystack = retrieval.make_haystack(TOKENS.encode, TEXT, 300, 2, 2, seed=1, format=wording)
     records = retrieval.retrieve(model, haystack, TOKENS.encode, TOKENS.decode, max_new_tokens=5)
     whole = retrieval.retrieve(model, haystack, TOKENS.encode, TOKENS.decode, max_new_tokens=5, whole_prompt=True)
     for record, again, needle in zip(records, whole, haystack.needles):
-        question = TOKENS.encode(retrieval.QUESTION.format(label=needle.label))
+        question = TOKENS.encode(retrieval.FORMATS[wording].ask(needle.label))
         greedy, log_prob = whole_prompt_answer(model, haystack.ids, question, TOKENS.encode(" " + needle.key), 5)
         assert record["log_prob"] == pytest.approx(log_prob, abs=1e-9) == again["log_prob"]
         assert record["answer"] == TOKENS.decode(greedy) == again["answer"]
@@ -57,5 +60,7 @@ def test_too_short_a_haystack_or_too_many_keys_is_refused():
         retrieval.make_haystack(TOKENS.encode, TEXT, 100, 4, 3, seed=0)
     with pytest.raises(ValueError, match="at most 16 keys per haystack"):
         retrieval.make_haystack(TOKENS.encode, TEXT, 10_000, 5, 4, seed=0)
+    with pytest.raises(ValueError, match="--retrieval-format must be one of secret-word, remember"):
+        retrieval.make_haystack(TOKENS.encode, TEXT, 2000, 4, 3, seed=0, format="needle")
     assert retrieval.read_answer(" candle.\n The") == "candle" and retrieval.read_answer(" 123.") is None
     assert retrieval.read_answer(" candles") == "candles"  # exact match: the plural is not the key

@@ -6,10 +6,11 @@ to the haystack after each one, so a haystack costs one long forward plus a few 
 answer, scored by exact match of its first word (no substring credit), and the teacher-forced log-probability of
 the right word, which shows partial decay.
 
-The format was calibrated on dev documents with SmolLM2-135M at half its context (4,096 tokens, four keys per
-document): five-digit numbers as values were found 2 to 6 times in 32 (the model copies the first digits and
-drifts); one-token words 12 of 16, every miss in the deepest band (docs/pretrained.md). Labels are words unlikely
-in the text (not colours, which the Bible uses), each the last word before the answer.
+The wording of a key and its question is a ``Format`` (``FORMATS``). Which one a model answers inside its own
+context is measured, not assumed: ``posenc extend --hf`` asks the unscaled model on dev documents at half its
+context in every format (``--retrieval-format auto``) and plants the test keys in the one it answers best
+(docs/pretrained.md has SmolLM2-135M's calibration). Labels are words unlikely in the text (not colours, which the
+Bible uses), each the last word before the answer.
 
 Asking from the cache equals asking with the whole prompt at once (tests say so) for every scaling whose
 frequencies are fixed. ``dynamic`` NTK (and LongRoPE across its switch) changes frequencies with the length, so
@@ -31,8 +32,34 @@ LABELS = ("kayak", "tractor", "violin", "penguin", "laptop", "tulip", "volcano",
 VALUES = ("apple", "river", "candle", "garden", "silver", "thunder", "pencil", "window", "orange", "planet", "castle",
           "forest", "button", "mirror", "engine", "pillow", "rabbit", "ticket", "wallet", "bridge", "basket", "copper",
           "meadow", "parrot", "saddle", "lantern", "marble", "pepper", "harbor", "velvet", "ladder", "cotton")
-KEY = "\nThe secret word for {label}: {key}.\n"
-QUESTION = "\nThe secret word for {label}:"
+
+
+@dataclass(frozen=True)
+class Format:
+    """How a key is planted and asked: ``needle`` and ``question`` templates over {label} (and {key}); the question
+    is the needle's text up to its key, so the answer is the key word that follows it."""
+    needle: str
+    question: str
+
+    def sentence(self, label: str, key: str) -> str:
+        return self.needle.format(label=label, key=key)
+
+    def ask(self, label: str) -> str:
+        return self.question.format(label=label)
+
+
+FORMATS = {
+    "secret-word": Format("\nThe secret word for {label}: {key}.\n", "\nThe secret word for {label}:"),
+    "remember": Format("\nRemember: {label} = {key}.\n", "\nRemember: {label} ="),
+}
+DEFAULT_FORMAT = "secret-word"
+
+
+def check_format(name: str) -> Format:
+    """The ``Format`` called ``name``; a ValueError lists the known ones."""
+    if name not in FORMATS:
+        raise ValueError(f"--retrieval-format must be one of {', '.join(FORMATS)} (or auto), got {name!r}")
+    return FORMATS[name]
 
 
 @dataclass(frozen=True)
@@ -48,6 +75,7 @@ class Haystack:
     ids: list[int]  # exactly `length` token ids
     needles: tuple[Needle, ...]
     spans: tuple[tuple[int, int], ...] = ()  # [start, end) of each needle's sentence in ids
+    format: str = DEFAULT_FORMAT  # a key of FORMATS: how the needles were planted, and so how they are asked
 
     def scored(self) -> torch.Tensor:
         """(length − 1,) bool: next-token targets that are text, not a needle's sentence (the loss reads these)."""
@@ -62,15 +90,18 @@ def depth_grid(bands: int, per_band: int) -> list[tuple[int, float]]:
     return [(b, (b + (i + 0.5) / per_band) / bands) for b in range(bands) for i in range(per_band)]
 
 
-def make_haystack(encode, text_ids: list[int], length: int, bands: int, per_band: int, seed: int) -> Haystack:
-    """``length`` tokens of ``text_ids`` (repeated if short) with ``bands × per_band`` labelled key sentences."""
+def make_haystack(encode, text_ids: list[int], length: int, bands: int, per_band: int, seed: int,
+                  format: str = DEFAULT_FORMAT) -> Haystack:
+    """``length`` tokens of ``text_ids`` (repeated if short) with ``bands × per_band`` labelled key sentences,
+    worded as ``FORMATS[format]``."""
+    wording = check_format(format)
     grid = depth_grid(bands, per_band)
     if len(grid) > len(LABELS):
         raise ValueError(f"at most {len(LABELS)} keys per haystack (bands × keys per band), got {len(grid)}")
     rng = random.Random(seed)
     labels = rng.sample(LABELS, len(grid))
     keys = rng.sample(VALUES, len(grid))
-    sentences = [encode(KEY.format(label=label, key=key)) for label, key in zip(labels, keys)]
+    sentences = [encode(wording.sentence(label, key)) for label, key in zip(labels, keys)]
     budget = length - sum(len(s) for s in sentences)
     if budget < len(grid) or not text_ids:
         raise ValueError(f"retrieval length {length} is too short for {len(grid)} key sentences "
@@ -85,7 +116,7 @@ def make_haystack(encode, text_ids: list[int], length: int, bands: int, per_band
         spans.append((len(ids), len(ids) + len(sentence)))
         ids += sentence
     ids += filler[taken:]
-    return Haystack(ids, tuple(needles), tuple(spans))
+    return Haystack(ids, tuple(needles), tuple(spans), format)
 
 
 def read_answer(text: str) -> str | None:
@@ -150,9 +181,9 @@ def retrieve(model, haystack: Haystack, encode, decode, max_new_tokens: int = 8,
     device = next(model.parameters()).device
     if cache is None and not whole_prompt:
         cache = model(input_ids=torch.tensor([haystack.ids], device=device), use_cache=True).past_key_values
-    records = []
+    records, wording = [], FORMATS[haystack.format]
     for needle in haystack.needles:
-        question, answer = encode(QUESTION.format(label=needle.label)), encode(" " + needle.key)
+        question, answer = encode(wording.ask(needle.label)), encode(" " + needle.key)
         if whole_prompt:
             greedy, log_prob = ask_whole(model, haystack.ids, question, answer, max_new_tokens)
         else:

@@ -41,11 +41,12 @@ def test_full_fine_tuning_of_ntk_with_rerope_and_the_length_dependent_scalings(t
     model = tiny_llama(0, 512)
     hf.apply_scaling(model, got["rows"]["dynamic"]["rope_parameters"])
     window = long_documents(config, ByteTokens(), "test", 1, config.to)[0]["ids"]
-    haystack = retrieval.make_haystack(ByteTokens().encode, window.tolist(), config.to, 4, 1, seed=0)
+    haystack = retrieval.make_haystack(ByteTokens().encode, window.tolist(), config.to, 4, 1, seed=0,
+                                       format=got["retrieval_format"])
     needle = haystack.needles[0]
     encode = ByteTokens().encode
-    _, whole = retrieval.ask_whole(model, haystack.ids, encode(retrieval.QUESTION.format(label=needle.label)),
-                                   encode(" " + needle.key))
+    question = retrieval.FORMATS[got["retrieval_format"]].ask(needle.label)
+    _, whole = retrieval.ask_whole(model, haystack.ids, encode(question), encode(" " + needle.key))
     assert got["rows"]["dynamic"]["test"][0]["retrieval"][0]["log_prob"] == pytest.approx(whole, abs=1e-4)
 
 

@@ -19,6 +19,8 @@ from posenc.cli import main
 from posenc.experiments.pretrained import PretrainedConfig
 from posenc.experiments.pretrained.measure import (ByteTokens, long_documents, position_losses, sliding_losses,
                                                    tiny_llama)
+from posenc import hf
+from posenc.extension import retrieval
 from posenc.extension.retrieval import make_haystack
 from posenc.experiments.pretrained.stages import _check_against_model, plan_rows
 
@@ -104,10 +106,52 @@ def test_the_best_row_is_chosen_on_dev_and_exported_as_a_folder_from_pretrained_
     config = PretrainedConfig.from_preset("smoke")
     window = long_documents(config, ByteTokens(), "test", 1, config.to)[0]["ids"]
     haystack = make_haystack(ByteTokens().encode, window.tolist(), config.to, config.bands, config.keys_per_band,
-                             seed=0)
+                             seed=0, format=results["retrieval_format"])
     losses = position_losses(model, torch.tensor(haystack.ids), config.chunk)
     past = losses[511:][haystack.scored()[511:]].mean().item()
     assert past == pytest.approx(rows[results["best_row"]]["test"][0]["past"], abs=1e-5)
+
+
+def test_the_retrieval_format_is_chosen_on_dev_at_half_the_context_and_worded_so_at_test(smoke):
+    out, results = smoke
+    calibration = results["calibration"]
+    assert calibration["length"] == 256 and list(calibration["formats"]) == list(retrieval.FORMATS)
+    scores = {name: (c["accuracy"], c["log_prob"]) for name, c in calibration["formats"].items()}
+    assert results["retrieval_format"] == max(scores, key=scores.get)
+    assert len(set(scores.values())) == len(scores)  # the tiny model finds no key: log-probabilities decide
+    files = sorted(p.name for p in (out / "measurements").glob("in-context-*"))
+    assert files == sorted([f"in-context-dev{i}-{name}.json" for i in range(2) for name in retrieval.FORMATS]
+                           + [f"in-context-test{i}-{results['retrieval_format']}.json" for i in range(4)])
+    # the calibration's number, asked by hand: the unscaled model on dev document 0's first 256 tokens
+    config = PretrainedConfig.from_preset("smoke")
+    model = tiny_llama(0, 512)
+    window = long_documents(config, ByteTokens(), "dev", 1, config.to)[0]["ids"][:256]
+    for name, wording in retrieval.FORMATS.items():
+        haystack = make_haystack(ByteTokens().encode, window.tolist(), 256, 4, 1, seed=0, format=name)
+        got = json.loads((out / "measurements" / f"in-context-dev0-{name}.json").read_text())
+        needle = haystack.needles[0]
+        _, log_prob = retrieval.ask_whole(model, haystack.ids, list(wording.ask(needle.label).encode()),
+                                          list(f" {needle.key}".encode()))
+        assert got[0]["key"] == needle.key and got[0]["log_prob"] == pytest.approx(log_prob, abs=1e-4)
+    # test documents carry the chosen wording: the first key of the first test document, asked by hand
+    window = long_documents(config, ByteTokens(), "test", 1, config.to)[0]["ids"]
+    haystack = make_haystack(ByteTokens().encode, window.tolist(), config.to, 4, 1, seed=0,
+                             format=results["retrieval_format"])
+    hf.apply_scaling(model, results["rows"]["none"]["rope_parameters"])
+    needle, wording = haystack.needles[0], retrieval.FORMATS[results["retrieval_format"]]
+    _, log_prob = retrieval.ask_whole(model, haystack.ids, list(wording.ask(needle.label).encode()),
+                                      list(f" {needle.key}".encode()))
+    assert results["rows"]["none"]["test"][0]["retrieval"][0]["log_prob"] == pytest.approx(log_prob, abs=1e-4)
+    assert f"Keys worded as {results['retrieval_format']!r}" in (out / "results.md").read_text()
+
+
+def test_a_named_retrieval_format_is_used_without_calibrating_the_others(tmp_path):
+    out = tmp_path / "run"
+    assert main(["extend", "--hf", "tiny", "--preset", "smoke", "--methods", "none", "--finetune", "none",
+                 "--documents", "2", "--dev-documents", "1", "--retrieval-format", "remember", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["retrieval_format"] == "remember" and list(results["calibration"]["formats"]) == ["remember"]
+    assert results["calibration"]["chosen_by"] == "--retrieval-format"
 
 
 def test_the_context_control_reads_at_most_the_context():
@@ -175,6 +219,7 @@ def test_rows_follow_the_methods_and_the_finetune_mode():
     (["--control-stride", "1000"], "--control-stride (1000) must be at most the model's context (512)"),
     (["--documents", "1"], "--documents must be an integer >= 2"),
     (["--keys-per-band", "5"], "--keys-per-band (5) x 4 bands is over the 16 labels"),
+    (["--retrieval-format", "needle"], "--retrieval-format must be one of secret-word, remember"),
     (["--methods", "none,self-extended"], "unknown methods ['self-extended']"),
     (["--finetune-window", "600"], "--finetune-window (600) is longer than the model's context (512): PoSE"),
     (["--lora", "0"], "--lora must be a rank >= 1"),
@@ -286,9 +331,12 @@ def test_fine_tuning_under_torchrun_with_two_cpu_processes_matches_one(smoke, tm
     for name in ("yarn+pose", "yarn+control"):  # two processes, one global batch: the same model
         assert [w["past"] for w in got["rows"][name]["test"]] == pytest.approx(
             [w["past"] for w in want["rows"][name]["test"]], abs=1e-4), name
-    # the measurements were split between the ranks, and rank 0 merged every one of them
+    # the measurements were split between the ranks, and rank 0 merged every one of them (the chosen format's two
+    # dev in-context files were made earlier, while every format was calibrated)
     made = [int(n) for n in re.findall(r"rank \d: made (\d+) of 26 measurements", done.stdout)]
-    assert sorted(made) == [13, 13], done.stdout[-2000:]
+    assert sorted(made) == [12, 12], done.stdout[-2000:]
+    assert got["retrieval_format"] == want["retrieval_format"] and numbers(got["calibration"]) == pytest.approx(
+        numbers(want["calibration"]), abs=1e-5)
     assert got["processes"] == 2 and got["best_row"] == want["best_row"]
     for part in (lambda r: r["rows"]["none"], lambda r: r["in_context"], lambda r: r["control"]):
         assert numbers(part(got)) == pytest.approx(numbers(part(want)), abs=1e-5)

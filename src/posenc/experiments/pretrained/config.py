@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ... import checks
 from ...extension.adapt import MODES, check_lora_rank
 from ...extension.methods import parse_methods
-from ...extension.retrieval import LABELS
+from ...extension.retrieval import LABELS, check_format
 from ...lm.corpora import parse_corpora
 from ..presets import preset_values
 
@@ -58,6 +58,7 @@ class PretrainedConfig:
     dev_documents: int = 4  # dev documents: choose the exported row
     bands: int = 4  # depth bands the planted keys are spread over
     keys_per_band: int = 2
+    retrieval_format: str = "auto"  # a key of retrieval.FORMATS, or auto: the one the unscaled model answers best on dev
     control_stride: int = 2048  # the context control re-reads every this many tokens
     bins: int = 24
     chunk: int = 2048
@@ -100,6 +101,8 @@ class PretrainedConfig:
         if self.bands * self.keys_per_band > len(LABELS):
             raise ValueError(f"--keys-per-band ({self.keys_per_band}) x {self.bands} bands is over the "
                              f"{len(LABELS)} labels a document can hold")
+        if self.retrieval_format != "auto":
+            check_format(self.retrieval_format)
         for name in ("bands", "keys_per_band", "control_stride", "bins", "chunk", "first_tokens",
                      "finetune_window", "finetune_steps", "finetune_batch", "pose_chunks", "curve_points",
                      "self_extend_window"):

@@ -184,8 +184,25 @@ def title(results: dict) -> str:
 
 def in_context_line(results: dict) -> str:
     ctx = results["in_context"]
-    return (f"In-context retrieval (the unscaled model, keys planted in the first {ctx['length']:,} tokens): test "
+    line = (f"In-context retrieval (the unscaled model, keys planted in the first {ctx['length']:,} tokens): test "
             f"{_keys(ctx['test_keys'])}, dev (calibration) {_keys(ctx['dev_keys'])}.")
+    calibration = results.get("calibration")  # runs before retrieval formats had one format only
+    if calibration:
+        asked = ", ".join(f"{name} {_keys(cell)}" for name, cell in calibration["formats"].items())
+        line += (f" Keys worded as {results['retrieval_format']!r}, chosen by {calibration['chosen_by']} "
+                 f"({asked}).")
+    return line
+
+
+def calibration_rows(results: dict) -> tuple[list[str], list[list[str]]]:
+    """Each retrieval format: keys the unscaled model found on dev at half its context, per depth band."""
+    calibration = results["calibration"]
+    bands = results["config"]["bands"]
+    header = ["format", f"keys found on dev @ {calibration['length']:,} [95%]"] + [f"band {b + 1}" for b in range(bands)]
+    body = [[name + (" (chosen)" if name == results["retrieval_format"] else ""), _keys(cell)]
+            + ["—" if acc is None else f"{acc:.0%}" for acc in cell["by_band"]]
+            for name, cell in calibration["formats"].items()]
+    return header, body
 
 
 def terminal_table(results: dict) -> str:
@@ -218,6 +235,9 @@ def markdown(results: dict) -> str:
     lines += markdown_table(*comparison_rows(results)) + [""] + verdicts(results)
     lines += ["", "## Keys found by depth band (band 1: the start of the document, farthest from the question); in "
               "brackets the mean log-probability of the right word", ""] + markdown_table(*band_rows(results))
+    if results.get("calibration"):
+        lines += ["", f"## Retrieval formats, calibrated on dev ({results['calibration']['chosen_by']})", ""]
+        lines += markdown_table(*calibration_rows(results))
     if results["best_row"]:
         lines += ["", f"Best row on dev ({results['chosen_by']}): **{results['best_row']}**; its "
                   "`rope_parameters` (rope_parameters.json):", "", "```json",

@@ -89,8 +89,10 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
     shift = _string_shift(config, original)
     test = long_documents(config, tokens, "test", config.documents, config.to)
     dev = long_documents(config, tokens, "dev", config.dev_documents, config.to)
-    haystacks = [_haystack(tokens, w["ids"], config.to, config, i) for i, w in enumerate(test)]
-    _haystack(tokens, test[0]["ids"][: original // 2], original // 2, config, 0)  # the in-context keys fit
+    formats = list(retrieval.FORMATS) if config.retrieval_format == "auto" else [config.retrieval_format]
+    for wording in formats:  # every format's keys fit, in context and at --to, before the long work
+        _haystack(tokens, test[0]["ids"][: original // 2], original // 2, config, 0, wording)
+        _haystack(tokens, test[0]["ids"], config.to, config, 0, wording)
     if runtime.rank == 0:
         _pin(out, config, resume)
     runtime.barrier()
@@ -98,6 +100,13 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
     log(f"model: {config.model} ({model.config.model_type}, context {original}, rope_theta {theta:g}); to "
         f"{config.to} (factor {factor:g}); {len(test)} test and {len(dev)} dev documents, {config.to:,} tokens each")
     pristine = {name: p.detach().clone() for name, p in model.named_parameters()}
+    started = time.perf_counter()
+    calibration = _calibrate(model, tokens, dev, formats, config, original, out, runtime)
+    wording = max(formats, key=lambda f: (calibration[f]["accuracy"], calibration[f]["log_prob"]))
+    stages["retrieval calibration (unscaled, dev)"] = time.perf_counter() - started
+    log(f"retrieval format: {wording} (" + ", ".join(f"{f} {c['found']}/{c['total']}" for f, c in calibration.items())
+        + f" found by the unscaled model on dev at {original // 2:,} tokens)")
+    haystacks = [_haystack(tokens, w["ids"], config.to, config, i, wording) for i, w in enumerate(test)]
     if "longrope" in rows:
         started = time.perf_counter()
         parameters["longrope"] = _search(model, dev[0]["ids"], config, factor, original, theta, out, log)
@@ -111,7 +120,7 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
             stages[f"fine-tune {name}"] = time.perf_counter() - started
     measuring = dict(model=model, tokens=tokens, rows=rows, parameters=parameters, own=own, pristine=pristine,
                      group=group, shift=shift, test=test, haystacks=haystacks, dev=dev, config=config,
-                     original=original, out=out)
+                     original=original, out=out, wording=wording)
     if runtime.world_size > 1:  # the ranks split the measurements; rank 0 then reads them all back
         share = Share(runtime.rank, runtime.world_size)
         _measure_all(**measuring, share=share, stages=stages)
@@ -124,7 +133,9 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
     corpus = corpus_of(config.text, config.corpus).fingerprint
     results = report.collect(config, model, original, factor, group, corpus, test, dev, measured, control,
                              in_context, tuned, stages)
-    results.update(string_shift=shift, dca=dict(zip(("chunk_size", "local"), default_sizes(original)))
+    results.update(retrieval_format=wording, calibration={
+        "length": original // 2, "chosen_by": "most keys found by the unscaled model on the dev documents at half "
+        "its context" if len(formats) > 1 else "--retrieval-format", "formats": calibration}, string_shift=shift, dca=dict(zip(("chunk_size", "local"), default_sizes(original)))
                    if "dca" in rows else None, device=runtime.label, processes=runtime.world_size,
                    peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
                    provenance=provenance())
@@ -159,7 +170,7 @@ class Share:
 
 
 def _measure_all(model, tokens, rows, parameters, own, pristine, group, shift, test, haystacks, dev, config,
-                 original, out, share, stages, log=None):
+                 original, out, wording, share, stages, log=None):
     """Every row on every document, the in-context retrieval and the control: this process's ``share`` of them
     measured (the others are None), each a file under measurements/. Returns (measured, in_context, control)."""
     measured = {}
@@ -195,7 +206,7 @@ def _measure_all(model, tokens, rows, parameters, own, pristine, group, shift, t
     hf.apply_scaling(model, own)
     use_attention(model, "sdpa")
     half = original // 2
-    in_context = {split: [_in_context(model, tokens, f"{split}{i}", w["ids"], half, config, out, i, share)
+    in_context = {split: [_in_context(model, tokens, f"{split}{i}", w["ids"], half, config, out, i, wording, share)
                           for i, w in enumerate(windows)] for split, windows in (("test", test), ("dev", dev))}
     stages["in-context retrieval (unscaled)"] = time.perf_counter() - started
     started = time.perf_counter()
@@ -269,11 +280,12 @@ def _finetune(model, tokens, name, mode, params, pristine, config, original, cur
     return record
 
 
-def _haystack(tokens, ids: torch.Tensor, length: int, config: PretrainedConfig, index: int) -> retrieval.Haystack:
-    """A document's first ``length`` tokens with ``bands × keys_per_band`` labelled keys planted in it (the same
-    for every row: seeded by the document's index)."""
+def _haystack(tokens, ids: torch.Tensor, length: int, config: PretrainedConfig, index: int,
+              wording: str) -> retrieval.Haystack:
+    """A document's first ``length`` tokens with ``bands × keys_per_band`` labelled keys planted in it, worded as
+    the retrieval format ``wording`` (the same for every row: seeded by the document's index)."""
     return retrieval.make_haystack(tokens.encode, ids.tolist(), length, config.bands, config.keys_per_band,
-                                   seed=config.seed * 1000 + index)
+                                   seed=config.seed * 1000 + index, format=wording)
 
 
 def _losses_record(losses: torch.Tensor, scored: torch.Tensor, config, original: int) -> dict:
@@ -305,14 +317,36 @@ def _document(model, tokens, key: str, source, config, original: int, out: Path,
 
 
 def _in_context(model, tokens, key: str, ids: torch.Tensor, length: int, config, out: Path, index: int,
-                share: Share) -> list | None:
-    """The unscaled model asked for keys planted in a document's first ``length`` tokens (inside its context):
-    the calibration every retrieval table shows."""
+                wording: str, share: Share) -> list | None:
+    """The unscaled model asked for keys planted in a document's first ``length`` tokens (inside its context),
+    worded as ``wording``: the baseline every retrieval table shows, and on dev the calibration of the format."""
     def measure() -> list:
-        haystack = _haystack(tokens, ids[:length], length, config, index)
+        haystack = _haystack(tokens, ids[:length], length, config, index, wording)
         return retrieval.retrieve(model, haystack, tokens.encode, tokens.decode)
 
-    return share.measured(out / "measurements" / f"in-context-{key}.json", measure)
+    return share.measured(out / "measurements" / f"in-context-{key}-{wording}.json", measure)
+
+
+def _calibrate(model, tokens, dev, formats: list[str], config, original: int, out: Path, runtime) -> dict:
+    """{format: keys found by the unscaled model on every dev document at half its context (``report.keys_cell``)
+    and the mean log-probability of the right word ("log_prob", which breaks ties)} for each retrieval format: what
+    the run chooses its format by. Under ``torchrun`` the ranks split the documents and every rank reads them all
+    back."""
+    use_attention(model, "sdpa")  # the pristine, unscaled model: nothing is applied yet
+
+    def ask_all(share: Share) -> dict:
+        return {wording: [_in_context(model, tokens, f"dev{i}", w["ids"], original // 2, config, out, i, wording,
+                                      share) for i, w in enumerate(dev)] for wording in formats}
+
+    if runtime.world_size > 1:
+        ask_all(Share(runtime.rank, runtime.world_size))
+        runtime.barrier()
+    calibration = {}
+    for wording, documents in ask_all(Share()).items():
+        records = [k for d in documents for k in d]
+        calibration[wording] = {**report.keys_cell(records, config.bands),
+                                "log_prob": sum(r["log_prob"] for r in records) / len(records)}
+    return calibration
 
 
 def _control(model, haystack: retrieval.Haystack, key: str, config, original: int, out: Path,
