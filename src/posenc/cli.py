@@ -91,6 +91,7 @@ def _run_task(args) -> int:
 def _add_extend(commands) -> None:
     from .experiments.extend import EXTEND_METHODS, PRESETS
     from .experiments.pretrained import HF_PRESETS
+    from .extension.retrieval import FORMATS
 
     p = commands.add_parser(
         "extend", help="stretch a trained RoPE model to N× its length: zero-shot, fine-tuned, LongRoPE-searched",
@@ -135,7 +136,7 @@ def _add_extend(commands) -> None:
     hf.add_argument("--dev-documents", type=int, help="dev documents (they choose the exported row)")
     hf.add_argument("--keys-per-band", type=int, help="retrieval keys planted per depth band (4 bands) per document")
     hf.add_argument("--retrieval-format", help="how keys are worded: auto (the one the unscaled model answers best "
-                                               "inside its context on dev, asked in each), secret-word, remember")
+                                               f"inside its context on dev, asked in each) or one of {', '.join(FORMATS)}")
     hf.add_argument("--control-stride", type=int, help="the context control re-reads every this many tokens")
     hf.add_argument("--finetune", choices=["none", "pose", "full"],
                     help="pose: PoSE on short windows (adds the control row: same tokens, plain ids); full: windows "

@@ -60,7 +60,7 @@ def test_too_short_a_haystack_or_too_many_keys_is_refused():
         retrieval.make_haystack(TOKENS.encode, TEXT, 100, 4, 3, seed=0)
     with pytest.raises(ValueError, match="at most 16 keys per haystack"):
         retrieval.make_haystack(TOKENS.encode, TEXT, 10_000, 5, 4, seed=0)
-    with pytest.raises(ValueError, match="--retrieval-format must be one of secret-word, remember"):
+    with pytest.raises(ValueError, match="--retrieval-format must be one of secret-word, remember, remember-twice, made-up, made-up-twice"):
         retrieval.make_haystack(TOKENS.encode, TEXT, 2000, 4, 3, seed=0, format="needle")
     assert retrieval.read_answer(" candle.\n The") == "candle" and retrieval.read_answer(" 123.") is None
     assert retrieval.read_answer(" candles") == "candles"  # exact match: the plural is not the key

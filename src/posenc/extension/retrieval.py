@@ -9,8 +9,7 @@ the right word, which shows partial decay.
 The wording of a key and its question is a ``Format`` (``FORMATS``). Which one a model answers inside its own
 context is measured, not assumed: ``posenc extend --hf`` asks the unscaled model on dev documents at half its
 context in every format (``--retrieval-format auto``) and plants the test keys in the one it answers best
-(docs/pretrained.md has SmolLM2-135M's calibration). Labels are words unlikely in the text (not colours, which the
-Bible uses), each the last word before the answer.
+(docs/pretrained.md has SmolLM2-135M's calibration). In every format the label is the last word before the answer.
 
 Asking from the cache equals asking with the whole prompt at once (tests say so) for every scaling whose
 frequencies are fixed. ``dynamic`` NTK (and LongRoPE across its switch) changes frequencies with the length, so
@@ -27,11 +26,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+# Labels are words unlikely in the text (not colours, which the Bible uses); MADE_UP_LABELS mean nothing at all, so
+# no label pulls the answer toward a word it evokes ("mango = banana").
 LABELS = ("kayak", "tractor", "violin", "penguin", "laptop", "tulip", "volcano", "saxophone", "cactus", "rocket",
           "igloo", "walrus", "bicycle", "pyramid", "tornado", "mango")
 VALUES = ("apple", "river", "candle", "garden", "silver", "thunder", "pencil", "window", "orange", "planet", "castle",
           "forest", "button", "mirror", "engine", "pillow", "rabbit", "ticket", "wallet", "bridge", "basket", "copper",
           "meadow", "parrot", "saddle", "lantern", "marble", "pepper", "harbor", "velvet", "ladder", "cotton")
+MADE_UP_LABELS = ("blicket", "wug", "zorp", "glorp", "snerk", "plimble", "vornak", "quibble", "trellox", "mrobin",
+                  "yintar", "fepple", "daxon", "kirrup", "toveth", "brindle")
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,7 @@ class Format:
     is the needle's text up to its key, so the answer is the key word that follows it."""
     needle: str
     question: str
+    labels: tuple[str, ...] = LABELS
 
     def sentence(self, label: str, key: str) -> str:
         return self.needle.format(label=label, key=key)
@@ -48,9 +52,17 @@ class Format:
         return self.question.format(label=label)
 
 
+# Candidate wordings: the first posenc used, and what SmolLM2-135M answered best of eleven tried on dev documents at
+# half its context (docs/pretrained.md). A short "label = key" line beats a sentence; made-up labels beat real words
+# (a real one pulls the answer toward a word it evokes); saying the pair twice helps a weak retriever.
+REMEMBER = Format("\nRemember: {label} = {key}.\n", "\nRemember: {label} =")
+REMEMBER_TWICE = Format("\nRemember: {label} = {key}. Remember: {label} = {key}.\n", "\nRemember: {label} =")
 FORMATS = {
     "secret-word": Format("\nThe secret word for {label}: {key}.\n", "\nThe secret word for {label}:"),
-    "remember": Format("\nRemember: {label} = {key}.\n", "\nRemember: {label} ="),
+    "remember": REMEMBER,
+    "remember-twice": REMEMBER_TWICE,
+    "made-up": Format(REMEMBER.needle, REMEMBER.question, MADE_UP_LABELS),
+    "made-up-twice": Format(REMEMBER_TWICE.needle, REMEMBER_TWICE.question, MADE_UP_LABELS),
 }
 DEFAULT_FORMAT = "secret-word"
 
@@ -96,10 +108,10 @@ def make_haystack(encode, text_ids: list[int], length: int, bands: int, per_band
     worded as ``FORMATS[format]``."""
     wording = check_format(format)
     grid = depth_grid(bands, per_band)
-    if len(grid) > len(LABELS):
-        raise ValueError(f"at most {len(LABELS)} keys per haystack (bands × keys per band), got {len(grid)}")
+    if len(grid) > len(wording.labels):
+        raise ValueError(f"at most {len(wording.labels)} keys per haystack (bands × keys per band), got {len(grid)}")
     rng = random.Random(seed)
-    labels = rng.sample(LABELS, len(grid))
+    labels = rng.sample(wording.labels, len(grid))
     keys = rng.sample(VALUES, len(grid))
     sentences = [encode(wording.sentence(label, key)) for label, key in zip(labels, keys)]
     budget = length - sum(len(s) for s in sentences)

@@ -219,7 +219,7 @@ def test_rows_follow_the_methods_and_the_finetune_mode():
     (["--control-stride", "1000"], "--control-stride (1000) must be at most the model's context (512)"),
     (["--documents", "1"], "--documents must be an integer >= 2"),
     (["--keys-per-band", "5"], "--keys-per-band (5) x 4 bands is over the 16 labels"),
-    (["--retrieval-format", "needle"], "--retrieval-format must be one of secret-word, remember"),
+    (["--retrieval-format", "needle"], "--retrieval-format must be one of secret-word, remember, remember-twice, made-up, made-up-twice"),
     (["--methods", "none,self-extended"], "unknown methods ['self-extended']"),
     (["--finetune-window", "600"], "--finetune-window (600) is longer than the model's context (512): PoSE"),
     (["--lora", "0"], "--lora must be a rank >= 1"),

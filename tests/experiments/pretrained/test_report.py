@@ -87,3 +87,22 @@ def test_a_verdict_needs_the_corrected_interval_and_holms_p(monkeypatch):
                                                "cpu": "AMD EPYC 9B14"}})
     assert "| yarn+control |" in markdown and "In-context retrieval" in markdown
     assert markdown.rstrip().endswith("posenc 0 (commit abc), torch 0, Python 3, CPU AMD EPYC 9B14.")
+
+
+def test_the_calibration_table_reads_each_formats_dev_keys_and_marks_the_chosen_one(monkeypatch):
+    got = results(monkeypatch)
+    records = {"secret-word": [{"band": b, "correct": b == 3, "log_prob": -2.0} for b in range(4)] * 2,
+               "remember": [{"band": b, "correct": b >= 1, "log_prob": -0.5} for b in range(4)] * 2}
+    got["retrieval_format"] = "remember"
+    got["calibration"] = {"length": 256, "chosen_by": "most keys", "formats": {
+        name: {**report.keys_cell(r, 4), "log_prob": -2.0 if name == "secret-word" else -0.5}
+        for name, r in records.items()}}
+    header, body = report.calibration_rows(got)
+    assert header == ["format", "keys found on dev @ 256 [95%]", "band 1", "band 2", "band 3", "band 4", "log-prob"]
+    assert body[0][:2] == ["secret-word", "2/8 [7%, 59%]"] and body[0][2:] == ["0%", "0%", "0%", "100%", "-2.00"]
+    assert body[1][:2] == ["remember (chosen)", "6/8 [41%, 93%]"] and body[1][2:] == ["0%", "100%", "100%", "100%",
+                                                                                      "-0.50"]
+    assert "Keys worded as 'remember', chosen by most keys (secret-word 2/8" in report.in_context_line(got)
+    got.update(peak_rss_gib=1.0, device="cpu", provenance={"posenc": "0", "torch": "0", "python": "3", "commit": None,
+                                                           "cpu": "x"})
+    assert "## Retrieval formats, calibrated on dev (most keys)" in report.markdown(got)

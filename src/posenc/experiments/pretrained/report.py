@@ -195,12 +195,14 @@ def in_context_line(results: dict) -> str:
 
 
 def calibration_rows(results: dict) -> tuple[list[str], list[list[str]]]:
-    """Each retrieval format: keys the unscaled model found on dev at half its context, per depth band."""
+    """Each retrieval format: keys the unscaled model found on dev at half its context, per depth band, and the
+    mean log-probability of the right word (nats; it breaks ties)."""
     calibration = results["calibration"]
     bands = results["config"]["bands"]
-    header = ["format", f"keys found on dev @ {calibration['length']:,} [95%]"] + [f"band {b + 1}" for b in range(bands)]
+    header = (["format", f"keys found on dev @ {calibration['length']:,} [95%]"] + [f"band {b + 1}" for b in range(bands)]
+              + ["log-prob"])
     body = [[name + (" (chosen)" if name == results["retrieval_format"] else ""), _keys(cell)]
-            + ["—" if acc is None else f"{acc:.0%}" for acc in cell["by_band"]]
+            + ["—" if acc is None else f"{acc:.0%}" for acc in cell["by_band"]] + [f"{cell['log_prob']:.2f}"]
             for name, cell in calibration["formats"].items()]
     return header, body
 
