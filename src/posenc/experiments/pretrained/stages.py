@@ -26,7 +26,6 @@ import dataclasses
 import resource
 import time
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -39,10 +38,11 @@ from ...extension.search import Candidate, SearchConfig, search
 from ...extension.self_extend import smallest_group, use_attention, use_self_extend
 from ...extension.shifted import farthest_distance as string_farthest, smallest_shift, use_string
 from ...lm.runtime import Runtime, provenance
-from . import report
+from . import keys, report
 from .config import ATTENTION_METHODS, PretrainedConfig
 from .measure import (TRAIN_BYTES, binned, corpus_of, load_model, long_documents, method_parameters, position_losses,
                       prefill, read_text_tokens, sliding_losses)
+from .share import Share
 
 LENGTH_DEPENDENT = ("dynamic", "longrope")  # frequencies change with the length: no shared retrieval cache
 
@@ -91,8 +91,8 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
     dev = long_documents(config, tokens, "dev", config.dev_documents, config.to)
     formats = list(retrieval.FORMATS) if config.retrieval_format == "auto" else [config.retrieval_format]
     for wording in formats:  # every format's keys fit, in context and at --to, before the long work
-        _haystack(tokens, test[0]["ids"][: original // 2], original // 2, config, 0, wording)
-        _haystack(tokens, test[0]["ids"], config.to, config, 0, wording)
+        keys.haystack(tokens, test[0]["ids"][: original // 2], original // 2, config, 0, wording)
+        keys.haystack(tokens, test[0]["ids"], config.to, config, 0, wording)
     if runtime.rank == 0:
         _pin(out, config, resume)
     runtime.barrier()
@@ -101,12 +101,12 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
         f"{config.to} (factor {factor:g}); {len(test)} test and {len(dev)} dev documents, {config.to:,} tokens each")
     pristine = {name: p.detach().clone() for name, p in model.named_parameters()}
     started = time.perf_counter()
-    calibration = _calibrate(model, tokens, dev, formats, config, original, out, runtime)
+    calibration = keys.calibrate(model, tokens, dev, formats, config, original, out, runtime)
     wording = max(formats, key=lambda f: (calibration[f]["accuracy"], calibration[f]["log_prob"]))
     stages["retrieval calibration (unscaled, dev)"] = time.perf_counter() - started
     log(f"retrieval format: {wording} (" + ", ".join(f"{f} {c['found']}/{c['total']}" for f, c in calibration.items())
         + f" found by the unscaled model on dev at {original // 2:,} tokens)")
-    haystacks = [_haystack(tokens, w["ids"], config.to, config, i, wording) for i, w in enumerate(test)]
+    haystacks = [keys.haystack(tokens, w["ids"], config.to, config, i, wording) for i, w in enumerate(test)]
     if "longrope" in rows:
         started = time.perf_counter()
         parameters["longrope"] = _search(model, dev[0]["ids"], config, factor, original, theta, out, log)
@@ -147,28 +147,6 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
     return results
 
 
-class Share:
-    """Which measurements this process makes: every process walks the same keys in the same order and takes every
-    ``world_size``-th, from its ``rank`` on (one process takes them all)."""
-
-    def __init__(self, rank: int = 0, world_size: int = 1):
-        self.rank, self.world_size, self.seen, self.made = rank, world_size, 0, 0
-
-    def measured(self, path: Path, measure: Callable[[], dict | list]) -> dict | list | None:
-        """The measurement filed at ``path`` (made by ``measure`` and written atomically first, if not there yet),
-        or None where it is another process's share."""
-        mine = self.seen % self.world_size == self.rank
-        self.seen += 1
-        if not mine:
-            return None
-        if path.exists():
-            return storage.read_json(path)
-        self.made += 1
-        record = measure()
-        storage.write_json(path, record)
-        return record
-
-
 def _measure_all(model, tokens, rows, parameters, own, pristine, group, shift, test, haystacks, dev, config,
                  original, out, wording, share, stages, log=None):
     """Every row on every document, the in-context retrieval and the control: this process's ``share`` of them
@@ -206,7 +184,7 @@ def _measure_all(model, tokens, rows, parameters, own, pristine, group, shift, t
     hf.apply_scaling(model, own)
     use_attention(model, "sdpa")
     half = original // 2
-    in_context = {split: [_in_context(model, tokens, f"{split}{i}", w["ids"], half, config, out, i, wording, share)
+    in_context = {split: [keys.in_context(model, tokens, f"{split}{i}", w["ids"], half, config, out, i, wording, share)
                           for i, w in enumerate(windows)] for split, windows in (("test", test), ("dev", dev))}
     stages["in-context retrieval (unscaled)"] = time.perf_counter() - started
     started = time.perf_counter()
@@ -280,14 +258,6 @@ def _finetune(model, tokens, name, mode, params, pristine, config, original, cur
     return record
 
 
-def _haystack(tokens, ids: torch.Tensor, length: int, config: PretrainedConfig, index: int,
-              wording: str) -> retrieval.Haystack:
-    """A document's first ``length`` tokens with ``bands × keys_per_band`` labelled keys planted in it, worded as
-    the retrieval format ``wording`` (the same for every row: seeded by the document's index)."""
-    return retrieval.make_haystack(tokens.encode, ids.tolist(), length, config.bands, config.keys_per_band,
-                                   seed=config.seed * 1000 + index, format=wording)
-
-
 def _losses_record(losses: torch.Tensor, scored: torch.Tensor, config, original: int) -> dict:
     """Means over the scored targets (a needle's tokens are not text): the first tokens, inside the context, past
     it, the whole window, and per position bin. losses, scored: (T − 1,)."""
@@ -314,39 +284,6 @@ def _document(model, tokens, key: str, source, config, original: int, out: Path,
         return record
 
     return share.measured(out / "measurements" / f"doc-{key}.json", measure)
-
-
-def _in_context(model, tokens, key: str, ids: torch.Tensor, length: int, config, out: Path, index: int,
-                wording: str, share: Share) -> list | None:
-    """The unscaled model asked for keys planted in a document's first ``length`` tokens (inside its context),
-    worded as ``wording``: the baseline every retrieval table shows, and on dev the calibration of the format."""
-    def measure() -> list:
-        haystack = _haystack(tokens, ids[:length], length, config, index, wording)
-        return retrieval.retrieve(model, haystack, tokens.encode, tokens.decode)
-
-    return share.measured(out / "measurements" / f"in-context-{key}-{wording}.json", measure)
-
-
-def _calibrate(model, tokens, dev, formats: list[str], config, original: int, out: Path, runtime) -> dict:
-    """{format: keys found by the unscaled model on every dev document at half its context (``report.keys_cell``)
-    and the mean log-probability of the right word ("log_prob", which breaks ties)} for each retrieval format: what
-    the run chooses its format by. Under ``torchrun`` the ranks split the documents and every rank reads them all
-    back."""
-    use_attention(model, "sdpa")  # the pristine, unscaled model: nothing is applied yet
-
-    def ask_all(share: Share) -> dict:
-        return {wording: [_in_context(model, tokens, f"dev{i}", w["ids"], original // 2, config, out, i, wording,
-                                      share) for i, w in enumerate(dev)] for wording in formats}
-
-    if runtime.world_size > 1:
-        ask_all(Share(runtime.rank, runtime.world_size))
-        runtime.barrier()
-    calibration = {}
-    for wording, documents in ask_all(Share()).items():
-        records = [k for d in documents for k in d]
-        calibration[wording] = {**report.keys_cell(records, config.bands),
-                                "log_prob": sum(r["log_prob"] for r in records) / len(records)}
-    return calibration
 
 
 def _control(model, haystack: retrieval.Haystack, key: str, config, original: int, out: Path,
