@@ -136,7 +136,8 @@ def _add_extend(commands) -> None:
     hf.add_argument("--dev-documents", type=int, help="dev documents (they choose the exported row)")
     hf.add_argument("--keys-per-band", type=int, help="retrieval keys planted per depth band (4 bands) per document")
     hf.add_argument("--retrieval-format", help="how keys are worded: auto (the one the unscaled model answers best "
-                                               f"inside its context on dev, asked in each) or one of {', '.join(FORMATS)}")
+                                               "inside its context on dev, asked in each) or one of "
+                                               + ", ".join(FORMATS))
     hf.add_argument("--control-stride", type=int, help="the context control re-reads every this many tokens")
     hf.add_argument("--finetune", choices=["none", "pose", "full"],
                     help="pose: PoSE on short windows (adds the control row: same tokens, plain ids); full: windows "
@@ -156,9 +157,9 @@ def _add_extend(commands) -> None:
 
 
 # Flags of one of extend's two modes, refused in the other rather than silently ignored.
-_HF_ONLY = ("to", "corpus", "documents", "dev_documents", "keys_per_band", "retrieval_format", "control_stride", "finetune", "finetune_method",
-            "finetune_window", "pose_chunks", "finetune_lr", "lora", "self_extend_window", "self_extend_group",
-            "string_shift", "string_local", "export")
+_HF_ONLY = ("to", "corpus", "documents", "dev_documents", "keys_per_band", "retrieval_format", "control_stride",
+            "finetune", "finetune_method", "finetune_window", "pose_chunks", "finetune_lr", "lora",
+            "self_extend_window", "self_extend_group", "string_shift", "string_local", "export")
 _OWN_MODEL_ONLY = ("run_dir", "factor", "finetune_lrs", "from_scratch", "eval_stride", "seeds", "sweep_windows",
                    "curve_windows", "search_windows")
 

@@ -52,8 +52,8 @@ class Format:
         return self.question.format(label=label)
 
 
-# Candidate wordings: the first posenc used, and what SmolLM2-135M answered best of eleven tried on dev documents at
-# half its context (docs/pretrained.md). A short "label = key" line beats a sentence; made-up labels beat real words
+# Candidate wordings: the first posenc used, and what SmolLM2-135M answered best of fourteen tried on dev documents
+# at half its context (docs/pretrained.md). A short "label = key" line beats a sentence; made-up labels beat real words
 # (a real one pulls the answer toward a word it evokes); saying the pair twice helps a weak retriever.
 REMEMBER = Format("\nRemember: {label} = {key}.\n", "\nRemember: {label} =")
 REMEMBER_TWICE = Format("\nRemember: {label} = {key}. Remember: {label} = {key}.\n", "\nRemember: {label} =")

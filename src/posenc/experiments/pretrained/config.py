@@ -58,7 +58,7 @@ class PretrainedConfig:
     dev_documents: int = 4  # dev documents: choose the exported row
     bands: int = 4  # depth bands the planted keys are spread over
     keys_per_band: int = 2
-    retrieval_format: str = "auto"  # a key of retrieval.FORMATS, or auto: the one the unscaled model answers best on dev
+    retrieval_format: str = "auto"  # a key of retrieval.FORMATS, or auto: what the unscaled model answers best on dev
     control_stride: int = 2048  # the context control re-reads every this many tokens
     bins: int = 24
     chunk: int = 2048

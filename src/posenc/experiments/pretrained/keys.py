@@ -14,6 +14,8 @@ from . import report
 from .config import PretrainedConfig
 from .share import Share
 
+CHOSEN_BY = "most keys found by the unscaled model on the dev documents at half its context"
+
 
 def haystack(tokens, ids: torch.Tensor, length: int, config: PretrainedConfig, index: int,
              wording: str) -> retrieval.Haystack:
@@ -54,3 +56,9 @@ def calibrate(model, tokens, dev, formats: list[str], config, original: int, out
         calibration[wording] = {**report.keys_cell(records, config.bands),
                                 "log_prob": sum(r["log_prob"] for r in records) / len(records)}
     return calibration
+
+
+def best_format(calibration: dict) -> str:
+    """The wording with the most keys found in ``calibrate``'s record; ties go to the higher mean log-probability
+    of the right word, then to the first in ``retrieval.FORMATS``' order."""
+    return max(calibration, key=lambda name: (calibration[name]["accuracy"], calibration[name]["log_prob"]))

@@ -199,8 +199,8 @@ def calibration_rows(results: dict) -> tuple[list[str], list[list[str]]]:
     mean log-probability of the right word (nats; it breaks ties)."""
     calibration = results["calibration"]
     bands = results["config"]["bands"]
-    header = (["format", f"keys found on dev @ {calibration['length']:,} [95%]"] + [f"band {b + 1}" for b in range(bands)]
-              + ["log-prob"])
+    header = (["format", f"keys found on dev @ {calibration['length']:,} [95%]"]
+              + [f"band {b + 1}" for b in range(bands)] + ["log-prob"])
     body = [[name + (" (chosen)" if name == results["retrieval_format"] else ""), _keys(cell)]
             + ["—" if acc is None else f"{acc:.0%}" for acc in cell["by_band"]] + [f"{cell['log_prob']:.2f}"]
             for name, cell in calibration["formats"].items()]

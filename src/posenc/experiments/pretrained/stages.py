@@ -102,7 +102,7 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
     pristine = {name: p.detach().clone() for name, p in model.named_parameters()}
     started = time.perf_counter()
     calibration = keys.calibrate(model, tokens, dev, formats, config, original, out, runtime)
-    wording = max(formats, key=lambda f: (calibration[f]["accuracy"], calibration[f]["log_prob"]))
+    wording = keys.best_format(calibration)
     stages["retrieval calibration (unscaled, dev)"] = time.perf_counter() - started
     log(f"retrieval format: {wording} (" + ", ".join(f"{f} {c['found']}/{c['total']}" for f, c in calibration.items())
         + f" found by the unscaled model on dev at {original // 2:,} tokens)")
@@ -133,9 +133,10 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
     corpus = corpus_of(config.text, config.corpus).fingerprint
     results = report.collect(config, model, original, factor, group, corpus, test, dev, measured, control,
                              in_context, tuned, stages)
-    results.update(retrieval_format=wording, calibration={
-        "length": original // 2, "chosen_by": "most keys found by the unscaled model on the dev documents at half "
-        "its context" if len(formats) > 1 else "--retrieval-format", "formats": calibration}, string_shift=shift, dca=dict(zip(("chunk_size", "local"), default_sizes(original)))
+    chosen_by = keys.CHOSEN_BY if len(formats) > 1 else "--retrieval-format"
+    results.update(retrieval_format=wording, calibration={"length": original // 2, "chosen_by": chosen_by,
+                                                          "formats": calibration},
+                   string_shift=shift, dca=dict(zip(("chunk_size", "local"), default_sizes(original)))
                    if "dca" in rows else None, device=runtime.label, processes=runtime.world_size,
                    peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
                    provenance=provenance())
@@ -184,8 +185,9 @@ def _measure_all(model, tokens, rows, parameters, own, pristine, group, shift, t
     hf.apply_scaling(model, own)
     use_attention(model, "sdpa")
     half = original // 2
-    in_context = {split: [keys.in_context(model, tokens, f"{split}{i}", w["ids"], half, config, out, i, wording, share)
-                          for i, w in enumerate(windows)] for split, windows in (("test", test), ("dev", dev))}
+    in_context = {split: [keys.in_context(model, tokens, f"{split}{i}", w["ids"], half, config, out, i, wording,
+                                          share) for i, w in enumerate(windows)]
+                  for split, windows in (("test", test), ("dev", dev))}
     stages["in-context retrieval (unscaled)"] = time.perf_counter() - started
     started = time.perf_counter()
     control = {"test": [_control(model, haystack, f"test{i}", config, original, out, share)
