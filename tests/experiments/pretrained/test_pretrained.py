@@ -362,3 +362,17 @@ def test_a_run_pinned_before_a_field_existed_resumes_when_the_field_keeps_its_de
     storage.write_json(tmp_path / "config.json", {"hf": {**older, "methods": ["none"]}})
     with pytest.raises(ValueError, match=r"differs in \['string_local'\]"):
         _pin(tmp_path, PretrainedConfig.from_preset("smoke", methods=("none", "string"), string_local=8), resume=True)
+
+
+def test_a_run_pinned_before_wordings_were_calibrated_resumes_only_in_its_own_wording(tmp_path):
+    """Its finished files hold keys worded "The secret word for ...": auto could choose another wording for the
+    rows still to measure, so resuming it asks for that wording by name."""
+    from posenc import storage
+    from posenc.experiments.pretrained.stages import _pin
+
+    config = PretrainedConfig.from_preset("smoke")
+    older = {k: v for k, v in config.to_dict().items() if k != "retrieval_format"}
+    storage.write_json(tmp_path / "config.json", {"hf": older})
+    with pytest.raises(ValueError, match=r"differs in \['retrieval_format'\]"):
+        _pin(tmp_path, config, resume=True)
+    _pin(tmp_path, PretrainedConfig.from_preset("smoke", retrieval_format="secret-word"), resume=True)

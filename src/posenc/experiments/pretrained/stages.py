@@ -45,6 +45,9 @@ from .measure import (TRAIN_BYTES, binned, corpus_of, load_model, long_documents
 from .share import Share
 
 LENGTH_DEPENDENT = ("dynamic", "longrope")  # frequencies change with the length: no shared retrieval cache
+# What a run pinned before a config field existed did instead of that field's default: its keys, planted before
+# wordings were calibrated, read "The secret word for ...", so resuming it needs --retrieval-format secret-word.
+BEFORE_THE_FIELD = {"retrieval_format": "secret-word"}
 
 
 def plan_rows(config: PretrainedConfig) -> dict[str, dict]:
@@ -328,7 +331,8 @@ def _pin(out: Path, config: PretrainedConfig, resume: bool) -> None:
         previous = storage.read_json(pinned).get("hf", {})
         adds_rows = {"methods", "preset"} | ({"finetune"} if previous.get("finetune") == "none" else set())
         defaults = {field.name: field.default for field in dataclasses.fields(PretrainedConfig)}
-        was = {k: previous.get(k, defaults.get(k)) for k in current["hf"]}  # a field newer than the run: its default
+        defaults.update(BEFORE_THE_FIELD)  # a field newer than the run: what the run did then, else its default
+        was = {k: previous.get(k, defaults.get(k)) for k in current["hf"]}
         changed = sorted(k for k, v in current["hf"].items() if k not in adds_rows and was[k] != v
                          and not (isinstance(v, tuple) and was[k] == list(v)))
         if changed:
