@@ -37,15 +37,27 @@ def test_resampling_files_widens_the_interval_of_correlated_windows():
     values = levels.repeat_interleave(10) + 0.01 * torch.randn(200, generator=generator, dtype=torch.float64)
     files = [f"f{i // 10}" for i in range(200)]
     by_file, unit = intervals.units(files)
-    assert unit == "files" and by_file[:11] == [0] * 10 + [1]
+    assert unit == "20 files" and by_file[:11] == [0] * 10 + [1]
     low_f, high_f = intervals.bootstrap_interval(values, by_file)
     low_w, high_w = intervals.bootstrap_interval(values, list(range(200)))
     assert (high_f - low_f) > 2.5 * (high_w - low_w)
 
 
-def test_few_files_fall_back_to_windows():
-    groups, unit = intervals.units(["a", "a", "b", "c"])
-    assert unit == "windows" and groups == [0, 1, 2, 3]
+def test_few_files_are_still_the_unit_and_say_so():
+    """Windows are never resampled one by one: with few files the interval stays over files, labelled."""
+    groups, unit = intervals.units(["a", "a", "b", "c", "a"])
+    assert groups == [0, 0, 1, 2, 0] and unit == "3 files, too few to cover 95%"
+    assert intervals.units(["a", "a"]) == ([0, 0], "1 file, too few to cover 95%")
+
+
+def test_windows_of_few_files_get_the_interval_of_their_files_not_of_their_windows():
+    """Two files, one of low and one of high windows: resampling files draws all-low or all-high resamples
+    (a quarter each), so the interval spans both levels; resampling 40 windows would shrink it tenfold."""
+    values = [0.0] * 20 + [1.0] * 20
+    groups, _ = intervals.units(["low"] * 20 + ["high"] * 20)
+    assert intervals.bootstrap_interval(values, groups) == (0.0, 1.0)
+    low, high = intervals.bootstrap_interval(values, list(range(40)))
+    assert high - low < 0.4
 
 
 def test_the_paired_difference_is_the_difference_of_the_means_with_a_tighter_interval():
@@ -87,7 +99,7 @@ def test_position_bands_bracket_each_bin_mean():
 
 def test_exactly_min_files_files_are_resampled_by_file():
     groups, unit = intervals.units([f"f{i}" for i in range(intervals.MIN_FILES)])
-    assert unit == "files" and groups == list(range(intervals.MIN_FILES))
+    assert unit == f"{intervals.MIN_FILES} files" and groups == list(range(intervals.MIN_FILES))
 
 
 def test_means_are_taken_in_float64():

@@ -3,8 +3,10 @@ that trained the models), and, over several seeds, a Student t interval of the s
 
 A table cell is the mean of per-window scores (every window the same number of bytes). Its 95% interval
 is a percentile bootstrap: resample units with replacement, recompute the mean, take the 2.5th and 97.5th
-percentiles. The unit is the file a window starts in when the windows span at least ``MIN_FILES`` files
-(windows of one file are correlated, so resampling them one by one would claim too much), else the window.
+percentiles. The unit is always the file a window starts in: windows of one file are correlated, so resampling
+them one by one would claim too much, and most where there are fewest files. Below ``MIN_FILES`` files the
+interval is still over files and is labelled as too few to cover its share (a percentile bootstrap over 4 units
+covers the truth about 79% of the time).
 With several seeds every seed scores the same windows, so seeds and units are crossed, and each resample
 draws both, independently (a pigeonhole bootstrap): seed-to-seed variance is inside the interval, not
 averaged away before it. A handful of seeds is too few for a bootstrap to cover its share, so the cell also
@@ -27,12 +29,12 @@ BOOTSTRAP_SEED = 0
 
 
 def units(files: list[str] | tuple[str, ...]) -> tuple[list[int], str]:
-    """(unit index per window, what a unit is): files when there are at least MIN_FILES of them, else windows."""
+    """(unit index per window, what a unit is): the file each window starts in, numbered in order of first
+    appearance, and "N files" (", too few to cover 95%" below MIN_FILES)."""
     names = list(dict.fromkeys(files))
-    if len(names) >= MIN_FILES:
-        index = {name: i for i, name in enumerate(names)}
-        return [index[f] for f in files], "files"
-    return list(range(len(files))), "windows"
+    index = {name: i for i, name in enumerate(names)}
+    few = f", too few to cover {LEVEL:.0%}" if len(names) < MIN_FILES else ""
+    return [index[f] for f in files], f"{len(names)} file{'s' if len(names) != 1 else ''}{few}"
 
 
 def bootstrap_interval(values, groups: list[int], *, resamples: int = RESAMPLES, level: float = LEVEL,

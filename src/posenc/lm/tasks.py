@@ -39,6 +39,10 @@ class CopyTask:
     def vocab_size(self) -> int:
         return self.symbols + 2  # symbols, separator, padding
 
+    def scored_per_sequence(self, length: int) -> int:
+        """How many of ``exact_match``'s items one evaluation sequence gives: one (the whole copy)."""
+        return 1
+
     def check_length(self, length: int) -> None:
         if checks.positive_int("length", length, minimum=2) % 2:
             raise ValueError(f"copy needs an even length (string, separator, string), got {length}")
@@ -76,6 +80,10 @@ class RecallTask:
 
     def asked(self, length: int) -> int:
         return self.pairs(length) if self.queries is None else self.queries
+
+    def scored_per_sequence(self, length: int) -> int:
+        """How many of ``exact_match``'s items one evaluation sequence gives: one per asked pair."""
+        return self.asked(length)
 
     def check_length(self, length: int) -> None:
         checks.positive_int("length", length, minimum=4)

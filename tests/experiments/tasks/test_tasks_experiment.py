@@ -84,3 +84,22 @@ def test_cli_task_flags(tmp_path, capsys):
         assert main(["extrapolate", "--task", "copy", "--preset", "smoke", "--out", str(tmp_path / "x"), *args]) == 2
         assert message.replace("\\", "") in capsys.readouterr().err  # one line, before any work
         assert not (tmp_path / "x").exists()
+
+
+def test_recall_answers_are_resampled_by_their_sequence():
+    """A recall sequence's answers share it: the cell's bootstrap draws sequences. Half the sequences all right and
+    half all wrong is a mean of 0.5 over n sequences, not over n × asked answers: the interval is about as wide as
+    a coin over the sequences (±1.96·0.5/√n), not √asked times narrower."""
+    config = smoke("recall", encodings="none")
+    length, sequences = 32, config.eval_sequences
+    asked = config.task_spec.scored_per_sequence(length)
+    assert asked > 1 and config.task_spec.scored_per_sequence(length) == config.task_spec.asked(length)
+    groups = stages._sequences(config, str(length), asked * sequences)
+    assert groups[: asked + 1] == [0] * asked + [1] and groups[-1] == sequences - 1
+    right = [float(sequence % 2 == 0) for sequence in groups]
+    cell = stages.intervals.cell([right], groups)
+    half_width = 1.96 * 0.5 / sequences**0.5
+    assert cell["mean"] == 0.5 and cell["high"] - cell["low"] > 1.5 * half_width
+    with pytest.raises(ValueError, match="expected 8 for each of"):
+        stages._sequences(config, str(length), asked * sequences - 1)
+    assert CopyTask().scored_per_sequence(length) == 1

@@ -4,7 +4,8 @@ Flow: for each seed and row: train (resumable checkpoint) -> final weights -> ex
 ``eval_sequences`` test sequences per length -> results.json, results.md, tasks.png, and a table.
 Test sequences come from a generator seeded by their length alone, far from any training seed, so
 every row and seed answers the same questions; a cell is the mean over them with a 95% bootstrap
-interval, and the spread over seeds when there are several.
+interval that resamples sequences (a recall sequence's answers together, never answer by answer), and the
+spread over seeds when there are several.
 
 Run directory: ``config.json``; ``checkpoints/<row>-seed<k>/`` (last.pt while training,
 model.safetensors + train.json when done); ``evals/<row>-seed<k>.json``. ``--resume`` skips what
@@ -117,6 +118,15 @@ def _evaluate(config: TaskConfig, name, model, seed, out, runtime, log) -> None:
         f"{n}: {'N/A' if v is None else f'{sum(v) / len(v):.3f}'}" for n, v in scores.items()))
 
 
+def _sequences(config: TaskConfig, length: str, items: int) -> list[int]:
+    """(items,): the test sequence each exact-match item of ``length`` came from, the unit a bootstrap resamples."""
+    per_sequence = config.task_spec.scored_per_sequence(int(length))
+    if items != per_sequence * config.eval_sequences:
+        raise ValueError(f"{items} exact-match items at length {length}: expected {per_sequence} for each of "
+                         f"{config.eval_sequences} test sequences")
+    return [item // per_sequence for item in range(items)]
+
+
 def _collect(config: TaskConfig, out: Path, trainings: dict, wall: float) -> dict:
     seeds = range(config.seed, config.seed + config.seeds)
     rows = []
@@ -125,12 +135,14 @@ def _collect(config: TaskConfig, out: Path, trainings: dict, wall: float) -> dic
         cells = {}
         for length in map(str, config.eval_lengths):
             per_seed = [e[length] for e in evals]
-            items = None if per_seed[0] is None else list(range(len(per_seed[0])))
-            cells[length] = None if items is None else intervals.cell(per_seed, items)
+            cells[length] = None if per_seed[0] is None else intervals.cell(per_seed, _sequences(config, length,
+                                                                                                 len(per_seed[0])))
         rows.append({"name": name, "encoding": encoding, "randomized_positions": randomized, "exact_match": cells,
                      "train_seconds": [trainings[f"{name}-seed{s}"]["wall_time_s"] for s in seeds]})
     results = {"task": config.task, "task_spec": str(config.task_spec), "train_length": config.train_length,
                "eval_lengths": config.eval_lengths, "seeds": config.seeds, "config": config.to_dict(),
-               "rows": rows, "wall_time_s": wall, "provenance": provenance()}
+               "rows": rows, "interval": f"95% bootstrap over the {config.eval_sequences} test sequences per length "
+               f"(and seeds, drawn independently, where several ran), {intervals.RESAMPLES} resamples",
+               "wall_time_s": wall, "provenance": provenance()}
     storage.write_json(out / "results.json", results)
     return results
