@@ -84,3 +84,24 @@ def test_model_config_rejects_bad_sizes():
         ModelConfig(dim=30, num_heads=4)
     with pytest.raises(ValueError, match="unknown encoding 'rotary'"):
         LanguageModel(ModelConfig(encoding="rotary"))
+
+
+def test_every_encoding_starts_from_the_same_shared_weights_at_the_same_seed():
+    """The token embeddings and blocks come from their own generator: an encoding that draws parameters (a learned
+    table, FIRE's MLP, Kerple's slopes) leaves them as a parameter-free one has them; another seed moves them."""
+    def shared(encoding: str, seed: int) -> dict:
+        torch.manual_seed(seed)
+        model = LanguageModel(ModelConfig(encoding=encoding, dim=32, num_layers=2, num_heads=4, max_positions=16))
+        return {name: p for name, p in model.state_dict().items() if not name.startswith("encoding.")}
+
+    reference = shared("none", 0)
+    assert any("qkv" in name for name in reference) and "embed.weight" in reference
+    for encoding in ("learned", "fire", "kerple", "cope", "fox", "rope"):
+        weights = shared(encoding, 0)
+        assert weights.keys() == reference.keys()
+        assert all(torch.equal(weights[name], reference[name]) for name in reference), encoding
+    other = shared("none", 1)
+    assert not torch.equal(other["embed.weight"], reference["embed.weight"])
+    assert reference["blocks.0.mlp.0.bias"].abs().sum() == 0  # biases start at zero
+    deep = reference["blocks.1.attn_out.weight"].std().item()
+    assert deep == pytest.approx(0.02 / 2, rel=0.15)  # GPT-2's shrunk residual branch: 0.02 / sqrt(2 · 2 layers)

@@ -8,13 +8,15 @@ Token embeddings follow GPT-2 (std 0.02, tied output head). A fixed sinusoid of
 unit amplitude would drown them (Vaswani et al. instead scale embeddings by √D,
 which trains markedly slower at this size for every other encoding), so the model
 builds input-door encodings at the token embeddings' scale: a sinusoid of RMS 0.02
-(``scale`` = 0.02·√2), a learned table initialised with std 0.02.
+(``scale`` = 0.02·√2), a learned table initialised with std 0.02. At the same seed every encoding starts from
+the same token embeddings and blocks (their own generator), so rows differ by their encodings alone.
 
 Shapes: B batch, T tokens, D model width, H heads, Dh = D / H, V = 256 bytes.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -189,18 +191,24 @@ class LanguageModel(nn.Module):
         sizes = {"dim": config.dim, "head_dim": config.head_dim, "num_heads": config.num_heads,
                  "num_layers": config.num_layers, "max_positions": config.max_positions, "scale": EMBEDDING_STD * 2**0.5,
                  "init_std": EMBEDDING_STD}
+        # The modules every encoding shares draw from their own generator, seeded by one draw of the global one
+        # made before the encoding draws anything: at the same seed, every encoding starts from the same token
+        # embeddings and blocks, whatever its own parameters consume.
+        shared = torch.Generator().manual_seed(int(torch.randint(0, 2**62, ())))
         self.encoding = build_for_model(config.encoding, sizes=sizes, **config.encoding_kwargs)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
         self.final_norm = nn.LayerNorm(config.dim)
-        self.apply(self._init_weights)
+        self.encoding.apply(self._init_weights)  # its linear maps and tables (FIRE's MLP), from the global generator
+        for module in (self.embed, self.blocks):
+            module.apply(functools.partial(self._init_weights, generator=shared))
         for block in self.blocks:  # GPT-2: shrink residual branches with depth
-            nn.init.normal_(block.attn_out.weight, std=EMBEDDING_STD / (2 * config.num_layers) ** 0.5)
-            nn.init.normal_(block.mlp[2].weight, std=EMBEDDING_STD / (2 * config.num_layers) ** 0.5)
+            for weight in (block.attn_out.weight, block.mlp[2].weight):
+                nn.init.normal_(weight, std=EMBEDDING_STD / (2 * config.num_layers) ** 0.5, generator=shared)
 
     @staticmethod
-    def _init_weights(module: nn.Module) -> None:
+    def _init_weights(module: nn.Module, generator: torch.Generator | None = None) -> None:
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, std=EMBEDDING_STD)
+            nn.init.normal_(module.weight, std=EMBEDDING_STD, generator=generator)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
