@@ -5,7 +5,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from posenc.lm.data import Split, check_corpus_size, sample_windows, split_of, stdlib_corpus, text_corpus, train_batch
+from posenc.lm.data import (Split, check_corpus_size, sample_windows, split_of, stdlib_corpus, stdlib_documents,
+                            text_corpus, train_batch)
+from posenc.lm.leakage import near_duplicate_groups
 from posenc.lm.evaluate import sliding_windows
 
 
@@ -24,11 +26,19 @@ def test_stdlib_corpus_is_split_by_file_and_fingerprinted(stdlib):
     assert stdlib_corpus().fingerprint["sha256"] == f["sha256"]
 
 
-def test_train_dev_and_test_hold_disjoint_files_chosen_by_their_path(stdlib):
+def test_train_dev_and_test_hold_disjoint_files_chosen_by_their_group_s_path(stdlib):
+    """Each file goes where its near-duplicate group's first path sends it: a file like no other, by its own path;
+    the stdlib's generated codec tables (encodings/cp*.py), all in one split."""
     train, dev, test = (set(split.files) for split in (stdlib.train, stdlib.dev, stdlib.test))
     assert not (train & dev) and not (train & test) and not (dev & test)
-    assert all(split_of(name) == "dev" for name in dev) and all(split_of(name) == "test" for name in test)
-    assert all(split_of(name) == "train" for name in list(train)[:50])
+    groups = near_duplicate_groups(stdlib_documents())
+    for name, split in [(n, "train") for n in train] + [(n, "dev") for n in dev] + [(n, "test") for n in test]:
+        assert split_of(groups[name]) == split, name
+    near = stdlib.fingerprint["near_duplicates"]
+    assert near["documents"] > 50 and near["groups"] >= 5 and near["moved"] >= 5
+    windows_codecs = {groups[f"encodings/cp125{digit}.py"] for digit in range(9)}  # generated from one template
+    assert len(windows_codecs) == 1 and groups["bz2.py"] == groups["lzma.py"] == "bz2.py"
+    assert sum(split_of(name) != split_of(groups[name]) for name in groups) == near["moved"]
 
 
 def test_dev_and_test_bytes_never_appear_in_training(stdlib):
@@ -230,3 +240,4 @@ def test_corpus_size_checks_sit_exactly_at_what_is_needed():
                                          r"\(plus one\) need 99; use more text, fewer --eval-windows or shorter"):
         check_corpus_size(_corpus(4 * 17, 3 * 33 - 1), train_length=16, window=32, windows=3)
     check_corpus_size(_corpus(4 * 17, 33), train_length=16, window=32)  # one window by default
+

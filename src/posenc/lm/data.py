@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from .leakage import NEAR_DUPLICATE, SHINGLE_BYTES, near_duplicate_groups
+
 TEST_DIRS = {"test", "tests", "idle_test", "__pycache__", "site-packages", "dist-packages"}
 SPLIT_EVERY = 20  # by a hash of its path, one file in 20 goes to test and one in 20 to dev
 WINDOW_SEED = 0  # the evaluation windows' sample: fixed, so runs with other model seeds score the same bytes
@@ -85,25 +87,33 @@ class _SplitBuilder:
 def corpus_from_documents(documents, source: str, *, every: int = SPLIT_EVERY, test: int = 1, dev: int = 1
                           ) -> Corpus:
     """A corpus from ``(name, bytes)`` documents in order, each sent whole to one split by a hash of its name
-    (``split_of``); the fingerprint hashes every document's bytes in order."""
-    splits, hasher, count = {name: _SplitBuilder() for name in ("train", "dev", "test")}, hashlib.sha256(), 0
+    (``split_of``), near-duplicates together (``leakage.near_duplicate_groups``: by the hash of their group's first
+    name); the fingerprint hashes every document's bytes in order and counts the documents grouped."""
+    documents = list(documents)
+    groups = near_duplicate_groups(documents)
+    splits, hasher = {name: _SplitBuilder() for name in ("train", "dev", "test")}, hashlib.sha256()
     for name, data in documents:
         hasher.update(data)
-        splits[split_of(name, every, test, dev)].add(name, data)
-        count += 1
+        splits[split_of(groups[name], every, test, dev)].add(name, data)
+    grouped = [name for name, first in groups.items() if first != name or list(groups.values()).count(name) > 1]
     fingerprint = {
         "source": source,
-        "files": count,
+        "files": len(documents),
         "bytes": sum(len(b.data) for b in splits.values()),
         "sha256": hasher.hexdigest(),
         "python_version": platform.python_version(),
-        "split": f"by document: sha256(name) % {every} < {test} is test, < {test + dev} is dev, the rest train",
+        "split": f"by document: sha256(name) % {every} < {test} is test, < {test + dev} is dev, the rest train; "
+                 f"near-duplicates (resemblance >= {NEAR_DUPLICATE} of their {SHINGLE_BYTES}-byte stretches) go "
+                 "together, by their group's first name",
+        "near_duplicates": {"documents": len(grouped), "groups": len({groups[name] for name in grouped}),
+                            "moved": sum(split_of(n, every, test, dev) != split_of(groups[n], every, test, dev)
+                                         for n in grouped)},
     }
     return Corpus(splits["train"].build(), splits["dev"].build(), splits["test"].build(), fingerprint)
 
 
-def _corpus_from_files(root: Path, files: list[Path], source: str) -> Corpus:
-    return corpus_from_documents(((path.relative_to(root).as_posix(), path.read_bytes()) for path in files), source)
+def _documents(root: Path, files: list[Path]) -> list[tuple[str, bytes]]:
+    return [(path.relative_to(root).as_posix(), path.read_bytes()) for path in files]
 
 
 def _split_by_bytes(name: str, data: bytes | bytearray) -> tuple[Split, Split, Split]:
@@ -117,14 +127,19 @@ def _as_tensor(data: bytes | bytearray) -> Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8)
 
 
-def stdlib_corpus() -> Corpus:
-    """The running interpreter's standard library ``.py`` files, tests excluded."""
+def stdlib_documents() -> list[tuple[str, bytes]]:
+    """The running interpreter's standard library ``.py`` files, tests excluded: [(relative path, bytes)], sorted."""
     root = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(
         path for path in root.rglob("*.py")
         if not TEST_DIRS.intersection(path.relative_to(root).parts[:-1]) and not path.name.startswith("test_")
     )
-    return _corpus_from_files(root, files, f"python{platform.python_version()} stdlib")
+    return _documents(root, files)
+
+
+def stdlib_corpus() -> Corpus:
+    """The running interpreter's standard library ``.py`` files, tests excluded."""
+    return corpus_from_documents(stdlib_documents(), f"python{platform.python_version()} stdlib")
 
 
 def text_corpus(path: str | os.PathLike) -> Corpus:
@@ -151,7 +166,7 @@ def text_corpus(path: str | os.PathLike) -> Corpus:
     unreadable = [p for p in files if not os.access(p, os.R_OK)]
     if unreadable:
         raise ValueError(f"--text {root}: cannot read {unreadable[0]}")
-    corpus = _corpus_from_files(root, files, str(root))
+    corpus = corpus_from_documents(_documents(root, files), str(root))
     if not (len(corpus.train) and len(corpus.dev) and len(corpus.test)):
         # Too few files for a by-file split: fall back to bytes, and say so.
         data = bytearray().join(path.read_bytes() + b"\n" for path in files)
@@ -234,3 +249,4 @@ def sample_windows(split: Split, length: int, count: int | None = None, *, seed:
                         for i in torch.randperm(len(group), generator=generator)[:quota].tolist())
     tokens = torch.stack([split.data[i * slot : (i + 1) * slot] for i in chosen]).long()
     return Windows(tokens, tuple(owners[i] for i in chosen), tuple(i * slot for i in chosen))
+

@@ -1,0 +1,114 @@
+"""What crosses a split: near-duplicate documents grouped before it, verbatim overlap measured after it."""
+
+import pytest
+import torch
+
+from posenc.lm import leakage
+from posenc.lm.data import Split, corpus_from_documents, sample_windows, split_of
+
+
+def random_bytes(count: int, seed: int) -> bytes:
+    return bytes(torch.randint(0, 256, (count,), generator=torch.Generator().manual_seed(seed)).tolist())
+
+
+def edited(data: bytes, every: int, seed: int) -> bytes:
+    """``data`` with one byte in ``every`` changed (at seeded places)."""
+    out = bytearray(data)
+    for place in torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))[: len(data) // every]:
+        out[place] ^= 0x55
+    return bytes(out)
+
+
+def jaccard(a: bytes, b: bytes, shingle: int = leakage.SHINGLE_BYTES) -> float:
+    """The exact resemblance the sketches estimate: Jaccard similarity of the sets of ``shingle``-byte stretches."""
+    sa = {a[i : i + shingle] for i in range(len(a) - shingle + 1)}
+    sb = {b[i : i + shingle] for i in range(len(b) - shingle + 1)}
+    return len(sa & sb) / len(sa | sb)
+
+
+def test_stretch_hashes_are_equal_exactly_where_the_stretches_are():
+    data = torch.tensor(list(b"abcdabcdabcxabcd"), dtype=torch.uint8)
+    hashes = leakage.stretch_hashes(data, 4).tolist()
+    stretches = [bytes(data[i : i + 4].tolist()) for i in range(len(data) - 3)]
+    assert len(hashes) == 13
+    for i in range(13):
+        for j in range(13):
+            assert (hashes[i] == hashes[j]) == (stretches[i] == stretches[j]), (i, j)
+    for bad in (0, 3, 12):
+        with pytest.raises(ValueError, match="power of two"):
+            leakage.stretch_hashes(data, bad)
+
+
+def test_resemblance_estimates_the_jaccard_similarity_of_the_stretches():
+    """Against the exact Jaccard similarity of 32-byte stretch sets: within 3 standard errors of a 64-hash sketch."""
+    base = random_bytes(6000, 0)
+    for every, seed in ((400, 1), (150, 2), (60, 3)):
+        other = edited(base, every, seed)
+        exact = jaccard(base, other)
+        estimate = leakage.resemblance(leakage.sketch(base), leakage.sketch(other))
+        assert abs(estimate - exact) < 3 * (exact * (1 - exact) / leakage.SKETCH_SIZE) ** 0.5 + 0.02, (every, exact)
+    assert leakage.resemblance(leakage.sketch(base), leakage.sketch(base)) == 1.0
+    assert leakage.resemblance(leakage.sketch(base), leakage.sketch(random_bytes(6000, 9))) == 0.0
+    assert leakage.resemblance(leakage.sketch(b"short"), leakage.sketch(base)) == 0.0  # shorter than a shingle
+    assert len(leakage.sketch(base)) == leakage.SKETCH_SIZE and len(leakage.sketch(b"x" * 40)) == 1
+
+
+def test_near_duplicates_chain_into_groups_named_by_their_first_member():
+    """b is a (lightly edited) copy of d, e a copy of b: one group, named "b" (its first name); a and c stand alone,
+    and so does f, a heavily edited copy (its resemblance to d is far below the threshold)."""
+    d = random_bytes(5000, 0)
+    b = edited(d, 300, 1)
+    e = edited(b, 300, 2)
+    f = edited(d, 12, 3)
+    assert jaccard(d, f) < 0.1 < leakage.NEAR_DUPLICATE < jaccard(d, b)
+    documents = [("d", d), ("a", random_bytes(5000, 4)), ("e", e), ("c", random_bytes(5000, 5)), ("b", b), ("f", f)]
+    assert leakage.near_duplicate_groups(documents) == {"a": "a", "b": "b", "c": "c", "d": "b", "e": "b", "f": "f"}
+    assert leakage.near_duplicate_groups([("x", b"tiny"), ("y", b"tiny")]) == {"x": "x", "y": "y"}
+
+
+def test_a_corpus_sends_a_group_where_its_first_name_goes():
+    """Two near-copies whose own paths fall in different splits land together, in the first name's split; the
+    fingerprint counts them."""
+    names = [f"doc{i:02}" for i in range(60)]
+    first = next(n for n in names if split_of(n) == "test")
+    second = next(n for n in names if split_of(n) == "train" and n > first)
+    text = random_bytes(3000, 0)
+    documents = [(n, random_bytes(3000, i + 1)) for i, n in enumerate(names) if n not in (first, second)]
+    documents += [(first, text), (second, edited(text, 300, 7))]
+    corpus = corpus_from_documents(documents, "synthetic")
+    assert first in corpus.test.files and second in corpus.test.files
+    assert corpus.fingerprint["near_duplicates"] == {"documents": 2, "groups": 1, "moved": 1}
+    assert "near-duplicates (resemblance >= 0.3" in corpus.fingerprint["split"]
+
+
+def test_train_overlap_finds_exactly_the_probes_that_stand_verbatim_in_train():
+    """Against a brute-force search (bytes.find) on random bytes with planted copies: a probe counts only when all
+    of its bytes stand in train in order; one byte changed and it is not found."""
+    generator = torch.Generator().manual_seed(0)
+    train = torch.randint(0, 256, (5000,), generator=generator, dtype=torch.uint8)
+    test = torch.randint(0, 256, (1100,), generator=generator, dtype=torch.uint8)
+    test[0:80] = train[1234:1314]  # windows of 50 + 1 bytes, probes at 0, 16, 32: window 0's three, window 1's first
+    test[185:201] = train[4984:5000]  # the last 16 bytes of train: window 3's third probe
+    test[255:271] = train[10:26]
+    test[260] ^= 1  # window 5's first probe, one byte off: not found
+    split = Split(test, ("a.py", "b.py"), (0, 510))
+    windows = sample_windows(split, 50)
+    overlap = leakage.train_overlap(Split(train, ("t.py",), (0,)), windows, probe=16)
+    raw = bytes(train.tolist())
+    expected = [[raw.find(bytes(w[s : s + 16].tolist())) >= 0 for s in range(0, 51 - 16 + 1, 16)]
+                for w in windows.tokens]
+    assert overlap["probes"] == len(windows.files) * 3 and overlap["probe_bytes"] == 16
+    assert overlap["in_train"] == pytest.approx(sum(map(sum, expected)) / overlap["probes"])
+    assert expected[:2] == [[True, True, True], [True, False, False]] and expected[3] == [False, False, True]
+    assert sum(map(sum, expected)) == 5
+    assert list(overlap["files"]) == ["a.py"]
+    assert overlap["files"]["a.py"] == pytest.approx(sum(map(sum, expected[:10])) / 30)
+    with pytest.raises(ValueError, match="power of two"):
+        leakage.train_overlap(Split(train, ("t.py",), (0,)), windows, probe=12)
+
+
+def test_windows_shorter_than_a_probe_are_probed_at_the_largest_power_of_two_they_hold():
+    train = Split(torch.tensor(list(b"0123456789abcdef" * 4), dtype=torch.uint8), ("t",), (0,))
+    test = Split(torch.tensor(list(b"456789abcdefXYZW"), dtype=torch.uint8), ("a",), (0,))
+    overlap = leakage.train_overlap(train, sample_windows(test, 9))  # one window of 10 bytes: one 8-byte probe
+    assert overlap["probe_bytes"] == 8 and overlap["probes"] == 1 and overlap["in_train"] == 1.0
