@@ -44,6 +44,10 @@ def test_smoke_run_writes_every_file_row_and_column(smoke_run):
     markdown = (out / "results.md").read_text()
     assert "| learned | " in markdown and "N/A" in markdown
     assert "the same for every encoding, plus the encoding's own tables (learned 512, " in markdown
+    overlap = results["train_overlap"]  # its values: tests/lm/test_data.py
+    assert overlap["probe_bytes"] == 64 and overlap["probes"] == results["windows"]["count"] * (129 // 64)
+    assert 0 <= overlap["in_train"] < 0.5 and all(0 < share <= 1 for share in overlap["files"].values())
+    assert f"Train/test overlap: {overlap['in_train']:.1%} of {overlap['probes']:,} 64-byte probes" in markdown
 
 
 def test_factor_one_scalings_equal_plain_rope(smoke_run):
@@ -256,3 +260,14 @@ def test_damaged_weights_name_the_file_and_the_way_out(tmp_path, capsys):
     weights.unlink()  # the way out the message gives: the stage that wrote it is redone
     assert main(args + ["--resume"]) == 0
     assert weights.exists()
+
+
+def test_the_overlap_line_names_the_share_and_the_files_that_leak_most():
+    from posenc.experiments.extrapolate.report import overlap_line
+
+    overlap = {"probe_bytes": 64, "probes": 3840, "in_train": 0.078125,
+               "files": {"encodings/cp932.py": 0.625, "bz2.py": 0.4125, "a.py": 0.1, "b.py": 0.05}}
+    assert overlap_line(overlap) == ("Train/test overlap: 7.8% of 3,840 64-byte probes of the scored windows stand "
+                                     "verbatim in train (most in encodings/cp932.py 62%, bz2.py 41%, a.py 10%).")
+    assert overlap_line({**overlap, "in_train": 0.0, "files": {}}).endswith("stand verbatim in train.")
+    assert overlap_line(None) == "Train/test overlap: not measured by this run."

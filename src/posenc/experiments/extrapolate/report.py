@@ -53,6 +53,16 @@ def terminal_table(results: dict) -> str:
     return title(results) + "\n" + tables.text_table(*table_rows(results))
 
 
+def overlap_line(overlap: dict | None) -> str:
+    """What of the scored text also stands verbatim in train (``lm.data.train_overlap``); results made before it
+    was measured say so."""
+    if overlap is None:
+        return "Train/test overlap: not measured by this run."
+    worst = ", ".join(f"{name} {share:.0%}" for name, share in list(overlap["files"].items())[:3])
+    return (f"Train/test overlap: {overlap['in_train']:.1%} of {overlap['probes']:,} {overlap['probe_bytes']}-byte "
+            f"probes of the scored windows stand verbatim in train" + (f" (most in {worst})." if worst else "."))
+
+
 def markdown_table(results: dict) -> str:
     corpus, windows = results["corpus"], results["windows"]
     lines = [f"# {title(results)}", ""] + tables.markdown_table(*table_rows(results))
@@ -67,6 +77,8 @@ def markdown_table(results: dict) -> str:
         f"({windows['bytes']:,} bytes, a seeded sample stratified over {windows['files']} of its "
         f"{windows['split_files']} files, {windows['split_bytes']:,} bytes), the same windows for every row and "
         f"column; intervals: {windows['interval']}.",
+        "",
+        overlap_line(results.get("train_overlap")),
         "",
         f"Corpus: {corpus['source']} ({corpus['files']} files, sha256 `{corpus['sha256'][:16]}`, "
         f"split {corpus['split']}). Device: {results['device']}, {results['processes']} process(es), "

@@ -22,6 +22,7 @@ import torch
 from ... import storage
 from ...lm.data import Windows, load_corpus, sample_windows
 from ...lm.evaluate import evaluate
+from ...lm.leakage import train_overlap
 from ...lm.model import LanguageModel
 from ...lm.runtime import Runtime, provenance
 from ...lm.train import TrainConfig, train
@@ -185,6 +186,7 @@ def _collect(config, rows, corpus, windows: Windows, out, runtime, trainings, wa
         "protocol": protocol,
         "corpus": corpus.fingerprint,
         "windows": intervals.describe_windows(windows, corpus.test),
+        "train_overlap": train_overlap(corpus.train, windows),
         "provenance": provenance(),
         "device": runtime.label,
         "processes": runtime.world_size,
