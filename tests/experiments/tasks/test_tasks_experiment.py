@@ -33,6 +33,11 @@ def test_smoke_run_writes_table_figure_and_resumes(task, tmp_path):
     for name in ("results.json", "results.md", "tasks.png", "config.json"):
         assert (out / name).exists()
     assert "| rope+randomized |" in (out / "results.md").read_text()
+    assert results["splits"] == {"dev": {"sequences": 32, "generator_seed": "2000003 + length"},
+                                 "test": {"sequences": 32, "generator_seed": "1000003 + length"}}
+    assert "## Dev sequences" in (out / "results.md").read_text()
+    for row in results["rows"]:  # dev is scored where test is, on other sequences
+        assert [v is None for v in row["dev_exact_match"].values()] == [c is None for c in row["exact_match"].values()]
     messages = []
     again = run(smoke(task), out, resume=True, log=messages.append)
     assert sum("already trained" in m for m in messages) == 4
@@ -63,8 +68,9 @@ def test_the_pipeline_scores_a_perfect_copier_1_and_one_wrong_token_0(tmp_path):
     for wrong, expected in ((False, 1.0), (True, 0.0)):
         out = tmp_path / str(wrong)
         stages._evaluate(config, "copier", Copier(wrong), 0, out, type("R", (), {"device": "cpu"})(), lambda *_: None)
-        scores = json.loads((out / "evals" / "copier-seed0.json").read_text())["exact_match"]
-        assert all(values == [expected] * config.eval_sequences for values in scores.values())
+        written = json.loads((out / "evals" / "copier-seed0.json").read_text())
+        for scores in (written["exact_match"], written["dev_exact_match"]):
+            assert all(values == [expected] * config.eval_sequences for values in scores.values())
     assert isinstance(task, CopyTask)
 
 
@@ -103,3 +109,18 @@ def test_recall_answers_are_resampled_by_their_sequence():
     with pytest.raises(ValueError, match="expected 8 for each of"):
         stages._sequences(config, str(length), asked * sequences - 1)
     assert CopyTask().scored_per_sequence(length) == 1
+
+
+def test_dev_and_test_ask_different_sequences_and_an_old_run_has_no_dev():
+    """The two splits' generators differ, so a model tuned on dev is never scored on what it was tuned by; an
+    evaluation file from before dev sequences existed still collects, with no dev values and no dev table."""
+    config = smoke("recall", encodings="none")
+    task = config.task_spec
+    dev, test = (task.batch(16, 4, torch.Generator().manual_seed(seed + 16), full=True)[0]
+                 for seed in (stages.DEV_SEED, stages.TEST_SEED))
+    assert not torch.equal(dev, test)
+    scores = {str(n): [1.0] * (task.scored_per_sequence(n) * config.eval_sequences) for n in config.eval_lengths}
+    assert stages._means(config, [scores, {**scores, "8": [0.0] * len(scores["8"])}])["8"] == 0.5
+    from posenc.experiments.tasks import report
+    old = {"train_length": 8, "eval_lengths": [8], "rows": [{"name": "none", "dev_exact_match": None}]}
+    assert report.dev_rows(old) is None

@@ -36,9 +36,23 @@ def terminal_table(results: dict) -> str:
     return caption(results) + "\n" + tables.text_table(*table_rows(results))
 
 
+def dev_rows(results: dict) -> tuple[list[str], list[list[str]]] | None:
+    """Each row's mean exact match on the dev sequences (what choices read), or None for a run made before them."""
+    if any(row.get("dev_exact_match") is None for row in results["rows"]):
+        return None
+    train_length = results["train_length"]
+    header = ["encoding"] + [f"{n // train_length}× ({n})" for n in results["eval_lengths"]]
+    return header, [[row["name"]] + ["N/A" if row["dev_exact_match"][str(n)] is None else
+                                     f"{row['dev_exact_match'][str(n)]:.3f}" for n in results["eval_lengths"]]
+                    for row in results["rows"]]
+
+
 def write_all(results: dict, out: Path) -> None:
+    dev = dev_rows(results)
     lines = [f"# posenc extrapolate --task {results['task']}", "", caption(results), "",
              *tables.markdown_table(*table_rows(results)), "", "![exact match vs length](tasks.png)", "",
+             *(["## Dev sequences (what budgets and presets are chosen on; never reported as results)", "",
+                *tables.markdown_table(*dev), ""] if dev else []),
              f"{results['wall_time_s']:.0f} s. " + provenance_line(results["provenance"]), ""]
     storage.write_text(out / "results.md", "\n".join(lines))
     save_figure(task_figure(results), out / "tasks.png")

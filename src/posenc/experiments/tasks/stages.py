@@ -1,9 +1,10 @@
 """``posenc extrapolate --task``: train each row on the task at one length, score exact match at 1×…8×.
 
 Flow: for each seed and row: train (resumable checkpoint) -> final weights -> exact match on
-``eval_sequences`` test sequences per length -> results.json, results.md, tasks.png, and a table.
-Test sequences come from a generator seeded by their length alone, far from any training seed, so
-every row and seed answers the same questions; a cell is the mean over them with a 95% bootstrap
+``eval_sequences`` dev and test sequences per length -> results.json, results.md, tasks.png, and a table.
+Dev and test sequences each come from a generator seeded by their split's seed plus the length, far from any
+training seed, so every row and seed answers the same questions; whatever a run is tuned by (a budget, a preset)
+reads dev, and every reported cell is test. A cell is the mean over the test sequences with a 95% bootstrap
 interval that resamples sequences (a recall sequence's answers together, never answer by answer), and the
 spread over seeds when there are several.
 
@@ -30,6 +31,8 @@ from . import report
 from .config import TaskConfig
 
 TEST_SEED = 1_000_003  # test sequences: a generator seeded by this plus the length
+DEV_SEED = 2_000_003  # dev sequences, likewise
+SPLIT_SEEDS = {"dev": DEV_SEED, "test": TEST_SEED}
 EVAL_BATCH = 64
 
 
@@ -100,9 +103,20 @@ def _evaluate(config: TaskConfig, name, model, seed, out, runtime, log) -> None:
     path = out / "evals" / f"{name}-seed{seed}.json"
     if path.exists():
         return
+    scores = {split: _exact_match(config, model, split_seed, runtime, f"eval {name} ({split})")
+              for split, split_seed in SPLIT_SEEDS.items()}
+    storage.write_json(path, {"row": name, "seed": seed, "exact_match": scores["test"],
+                              "dev_exact_match": scores["dev"]})
+    log(f"{name} (seed {seed}): " + ", ".join(
+        f"{n}: {'N/A' if v is None else f'{sum(v) / len(v):.3f}'}" for n, v in scores["test"].items()))
+
+
+def _exact_match(config: TaskConfig, model, split_seed: int, runtime, label: str) -> dict[str, list[float] | None]:
+    """{length: exact-match items (``lm.tasks.exact_match``) on the split's ``eval_sequences`` sequences, or None
+    where the model has no value at that length}."""
     task, scores = config.task_spec, {}
-    for length in tqdm(config.eval_lengths, desc=f"eval {name}", leave=False, dynamic_ncols=True):
-        generator = torch.Generator().manual_seed(TEST_SEED + length)
+    for length in tqdm(config.eval_lengths, desc=label, leave=False, dynamic_ncols=True):
+        generator = torch.Generator().manual_seed(split_seed + length)
         right = []
         try:
             for start in range(0, config.eval_sequences, EVAL_BATCH):
@@ -113,35 +127,50 @@ def _evaluate(config: TaskConfig, name, model, seed, out, runtime, log) -> None:
         except ValueError:  # a learned table has no rows past its training length
             right = None
         scores[str(length)] = right
-    storage.write_json(path, {"row": name, "seed": seed, "exact_match": scores})
-    log(f"{name} (seed {seed}): " + ", ".join(
-        f"{n}: {'N/A' if v is None else f'{sum(v) / len(v):.3f}'}" for n, v in scores.items()))
+    return scores
 
 
 def _sequences(config: TaskConfig, length: str, items: int) -> list[int]:
-    """(items,): the test sequence each exact-match item of ``length`` came from, the unit a bootstrap resamples."""
+    """(items,): the sequence each exact-match item of ``length`` came from, the unit a bootstrap resamples."""
     per_sequence = config.task_spec.scored_per_sequence(int(length))
     if items != per_sequence * config.eval_sequences:
         raise ValueError(f"{items} exact-match items at length {length}: expected {per_sequence} for each of "
-                         f"{config.eval_sequences} test sequences")
+                         f"{config.eval_sequences} sequences")
     return [item // per_sequence for item in range(items)]
+
+
+def _cells(config: TaskConfig, per_seed_scores: list[dict]) -> dict:
+    """{length: a cell over the seeds' exact-match items (``intervals.cell``), or None where there are none}."""
+    cells = {}
+    for length in map(str, config.eval_lengths):
+        per_seed = [scores[length] for scores in per_seed_scores]
+        cells[length] = None if per_seed[0] is None else intervals.cell(per_seed, _sequences(config, length,
+                                                                                             len(per_seed[0])))
+    return cells
+
+
+def _means(config: TaskConfig, per_seed_scores: list[dict]) -> dict:
+    """{length: the mean exact match over the seeds' items, or None where there are none}."""
+    return {n: None if per_seed_scores[0][n] is None else
+            sum(sum(scores[n]) / len(scores[n]) for scores in per_seed_scores) / len(per_seed_scores)
+            for n in map(str, config.eval_lengths)}
 
 
 def _collect(config: TaskConfig, out: Path, trainings: dict, wall: float) -> dict:
     seeds = range(config.seed, config.seed + config.seeds)
     rows = []
     for name, encoding, randomized in config.rows:
-        evals = [storage.read_json(out / "evals" / f"{name}-seed{seed}.json")["exact_match"] for seed in seeds]
-        cells = {}
-        for length in map(str, config.eval_lengths):
-            per_seed = [e[length] for e in evals]
-            cells[length] = None if per_seed[0] is None else intervals.cell(per_seed, _sequences(config, length,
-                                                                                                 len(per_seed[0])))
-        rows.append({"name": name, "encoding": encoding, "randomized_positions": randomized, "exact_match": cells,
+        evals = [storage.read_json(out / "evals" / f"{name}-seed{seed}.json") for seed in seeds]
+        dev = [e.get("dev_exact_match") for e in evals]  # None in evaluations made before dev sequences existed
+        rows.append({"name": name, "encoding": encoding, "randomized_positions": randomized,
+                     "exact_match": _cells(config, [e["exact_match"] for e in evals]),
+                     "dev_exact_match": None if None in dev else _means(config, dev),
                      "train_seconds": [trainings[f"{name}-seed{s}"]["wall_time_s"] for s in seeds]})
     results = {"task": config.task, "task_spec": str(config.task_spec), "train_length": config.train_length,
                "eval_lengths": config.eval_lengths, "seeds": config.seeds, "config": config.to_dict(),
-               "rows": rows, "interval": f"95% bootstrap over the {config.eval_sequences} test sequences per length "
+               "rows": rows, "splits": {split: {"sequences": config.eval_sequences, "generator_seed": f"{seed} + length"}
+                                        for split, seed in SPLIT_SEEDS.items()},
+               "interval": f"95% bootstrap over the {config.eval_sequences} test sequences per length "
                f"(and seeds, drawn independently, where several ran), {intervals.RESAMPLES} resamples",
                "wall_time_s": wall, "provenance": provenance()}
     storage.write_json(out / "results.json", results)
