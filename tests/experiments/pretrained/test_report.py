@@ -106,3 +106,39 @@ def test_the_calibration_table_reads_each_formats_dev_keys_and_marks_the_chosen_
     got.update(peak_rss_gib=1.0, device="cpu", provenance={"posenc": "0", "torch": "0", "python": "3", "commit": None,
                                                            "cpu": "x"})
     assert "## Retrieval formats, calibrated on dev (most keys)" in report.markdown(got)
+
+
+def test_the_calibration_stops_at_the_first_wording_that_reaches_the_bar(monkeypatch, tmp_path):
+    """auto asks the wordings in CALIBRATION_ORDER and stops after the first whose dev keys are found at 80%: here the
+    second (7 of 8 found), so the rest are never asked; with none reaching it, every wording is asked and the most
+    keys win, whatever their order."""
+    from posenc.experiments.pretrained import keys
+    from posenc.extension import retrieval
+
+    def runtime():
+        return type("Runtime", (), {"world_size": 1, "rank": 0, "barrier": lambda self: None})()
+
+    def fake(found: dict):
+        asked = []
+
+        def in_context(model, tokens, key, ids, length, config, out, index, wording, share):
+            asked.append((wording, key))
+            return [{"correct": i < found[wording], "band": i % 2, "log_prob": -1.0 - i} for i in range(4 * index,
+                                                                                                      4 * index + 4)]
+        return asked, in_context
+
+    monkeypatch.setattr(keys, "use_attention", lambda *_: None)
+    config = type("Config", (), {"bands": 2})()
+    dev = [{"ids": None}, {"ids": None}]
+    first, second, *rest = retrieval.CALIBRATION_ORDER
+    asked, in_context = fake({first: 5, second: 7, **{name: 8 for name in rest}})
+    monkeypatch.setattr(keys, "in_context", in_context)
+    calibration = keys.calibrate(None, None, dev, list(retrieval.CALIBRATION_ORDER), config, 512, tmp_path, runtime())
+    assert list(calibration) == [first, second] and asked == [(first, "dev0"), (first, "dev1"), (second, "dev0"),
+                                                              (second, "dev1")]
+    assert calibration[first]["found"] == 5 and calibration[second]["accuracy"] == 7 / 8 >= retrieval.CALIBRATION_BAR
+    assert keys.best_format(calibration) == second
+    asked, in_context = fake({first: 2, second: 6, **{name: 3 for name in rest}})
+    monkeypatch.setattr(keys, "in_context", in_context)
+    calibration = keys.calibrate(None, None, dev, list(retrieval.CALIBRATION_ORDER), config, 512, tmp_path, runtime())
+    assert list(calibration) == list(retrieval.CALIBRATION_ORDER) and keys.best_format(calibration) == second

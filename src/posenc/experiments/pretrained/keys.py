@@ -14,7 +14,8 @@ from . import report
 from .config import PretrainedConfig
 from .share import Share
 
-CHOSEN_BY = "most keys found by the unscaled model on the dev documents at half its context"
+CHOSEN_BY = (f"the first wording (in retrieval.CALIBRATION_ORDER) whose keys the unscaled model finds at "
+             f"{retrieval.CALIBRATION_BAR:.0%} on the dev documents at half its context; if none does, the most keys")
 
 
 def haystack(tokens, ids: torch.Tensor, length: int, config: PretrainedConfig, index: int,
@@ -38,27 +39,29 @@ def in_context(model, tokens, key: str, ids: torch.Tensor, length: int, config, 
 
 def calibrate(model, tokens, dev, formats: list[str], config, original: int, out: Path, runtime) -> dict:
     """{format: keys found by the unscaled model on every dev document at half its context (``report.keys_cell``)
-    and the mean log-probability of the right word ("log_prob", which breaks ties)} for each retrieval format: what
-    the run chooses its format by. Under ``torchrun`` the ranks split the documents and every rank reads them all
-    back."""
+    and the mean log-probability of the right word ("log_prob", which breaks ties)} for each retrieval format asked:
+    ``formats`` in order, stopping after the first whose share of keys found reaches ``retrieval.CALIBRATION_BAR``.
+    Under ``torchrun`` the ranks split each format's documents and every rank reads them all back before the next."""
     use_attention(model, "sdpa")  # the pristine, unscaled model: nothing is applied yet
 
-    def ask_all(share: Share) -> dict:
-        return {wording: [in_context(model, tokens, f"dev{i}", w["ids"], original // 2, config, out, i, wording,
-                                     share) for i, w in enumerate(dev)] for wording in formats}
+    def ask(wording: str, share: Share) -> list:
+        return [in_context(model, tokens, f"dev{i}", w["ids"], original // 2, config, out, i, wording, share)
+                for i, w in enumerate(dev)]
 
-    if runtime.world_size > 1:
-        ask_all(Share(runtime.rank, runtime.world_size))
-        runtime.barrier()
     calibration = {}
-    for wording, documents in ask_all(Share()).items():
-        records = [k for d in documents for k in d]
+    for wording in formats:
+        if runtime.world_size > 1:
+            ask(wording, Share(runtime.rank, runtime.world_size))
+            runtime.barrier()
+        records = [k for document in ask(wording, Share()) for k in document]
         calibration[wording] = {**report.keys_cell(records, config.bands),
                                 "log_prob": sum(r["log_prob"] for r in records) / len(records)}
+        if calibration[wording]["accuracy"] >= retrieval.CALIBRATION_BAR:
+            break
     return calibration
 
 
 def best_format(calibration: dict) -> str:
     """The wording with the most keys found in ``calibrate``'s record; ties go to the higher mean log-probability
-    of the right word, then to the first in ``retrieval.FORMATS``' order."""
+    of the right word, then to the first asked."""
     return max(calibration, key=lambda name: (calibration[name]["accuracy"], calibration[name]["log_prob"]))

@@ -92,7 +92,7 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
     shift = _string_shift(config, original)
     test = long_documents(config, tokens, "test", config.documents, config.to)
     dev = long_documents(config, tokens, "dev", config.dev_documents, config.to)
-    formats = list(retrieval.FORMATS) if config.retrieval_format == "auto" else [config.retrieval_format]
+    formats = list(retrieval.CALIBRATION_ORDER) if config.retrieval_format == "auto" else [config.retrieval_format]
     for wording in formats:  # every format's keys fit, in context and at --to, before the long work
         keys.haystack(tokens, test[0]["ids"][: original // 2], original // 2, config, 0, wording)
         keys.haystack(tokens, test[0]["ids"], config.to, config, 0, wording)
