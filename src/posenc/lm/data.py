@@ -2,8 +2,8 @@
 
 The default corpus needs no download: the Python standard library source of the
 running interpreter (tests excluded), read in sorted path order and split into
-train / dev / test *by file* (a hash of each file's path), so no dev or test file is
-ever seen in training. Anything *chosen* (a learning rate, searched factors) is chosen on
+train / dev / test *by file* (a hash of each file's path; near-duplicate files together, by their
+group's first path: ``leakage``), so no dev or test file, nor a near-copy of one, is ever seen in training. Anything *chosen* (a learning rate, searched factors) is chosen on
 dev; every reported number is measured on test. Every corpus carries a fingerprint
 (sha256 of its bytes, file count, Python version).
 
@@ -20,6 +20,7 @@ import math
 import os
 import platform
 import sysconfig
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,7 +96,8 @@ def corpus_from_documents(documents, source: str, *, every: int = SPLIT_EVERY, t
     for name, data in documents:
         hasher.update(data)
         splits[split_of(groups[name], every, test, dev)].add(name, data)
-    grouped = [name for name, first in groups.items() if first != name or list(groups.values()).count(name) > 1]
+    sizes = Counter(groups.values())
+    grouped = [name for name, first in groups.items() if sizes[first] > 1]
     fingerprint = {
         "source": source,
         "files": len(documents),

@@ -47,7 +47,8 @@ def stretch_hashes(data: Tensor, length: int) -> Tensor:
 
 
 def _mix(x: Tensor) -> Tensor:
-    """SplitMix64's finalizer on int64 (logical shifts emulated by masking the sign bits arithmetic shifts copy)."""
+    """SplitMix64's finalizer on int64 (torch's ``>>`` on int64 copies the sign bit; the mask clears those copies,
+    which makes it the finalizer's logical shift)."""
     for shift, multiplier in ((30, -4658895280553007687), (27, -7723592293110705685), (31, None)):
         x = x ^ ((x >> shift) & ((1 << (64 - shift)) - 1))
         if multiplier is not None:
