@@ -112,3 +112,23 @@ def test_windows_shorter_than_a_probe_are_probed_at_the_largest_power_of_two_the
     test = Split(torch.tensor(list(b"456789abcdefXYZW"), dtype=torch.uint8), ("a",), (0,))
     overlap = leakage.train_overlap(train, sample_windows(test, 9))  # one window of 10 bytes: one 8-byte probe
     assert overlap["probe_bytes"] == 8 and overlap["probes"] == 1 and overlap["in_train"] == 1.0
+
+
+def test_the_edges_a_mutant_moves_stay_where_they_are():
+    """The boundaries mutation testing found unpinned: a 1-byte stretch is the byte itself (+1); a document of
+    exactly one shingle has one hash; a window whose length fits its probes exactly has every probe counted,
+    the last included; a 16-byte window is one 16-byte probe; files are listed by share, not by name."""
+    data = torch.tensor([0, 7, 255], dtype=torch.uint8)
+    assert leakage.stretch_hashes(data, 1).tolist() == [1, 8, 256]
+    assert len(leakage.sketch(b"x" * leakage.SHINGLE_BYTES)) == 1 and len(leakage.sketch(b"x" * 31)) == 0
+    train = Split(torch.tensor(list(range(64)) * 2, dtype=torch.uint8), ("t",), (0,))
+    test = torch.tensor([200] * 128, dtype=torch.uint8)
+    test[48:64] = torch.arange(48, 64)  # window 0 (64 bytes): only its last probe (48..63) is in train
+    test[64:80] = torch.arange(0, 16)  # window 1: its first probe
+    test[80:96] = torch.arange(16, 32)  # and its second
+    windows = sample_windows(Split(test, ("a.py", "z.py"), (0, 64)), 63)
+    overlap = leakage.train_overlap(train, windows, probe=16)
+    assert overlap["probes"] == 8 and overlap["in_train"] == 3 / 8
+    assert list(overlap["files"].items()) == [("z.py", 0.5), ("a.py", 0.25)]
+    short = leakage.train_overlap(train, sample_windows(Split(test[48:64], ("s",), (0,)), 15))
+    assert short["probe_bytes"] == 16 and short["probes"] == 1 and short["in_train"] == 1.0
