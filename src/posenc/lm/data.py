@@ -3,9 +3,10 @@
 The default corpus needs no download: the Python standard library source of the
 running interpreter (tests excluded), read in sorted path order and split into
 train / dev / test *by file* (a hash of each file's path; near-duplicate files together, by their
-group's first path: ``leakage``), so no dev or test file, nor a near-copy of one, is ever seen in training. Anything *chosen* (a learning rate, searched factors) is chosen on
-dev; every reported number is measured on test. Every corpus carries a fingerprint
-(sha256 of its bytes, file count, Python version).
+group's first path: ``leakage``), so no dev or test file, nor a near-copy of one, is ever seen in
+training. Anything *chosen* (a learning rate, searched factors) is chosen on dev; every reported
+number is measured on test. Every corpus carries a fingerprint (sha256 of its bytes, file count,
+Python version, how many documents were grouped as near-duplicates).
 
 Evaluation reads ``Windows``: non-overlapping stretches of one split, a seeded sample
 stratified over its files, each labelled with the file it starts in (the unit a bootstrap

@@ -54,7 +54,7 @@ def terminal_table(results: dict) -> str:
 
 
 def overlap_line(overlap: dict | None) -> str:
-    """What of the scored text also stands verbatim in train (``lm.data.train_overlap``); results made before it
+    """What of the scored text also stands verbatim in train (``lm.leakage.train_overlap``); results made before it
     was measured say so."""
     if overlap is None:
         return "Train/test overlap: not measured by this run."

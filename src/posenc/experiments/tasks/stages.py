@@ -168,8 +168,9 @@ def _collect(config: TaskConfig, out: Path, trainings: dict, wall: float) -> dic
                      "train_seconds": [trainings[f"{name}-seed{s}"]["wall_time_s"] for s in seeds]})
     results = {"task": config.task, "task_spec": str(config.task_spec), "train_length": config.train_length,
                "eval_lengths": config.eval_lengths, "seeds": config.seeds, "config": config.to_dict(),
-               "rows": rows, "splits": {split: {"sequences": config.eval_sequences, "generator_seed": f"{seed} + length"}
-                                        for split, seed in SPLIT_SEEDS.items()},
+               "rows": rows,
+               "splits": {split: {"sequences": config.eval_sequences, "generator_seed": f"{seed} + length"}
+                          for split, seed in SPLIT_SEEDS.items()},
                "interval": f"95% bootstrap over the {config.eval_sequences} test sequences per length "
                f"(and seeds, drawn independently, where several ran), {intervals.RESAMPLES} resamples",
                "wall_time_s": wall, "provenance": provenance()}
