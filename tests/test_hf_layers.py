@@ -2,7 +2,8 @@
 (SmolLM3: NoPE layers; Cohere2: RoPE, interleaved, on sliding-window layers only; gpt-oss: YaRN, sliding and
 global layers, sink logits; Llama 4: chunked RoPE layers and NoPE global layers with attention temperature):
 ``hf.layer_positions`` reads each layer as the model's code does, and posenc's attention with ``layer_encoding``
-and ``layer_mask`` equals every layer's own attention; rescaling moves only the layers that rotate."""
+and the layer's window and chunk (``attention(window=, chunk=)``) equals every layer's own attention; rescaling moves
+only the layers that rotate."""
 
 import pytest
 import torch
@@ -55,8 +56,8 @@ def layer_outputs(model, x: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tens
             own, _ = attn(x, position_embeddings=position_embeddings, attention_mask=additive)
             q, k, v = (p(x).view(1, x.shape[1], -1, attn.head_dim).transpose(1, 2)
                        for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-            y = posenc.attention(q, k, v, hf.layer_encoding(model, layer), mask=allowed,
-                                 sink=getattr(attn, "sinks", None))
+            y = posenc.attention(q, k, v, hf.layer_encoding(model, layer), window=described["window"],
+                                 chunk=described["chunk"], sink=getattr(attn, "sinks", None))
             pairs.append((own, attn.o_proj(y.transpose(1, 2).reshape(1, x.shape[1], -1))))
     return pairs
 

@@ -39,6 +39,7 @@ from . import checks
 from .kernels import blockwise, dispatch, gated_counts, offset_bias, offset_lookup, sticks
 from .kernels.band import band_attention
 from .kernels.channels import attend_with_channels
+from .kernels.local import local_attention, span_mask
 from .kernels.flex import flex_backend
 from .kernels.sinks import sdpa_with_sink, softmax_with_sink
 from .encodings.base import NoPE, PositionalEncoding, PositionedEncoding
@@ -61,6 +62,8 @@ def attention(
     backend: str = "auto",
     scale: float | None = None,
     sink: Tensor | None = None,
+    window: int | None = None,
+    chunk: int | None = None,
 ) -> Tensor:
     """Attention with any positional encoding.
 
@@ -83,11 +86,16 @@ def attention(
         scale: logit scale; default 1/√Dh.
         sink: (H,) learned sink logits (``kernels.sinks``): each query may also attend to a
             zero value with logit sink_h. Served by eager and sdpa.
+        window: a sliding window: only keys with 0 <= q_pos − k_pos < window (Gemma 3's local layers).
+        chunk: chunked attention: only keys with q_pos // chunk == k_pos // chunk (Llama 4's chunked layers).
+            Self-attention at the default positions runs either as blocks (``kernels.local``: no Tq×Tk
+            tensor) where the encoding only rotates and the backend is not eager; otherwise it joins the mask.
     Returns:
         (B, H, Tq, Dv) in q's dtype. A query row with no allowed key returns zeros
         (eager by construction; sdpa and flex do the same in torch 2.13, tested).
     """
     at = _positioned(q, k, v, encoding, q_positions, k_positions, mask)
+    _check_span(window, chunk)
     encoding = at.encoding
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if sink is not None and (not isinstance(sink, Tensor) or sink.shape != (q.shape[1],)):
@@ -99,6 +107,11 @@ def attention(
     if k.shape[1] != q.shape[1] and (name == "eager" or encoding.has_relative_logits or encoding.has_relative_values):
         k, v = _repeat_kv_heads(k, q.shape[1]), _repeat_kv_heads(v, q.shape[1])
     plain_causal = causal and at.contiguous and q.shape[2] == k.shape[2]
+    if window is not None or chunk is not None:
+        if name != "eager" and plain_causal and mask is None and sink is None and _only_rotates(encoding):
+            k, v = _repeat_kv_heads(k, q.shape[1]), _repeat_kv_heads(v, q.shape[1])
+            return local_attention(q, k, v, window=window, chunk=chunk, scale=scale)
+        mask = _with_span(mask, at, window, chunk)
     if sink is not None:
         return (_eager if name == "eager" else _sdpa_sink)(q, k, v, at, causal, mask, scale, sink=sink)
     return _BACKENDS[name](q, k, v, at, causal, mask, scale, plain_causal)
@@ -122,6 +135,28 @@ def _positioned(q, k, v, encoding, q_positions, k_positions, mask) -> Positioned
     checks.attention_tensors(q, k, v, encoding)
     q_pos, k_pos = _resolve_positions(q, k, q_positions, k_positions, mask)
     return encoding.at(q_pos, k_pos, contiguous=q_positions is None and k_positions is None)
+
+
+def _check_span(window: int | None, chunk: int | None) -> None:
+    if window is not None:
+        checks.positive_int("window", window)
+    if chunk is not None:
+        checks.positive_int("chunk", chunk)
+
+
+def _only_rotates(encoding: PositionalEncoding) -> bool:
+    """Whether softmax(q·kᵀ)·v of rotated q and k is the whole of this encoding's attention."""
+    return not (encoding.has_bias or encoding.has_relative_logits or encoding.has_relative_values
+                or encoding.replaces_softmax or encoding.has_token_gates or encoding.has_gated_counts
+                or encoding.has_offset_lookups or not encoding.attends_to_itself)
+
+
+def _with_span(mask: Tensor | None, at: PositionedEncoding, window: int | None, chunk: int | None) -> Tensor | None:
+    """The caller's mask and the window's and chunk's, as one bool mask (None when neither is given)."""
+    if window is None and chunk is None:
+        return mask
+    spans = span_mask(at.q_pos, at.k_pos, window, chunk)
+    return spans if mask is None else mask & spans
 
 
 def _check_normalization(encoding: PositionalEncoding, causal: bool, sink: Tensor | None) -> None:
@@ -234,15 +269,19 @@ def attention_weights(
     mask: Tensor | None = None,
     scale: float | None = None,
     sink: Tensor | None = None,
+    window: int | None = None,
+    chunk: int | None = None,
 ) -> Tensor:
     """The attention weights ``attention()`` uses, for inspection and plots.
 
-    Same arguments as ``attention`` (without v and backend). Returns (B, H, Tq, Tk)
+    Same arguments as ``attention`` (without v and backend; window and chunk join the mask). Returns (B, H, Tq, Tk)
     float32 (float64 for float64 inputs); rows sum to 1 (0 for a row with no allowed key),
     less the sink's share when there is one; stick-breaking's rows sum to at most 1.
     """
     at = _positioned(q, k, k, encoding, q_positions, k_positions, mask)
     _check_normalization(at.encoding, causal, sink)
+    _check_span(window, chunk)
+    mask = _with_span(mask, at, window, chunk)
     compute = _math_dtype(q.dtype)
     q, k = at.rotate(q.to(compute), k.to(compute))
     k = _repeat_kv_heads(k, q.shape[1])

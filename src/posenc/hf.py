@@ -20,8 +20,9 @@ and ``rope_encoding`` takes the layer type whose rotation it should equal.
 
 Models that mix schemes per layer are described by ``layer_positions`` (RoPE or none, sliding window, chunk,
 attention temperature, per layer, read from the config as the model's code reads it) and served by
-``layer_encoding`` and ``layer_mask``: posenc's attention of each layer then equals the model's own (tested on
-tiny random SmolLM3, Cohere2, gpt-oss, Llama 4 and Gemma 3 models). Rescaling touches only the layers that rotate.
+``layer_encoding`` and ``attention(window=, chunk=)`` (or ``layer_mask``, the same pairs as a (T, T) mask):
+posenc's attention of each layer then equals the model's own (tested on tiny random SmolLM3, Cohere2, gpt-oss,
+Llama 4 and Gemma 3 models). Rescaling touches only the layers that rotate.
 """
 
 from __future__ import annotations
