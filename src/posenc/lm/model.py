@@ -2,7 +2,8 @@
 
 The model calls the encoding's doors through one interface (``embed`` at the
 input, ``attention(..., encoding)`` in every layer) and never asks which encoding
-it holds. One encoding module is shared by all layers (as T5 shares its bias).
+it holds. One encoding module is shared by all layers (as T5 shares its bias), unless
+``layers`` gives some layers their own encoding and a window or chunk (``lm.layouts``).
 
 Token embeddings follow GPT-2 (std 0.02, tied output head). A fixed sinusoid of
 unit amplitude would drown them (Vaswani et al. instead scale embeddings by √D,
@@ -27,6 +28,7 @@ from .. import checks
 from ..attention import attention, attention_weights
 from ..encodings import build_for_model
 from ..encodings.base import PositionedEncoding
+from .layouts import check_layers
 
 EMBEDDING_STD = 0.02  # GPT-2's initialisation of every weight and of the token embeddings
 
@@ -43,6 +45,8 @@ class ModelConfig:
     max_positions: int = 256  # rows of a learned table: the training length
     backend: str = "auto"
     attention_sink: bool = False  # a learned sink logit per head and layer (posenc.kernels.sinks)
+    # per layer ({} = global, the model's encoding; or its own encoding and a window or chunk: lm.layouts); () = all
+    layers: tuple = ()
 
     def __post_init__(self):
         checks.positive_int("dim", self.dim)
@@ -50,6 +54,11 @@ class ModelConfig:
         checks.positive_int("num_heads", self.num_heads)
         if self.dim % self.num_heads:
             raise ValueError(f"dim ({self.dim}) must be divisible by num_heads ({self.num_heads})")
+        object.__setattr__(self, "layers", check_layers(self.layers, self.num_layers))
+
+    def layer(self, index: int) -> dict:
+        """Layer ``index``'s entry: {} when it is global with the model's encoding."""
+        return self.layers[index] if self.layers else {}
 
     @property
     def head_dim(self) -> int:
@@ -137,9 +146,10 @@ class StreamingCache(KVCache):
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, window: int | None = None, chunk: int | None = None):
         super().__init__()
         self.config = config
+        self.window, self.chunk = window, chunk  # local attention (lm.layouts); None: global
         self.attn_norm = nn.LayerNorm(config.dim)
         self.qkv = nn.Linear(config.dim, 3 * config.dim, bias=False)
         self.attn_out = nn.Linear(config.dim, config.dim, bias=False)
@@ -174,9 +184,10 @@ class Block(nn.Module):
         if done.encoding.has_token_gates:  # FoX: this layer's forget gates from its own input, the cache's before
             gates = done.encoding.log_forget(normed, layer)
             done = done.with_gates(gates if cache is None else cache.extend_gates(layer, gates))
+        span = {"window": self.window, "chunk": self.chunk}
         if maps is not None:
-            maps.append(attention_weights(q, k, done, sink=self.sink))
-        y = attention(q, k, v, done, backend=self.config.backend, sink=self.sink)
+            maps.append(attention_weights(q, k, done, sink=self.sink, **span))
+        y = attention(q, k, v, done, backend=self.config.backend, sink=self.sink, **span)
         x = x + self.attn_out(y.transpose(1, 2).reshape(batch, length, -1))
         return x + self.mlp(self.mlp_norm(x))
 
@@ -196,14 +207,39 @@ class LanguageModel(nn.Module):
         # embeddings and blocks, whatever its own parameters consume.
         shared = torch.Generator().manual_seed(int(torch.randint(0, 2**62, ())))
         self.encoding = build_for_model(config.encoding, sizes=sizes, **config.encoding_kwargs)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        self.layer_encodings, self._encoding_of_layer = self._local_encodings(config, sizes)
+        self.blocks = nn.ModuleList(Block(config, config.layer(i).get("window"), config.layer(i).get("chunk"))
+                                    for i in range(config.num_layers))
         self.final_norm = nn.LayerNorm(config.dim)
-        self.encoding.apply(self._init_weights)  # its linear maps and tables (FIRE's MLP), from the global generator
+        for encoding in (self.encoding, self.layer_encodings):  # their linear maps and tables (FIRE's MLP), from
+            encoding.apply(self._init_weights)  # the global generator
         for module in (self.embed, self.blocks):
             module.apply(functools.partial(self._init_weights, generator=shared))
         for block in self.blocks:  # GPT-2: shrink residual branches with depth
             for weight in (block.attn_out.weight, block.mlp[2].weight):
                 nn.init.normal_(weight, std=EMBEDDING_STD / (2 * config.num_layers) ** 0.5, generator=shared)
+
+    @staticmethod
+    def _local_encodings(config: ModelConfig, sizes: dict) -> tuple[nn.ModuleList, list[int | None]]:
+        """The local layers' own encodings, one module per distinct (name, kwargs), and for each layer the index
+        of its own, or None where it takes the model's encoding."""
+        modules, index_of, of_layer = nn.ModuleList(), {}, []
+        for layer in range(config.num_layers):
+            entry = config.layer(layer)
+            if "encoding" not in entry:
+                of_layer.append(None)
+                continue
+            kwargs = entry.get("encoding_kwargs", {})
+            kind = (entry["encoding"], repr(sorted(kwargs.items())))
+            if kind not in index_of:
+                encoding = build_for_model(entry["encoding"], sizes=sizes, **kwargs)
+                if encoding.has_input:
+                    raise ValueError(f"layers[{layer}]: {entry['encoding']!r} acts on the input embeddings, not in "
+                                     "a layer; give it as the model's encoding")
+                index_of[kind] = len(modules)
+                modules.append(encoding)
+            of_layer.append(index_of[kind])
+        return modules, of_layer
 
     @staticmethod
     def _init_weights(module: nn.Module, generator: torch.Generator | None = None) -> None:
@@ -214,7 +250,7 @@ class LanguageModel(nn.Module):
 
     def parameter_counts(self) -> dict[str, int]:
         """{'model': parameters outside the encoding, 'encoding': the encoding's own}."""
-        encoding = sum(p.numel() for p in self.encoding.parameters())
+        encoding = sum(p.numel() for module in (self.encoding, self.layer_encodings) for p in module.parameters())
         return {"model": sum(p.numel() for p in self.parameters()) - encoding, "encoding": encoding}
 
     def forward(
@@ -239,9 +275,12 @@ class LanguageModel(nn.Module):
         # Built once here, shared by every block: RoPE's cos/sin, score biases, masks.
         seq_len = start + length if contiguous else None  # known without reading positions
         at = self.encoding.at(positions, k_pos, seq_len=seq_len, contiguous=contiguous)
+        local = [encoding.at(positions, k_pos, seq_len=seq_len, contiguous=contiguous)
+                 for encoding in self.layer_encodings]
         x = self.encoding.embed(self.embed(tokens), positions, seq_len)  # (B, T, D)
         for layer, block in enumerate(self.blocks):
-            x = block(x, at, cache, layer, maps)
+            own = self._encoding_of_layer[layer]
+            x = block(x, at if own is None else local[own], cache, layer, maps)
         if cache is not None:
             cache.trim()
         return F.linear(self.final_norm(x), self.embed.weight)  # tied output head: (B, T, V)

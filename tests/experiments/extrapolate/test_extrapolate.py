@@ -67,6 +67,28 @@ def test_dynamic_rows_scale_by_length_with_their_own_factor():
     assert ROWS["rope+dynamic"].eval_kwargs(4.0, 64)["scaling"]["factor"] == 4.0
 
 
+def test_a_one_layer_layout_is_its_global_layer_alone(smoke_run):
+    """The smoke model has one layer, which a layout makes global: iRoPE and rnope-swa are then NoPE, from the same
+    initialisation, to the digit."""
+    _, results = smoke_run
+    rows = {row["name"]: row["bits_per_byte"] for row in results["rows"]}
+    assert rows["irope"] == rows["rnope-swa"] == rows["none"]
+    assert rows["irope+temperature"] == rows["none+temperature"]
+
+
+def test_layout_rows_build_local_layers_and_scale_only_the_global_ones():
+    config = ExperimentConfig.from_preset("default")
+    irope = config.model_config(ROWS["irope+temperature"], ROWS["irope+temperature"].eval_kwargs(4.0, 64))
+    assert irope.encoding == "none" and irope.encoding_kwargs["temperature"]["floor"] == 64
+    assert irope.layers == ({"encoding": "rope", "encoding_kwargs": {}, "chunk": 16},) * 3 + ({},)
+    row = ROWS["swa+global+yarn"]
+    gemma = config.model_config(row, row.eval_kwargs(4.0, 64))
+    assert gemma.encoding == "rope" and gemma.encoding_kwargs["base"] == 1_000_000.0
+    assert gemma.encoding_kwargs["scaling"]["rope_type"] == "yarn" and gemma.encoding_kwargs["scaling"]["factor"] == 4.0
+    assert [layer.get("window") for layer in gemma.layers] == [16, 16, 16, None]
+    assert all("scaling" not in layer.get("encoding_kwargs", {}) for layer in gemma.layers)
+
+
 def test_every_cell_has_an_interval_and_the_comparisons_are_paired(smoke_run):
     out, results = smoke_run
     assert results["windows"]["split"] == "test" and results["windows"]["count"] == 4

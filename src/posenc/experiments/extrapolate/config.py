@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from ... import checks
+from ...lm.layouts import LAYOUTS
 from ...lm.model import ModelConfig
 from ..presets import preset_values
 from .rows import Row, parse_rows
@@ -88,8 +89,16 @@ class ExperimentConfig:
         return math.lcm(*self.eval_lengths)
 
     def model_config(self, row: Row, kwargs: dict) -> ModelConfig:
-        return ModelConfig(encoding=row.trains, encoding_kwargs=kwargs, dim=self.dim, num_layers=self.num_layers,
-                           num_heads=self.num_heads, max_positions=self.train_length)
+        """The model of ``row`` with its encoding's ``kwargs`` (a layout's: its global layers'); local layers span
+        a quarter of the training length."""
+        if row.layout is None:
+            encoding, layers = row.trains, ()
+        else:
+            layout = LAYOUTS[row.layout]
+            encoding, kwargs = layout.global_encoding, {**layout.global_kwargs, **kwargs}
+            layers = layout.layers(self.num_layers, max(1, self.train_length // 4))
+        return ModelConfig(encoding=encoding, encoding_kwargs=kwargs, dim=self.dim, num_layers=self.num_layers,
+                           num_heads=self.num_heads, max_positions=self.train_length, layers=layers)
 
     def to_dict(self) -> dict:
         return {**dataclasses.asdict(self), "eval_factors": list(self.eval_factors)}

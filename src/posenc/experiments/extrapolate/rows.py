@@ -5,7 +5,8 @@ as a function of ``factor = eval length / train length``: the RoPE rows reuse th
 RoPE checkpoint zero-shot with each frequency scaling, ``learned+interpolate`` reuses
 the learned checkpoint with its table resampled, ``none+temperature`` the NoPE checkpoint
 with Llama 4's query temperature (which is 1 inside the training length, as Llama 4's is
-inside its 8,192-token chunks).
+inside its 8,192-token chunks). A row with a ``layout`` trains a model whose layers mix schemes
+(``lm.layouts``: local layers in a window or chunk, global ones); its eval kwargs change the global layers.
 """
 
 from __future__ import annotations
@@ -15,15 +16,22 @@ from typing import Callable
 
 from ...encodings.registry import ENTRIES, one_axis
 from ...extension.methods import method_scaling
+from ...lm.layouts import LAYOUTS
 
 
 @dataclass(frozen=True)
 class Row:
     name: str
-    trains: str  # the encoding trained (one checkpoint per trained encoding and seed)
+    trains: str  # the encoding (or layout) trained: one checkpoint per trained name and seed
     description: str
     train_kwargs: dict = field(default_factory=dict)
     eval_kwargs: Callable[[float, int], dict] = lambda factor, train_length: {}
+    layout: str | None = None  # a name in lm.layouts.LAYOUTS: layers that mix schemes
+
+
+def _temperature(factor: float, train_length: int) -> dict:
+    """Llama 4's attention temperature with the training length as its floor: 1 inside it."""
+    return {"temperature": {"kind": "llama4", "beta": 0.1, "floor": train_length}}
 
 
 def _rope_scaling(method: str, fixed_factor: float | None = None) -> Callable[[float, int], dict]:
@@ -36,8 +44,7 @@ READ_ANOTHER_WAY: dict[str, list[Row]] = {
     "none": [
         Row("none+temperature", "none", "the NoPE checkpoint with Llama 4's attention temperature: queries scaled by "
             "1 + 0.1·log(1 + ⌊(p + 1)/L⌋), L the training length (1 inside it)",
-            eval_kwargs=lambda factor, train_length: {"temperature": {"kind": "llama4", "beta": 0.1,
-                                                                      "floor": train_length}})],
+            eval_kwargs=_temperature)],
     "learned": [
         Row("learned+interpolate", "learned", "the learned checkpoint, its table resampled to the eval length",
             eval_kwargs=lambda factor, train_length: {"beyond": "interpolate"})],
@@ -54,9 +61,22 @@ READ_ANOTHER_WAY: dict[str, list[Row]] = {
             eval_kwargs=_rope_scaling("yarn"))],
 }
 
+#: rows whose layers mix schemes, each trained once, and the ways their global layers are read at longer lengths
+LAYOUT_ROWS: list[Row] = [
+    Row("irope", "irope", LAYOUTS["irope"].description, layout="irope"),
+    Row("irope+temperature", "irope", "the iRoPE checkpoint with Llama 4's attention temperature in its global layers "
+        "(1 inside the training length)", eval_kwargs=_temperature, layout="irope"),
+    Row("swa+global", "swa+global", LAYOUTS["swa+global"].description, layout="swa+global"),
+    Row("swa+global+yarn", "swa+global", "the swa+global checkpoint with YaRN in its global layers, factor = the "
+        "column's", eval_kwargs=_rope_scaling("yarn"), layout="swa+global"),
+    Row("rnope-swa", "rnope-swa", LAYOUTS["rnope-swa"].description, layout="rnope-swa"),
+]
+
 #: a row per encoding of the registry the tiny LM trains, each followed by the rows that read it another way
-ROWS: dict[str, Row] = {row.name: row for name in one_axis()
-                        for row in [Row(name, name, ENTRIES[name].description), *READ_ANOTHER_WAY.get(name, [])]}
+ROWS: dict[str, Row] = {row.name: row for row in [
+    *(row for name in one_axis() for row in [Row(name, name, ENTRIES[name].description),
+                                              *READ_ANOTHER_WAY.get(name, [])]),
+    *LAYOUT_ROWS]}
 
 DEFAULT_ROWS = ("none", "sinusoidal", "learned", "learned+interpolate", "alibi",
                 "rope", "rope+pi", "rope+ntk", "rope+dynamic", "rope+dynamic1", "rope+yarn")
