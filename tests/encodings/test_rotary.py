@@ -163,3 +163,12 @@ def test_rotation_equals_transformers_llama_rotary_embedding_module(scaling):
         ours_scaling["original_max_position_embeddings"] = max_positions
     got, _ = rope(head_dim, scaling=ours_scaling).rotate(q, q, positions, positions)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_base_beside_a_different_rope_theta_is_refused_and_an_equal_one_is_not():
+    with pytest.raises(ValueError, match=r"base=1000000.0 and scaling\['rope_theta'\]=10000.0 disagree"):
+        posenc.build("rope", head_dim=8, base=1e6, scaling={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0,
+                                                          "original_max_position_embeddings": 16})
+    same = posenc.build("rope", head_dim=8, base=1e6, scaling={"rope_type": "linear", "rope_theta": 1e6, "factor": 2.0})
+    assert posenc.build("rope", head_dim=8, base=1e6).scaling["rope_theta"] == same.scaling["rope_theta"] == 1e6
+    assert posenc.build("rope", head_dim=8).scaling["rope_theta"] == 10000.0

@@ -98,3 +98,14 @@ def test_training_loop_with_compile_reaches_the_eager_weights(tmp_path):
         weights[compile] = model.state_dict()
     for name, value in weights[False].items():
         torch.testing.assert_close(weights[True][name], value, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("layout", ["irope", "swa+global"])
+def test_a_model_whose_layers_mix_schemes_compiles_fullgraph(layout):
+    """Local layers through the block kernel (a chunk, a window) and a global layer, in one captured graph."""
+    from posenc.lm.layouts import LAYOUTS
+
+    chosen = LAYOUTS[layout]
+    config = ModelConfig(encoding=chosen.global_encoding, encoding_kwargs=chosen.global_kwargs,
+                         layers=chosen.layers(2, 3), dim=16, num_layers=2, num_heads=2, max_positions=16)
+    check_training_step(LanguageModel(config), "aot_eager")

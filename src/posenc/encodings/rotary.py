@@ -52,7 +52,7 @@ class RoPE(PositionalEncoding):
     """Rotary position embedding, with any frequency scaling from ``scaling.SCALINGS``.
 
     ``scaling`` is a Hugging Face ``rope_parameters`` dict; its ``rope_theta``, when
-    present, overrides ``base``. Frequencies are computed on demand from the config
+    present, is the base (default 10,000); a ``base`` given beside a different one is an error. Frequencies are computed on demand from the config
     (never stored as a buffer, so ``module.to(torch.bfloat16)`` cannot round them;
     cf. transformers issue #29496). For length-dependent scalings (``dynamic``,
     ``longrope``) the length is the largest position seen in the call plus one,
@@ -61,13 +61,17 @@ class RoPE(PositionalEncoding):
 
     has_rotation = True
 
-    def __init__(self, head_dim: int, base: float = 10000.0, layout: str = "half", scaling: dict | None = None,
+    def __init__(self, head_dim: int, base: float | None = None, layout: str = "half", scaling: dict | None = None,
                  rotary_heads: int | None = None):
         super().__init__()
+        theta = (scaling or {}).get("rope_theta")
+        if base is not None and theta is not None and float(theta) != float(base):
+            raise ValueError(f"base={base} and scaling['rope_theta']={theta} disagree; give the base once")
         self.rotary_heads = None if rotary_heads is None else checks.positive_int("rotary_heads", rotary_heads)
         self.head_dim = checks.even_int("head_dim", head_dim)
         self.layout = checks.choice("layout", layout, LAYOUTS)
-        self.scaling = normalize_scaling(scaling, base=checks.positive_float("base", base, minimum=1.0))
+        base = 10000.0 if base is None else checks.positive_float("base", base, minimum=1.0)
+        self.scaling = normalize_scaling(scaling, base=base)
         self.length_dependent = SCALINGS[self.scaling["rope_type"]].length_dependent
         self._fixed = None if self.length_dependent else rope_frequencies(head_dim, self.scaling)
 

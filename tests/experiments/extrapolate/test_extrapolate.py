@@ -55,6 +55,9 @@ def test_factor_one_scalings_equal_plain_rope(smoke_run):
     rows = {row["name"]: row for row in results["rows"]}
     for name in ("rope+pi", "rope+ntk", "rope+dynamic", "rope+dynamic1", "rope+yarn"):
         assert rows[name]["bits_per_byte"]["16"] == pytest.approx(rows["rope"]["bits_per_byte"]["16"], abs=1e-6)
+    # the same in a layout, whose global RoPE has its own base (θ 1M): the scaling keeps it
+    assert rows["swa+global+yarn"]["bits_per_byte"]["16"] == pytest.approx(rows["swa+global"]["bits_per_byte"]["16"],
+                                                                         abs=1e-6)
     assert rows["rope+pi"]["bits_per_byte"]["128"] != rows["rope"]["bits_per_byte"]["128"]
     # factor 1 grows the base less than factor = the column's: the two dynamic rows differ past 1x
     assert rows["rope+dynamic1"]["bits_per_byte"]["128"] != rows["rope+dynamic"]["bits_per_byte"]["128"]

@@ -34,9 +34,12 @@ def _temperature(factor: float, train_length: int) -> dict:
     return {"temperature": {"kind": "llama4", "beta": 0.1, "floor": train_length}}
 
 
-def _rope_scaling(method: str, fixed_factor: float | None = None) -> Callable[[float, int], dict]:
-    """The scaling of ``method`` at each column's factor, or at ``fixed_factor`` whatever the column."""
-    return lambda factor, train_length: {"scaling": method_scaling(method, fixed_factor or factor, train_length)}
+def _rope_scaling(method: str, fixed_factor: float | None = None, base: float = 10000.0
+                  ) -> Callable[[float, int], dict]:
+    """The scaling of ``method`` at each column's factor, or at ``fixed_factor`` whatever the column, of a RoPE of
+    this ``base``."""
+    return lambda factor, train_length: {"scaling": method_scaling(method, fixed_factor or factor, train_length,
+                                                                   base=base)}
 
 
 #: rows that read a trained encoding's checkpoint another way, listed after the row of that encoding
@@ -68,7 +71,8 @@ LAYOUT_ROWS: list[Row] = [
         "(1 inside the training length)", eval_kwargs=_temperature, layout="irope"),
     Row("swa+global", "swa+global", LAYOUTS["swa+global"].description, layout="swa+global"),
     Row("swa+global+yarn", "swa+global", "the swa+global checkpoint with YaRN in its global layers, factor = the "
-        "column's", eval_kwargs=_rope_scaling("yarn"), layout="swa+global"),
+        "column's", eval_kwargs=_rope_scaling("yarn", base=LAYOUTS["swa+global"].global_kwargs["base"]),
+        layout="swa+global"),
     Row("rnope-swa", "rnope-swa", LAYOUTS["rnope-swa"].description, layout="rnope-swa"),
 ]
 
