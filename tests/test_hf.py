@@ -179,6 +179,33 @@ def test_gemma3_not_installed_names_the_install_command(monkeypatch):
         hf.load("gemma3-270m")
 
 
+def _gemma3_installed() -> bool:
+    try:
+        hf.storage.installed_file(*hf.GEMMA3_PARTS[0], "missing")
+    except ValueError:
+        return False
+    return importlib.util.find_spec("gguf") is not None
+
+
+@pytest.mark.skipif(not _gemma3_installed(), reason="Gemma 3 270M is not installed (an optional extra: hf.INSTALL_GEMMA3)")
+def test_real_gemma3_layers_and_rotations_per_layer_type():
+    """The real weights' config read as the model's code reads it (15 sliding-window layers of 512, every sixth
+    global), and posenc's RoPE of each layer type equal to the model's own rotation for that type."""
+    model, _ = hf.load("gemma3-270m")
+    described = hf.layer_positions(model)
+    assert [d["window"] for d in described] == ([512] * 5 + [None]) * 3 and all(d["rope"] for d in described)
+    assert hf.original_context(model) == 32768
+    positions = torch.arange(0, 2048, 7)[None]  # transformers turns angles in float32: ~1e-4 rad by 2,048
+    x = torch.zeros(1, positions.shape[1], model.config.hidden_size)
+    for layer_type, theta in (("sliding_attention", 10000.0), ("full_attention", 1e6)):
+        encoding = hf.rope_encoding(model, layer_type)
+        assert encoding.scaling["rope_theta"] == theta
+        cos, _ = model.model.rotary_emb(x, positions, layer_type=layer_type)
+        inv_freq, factor = encoding.frequencies()
+        angles = positions[0, :, None].double() * inv_freq.double()
+        torch.testing.assert_close(cos[0].double(), torch.cat([angles, angles], -1).cos() * factor, rtol=0, atol=5e-4)
+
+
 def _smollm2_installed() -> bool:
     try:
         hf.smollm2_path()

@@ -73,6 +73,11 @@ def test_the_numbers_are_the_documents_losses_paired_and_the_model_comes_back(tm
     assert len(results["rows"]["none"]["bands"]) == 4
     assert results["model"]["layers"] == ["sliding_attention", "full_attention"] and results["model"]["window"] == 8
     assert json.loads((tmp_path / "results.json").read_text())["rows"]["none"]["per_document"] == none
+    header, body = layer_scaling.table_rows(results)
+    assert header[2:] == ["first 12 tokens", "last 12 tokens"] and [line[0] for line in body] == list(results["rows"])
+    bands = results["rows"]["none"]["bands"]
+    assert body[0][1] == f"{mean['mean']:.4f} [{mean['low']:.4f}, {mean['high']:.4f}]"
+    assert body[0][2:] == [f"{bands[0]:.4f}", f"{bands[-1]:.4f}"]
 
 
 def test_an_interrupted_run_resumes_from_its_files(tmp_path, monkeypatch):

@@ -124,3 +124,16 @@ def test_dev_and_test_ask_different_sequences_and_an_old_run_has_no_dev():
     from posenc.experiments.tasks import report
     old = {"train_length": 8, "eval_lengths": [8], "rows": [{"name": "none", "dev_exact_match": None}]}
     assert report.dev_rows(old) is None
+
+
+def test_layout_rows_train_their_local_and_global_layers(tmp_path):
+    """A layout is a row like an encoding (and with randomized positions, whose windows then come from the positions,
+    not the block kernel): two layers, the first local with a quarter of the training length, the last global."""
+    config = smoke(encodings="swa+global,irope+randomized", num_layers=2)
+    gemma = config.model_config("swa+global", False)
+    assert gemma.encoding == "rope" and gemma.encoding_kwargs == {"base": 1_000_000.0}
+    assert gemma.layers == ({"encoding": "rope", "encoding_kwargs": {}, "window": 2}, {})
+    assert config.model_config("irope", True).layers[0]["chunk"] == 2
+    results = run(config, tmp_path, log=lambda *_: None)
+    assert [row["name"] for row in results["rows"]] == ["swa+global", "irope+randomized"]
+    assert all(0 <= row["exact_match"]["64"]["mean"] <= 1 for row in results["rows"])

@@ -1,8 +1,8 @@
 """What ``posenc extrapolate --task`` runs: presets, rows and the config, checked on construction.
 
-A row is an encoding name, optionally with ``+randomized``: the same encoding trained on randomized
-positions (a sorted random subset of [0, longest eval length) per sequence; Ruoss et al. 2023) and
-tested on plain positions.
+A row is an encoding name or a layout of ``lm.layouts`` (layers that mix schemes; local layers span a quarter of
+the training length), optionally with ``+randomized``: the same model trained on randomized positions (a sorted
+random subset of [0, longest eval length) per sequence; Ruoss et al. 2023) and tested on plain positions.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ... import checks
 from ...encodings.registry import one_axis
+from ...lm.layouts import LAYOUTS
 from ...lm.model import ModelConfig
 from ...lm.tasks import TASKS, CopyTask, RecallTask
 from ..presets import preset_values
@@ -91,19 +92,24 @@ class TaskConfig:
         rows = []
         for name in (part.strip() for part in self.encodings.split(",") if part.strip()):
             encoding = name.removesuffix(RANDOMIZED)
-            if encoding not in one_axis():
-                valid = one_axis()
-                raise ValueError(f"--encodings: unknown row {name!r}; valid: encodings {', '.join(valid)}, "
-                                 f"each optionally with {RANDOMIZED}")
+            if encoding not in one_axis() and encoding not in LAYOUTS:
+                raise ValueError(f"--encodings: unknown row {name!r}; valid: encodings {', '.join(one_axis())} and "
+                                 f"layouts {', '.join(LAYOUTS)}, each optionally with {RANDOMIZED}")
             rows.append((name, encoding, name.endswith(RANDOMIZED)))
         if not rows:
             raise ValueError("--encodings names no row")
         return rows
 
     def model_config(self, encoding: str, randomized: bool) -> ModelConfig:
+        """The model of a row's ``encoding`` (an encoding's name or a layout's)."""
         longest = max(self.eval_lengths)
-        return ModelConfig(encoding=encoding, dim=self.dim, num_layers=self.num_layers, num_heads=self.num_heads,
-                           vocab_size=self.task_spec.vocab_size,
+        kwargs, layers = {}, ()
+        if encoding in LAYOUTS:
+            layout = LAYOUTS[encoding]
+            encoding, kwargs = layout.global_encoding, layout.global_kwargs
+            layers = layout.layers(self.num_layers, max(1, self.train_length // 4))
+        return ModelConfig(encoding=encoding, encoding_kwargs=kwargs, layers=layers, dim=self.dim,
+                           num_layers=self.num_layers, num_heads=self.num_heads, vocab_size=self.task_spec.vocab_size,
                            max_positions=longest if randomized else self.train_length, backend="auto")
 
     def to_dict(self) -> dict:
