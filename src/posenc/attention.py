@@ -1,32 +1,25 @@
 """``attention()``: compose an encoding's doors with a backend.
 
-Shapes: B batch, H heads, Tq/Tk query/key lengths, Dh head width, Dv value width.
-Logits are ``scale · (q·kᵀ + content-position terms) + bias``, each term as its paper
-adds it: Shaw's and Transformer-XL's content-position terms are scaled with q·kᵀ,
-CoPE's is added after the scale (``relative_logits_scaled = False``), score biases
-(ALiBi, T5) are added unscaled. A NaN from an encoding is a ValueError naming it (CPU).
-Weights are their softmax, or, for an encoding that replaces it (stick-breaking, causal only), its
-``weights(logits, allowed)``, which only eager serves.
+Shapes: B batch, H heads, Tq/Tk query/key lengths, Dh head width, Dv value width. Logits are ``scale · (q·kᵀ +
+content-position terms) + bias``, each term as its paper adds it: Shaw's and Transformer-XL's content-position terms
+are scaled with q·kᵀ, CoPE's is added after the scale (``relative_logits_scaled = False``), score biases (ALiBi, T5)
+are added unscaled. A NaN from an encoding is a ValueError naming it (CPU). Weights are their softmax, or, for an
+encoding that replaces it (stick-breaking, causal only), its ``weights(logits, allowed)``, which only eager serves.
 
 Backends (every one agrees with ``eager``; the tests say so for every encoding):
-  - ``eager``: the reference; materializes logits, computes in float32 (float64 for
-    float64 inputs), serves every encoding.
-  - ``sdpa``: ``scaled_dot_product_attention``. Score terms that factor into query
-    and key sides (causal ALiBi, Transformer-XL) ride along q and k as extra channels
-    (``score_channels``), so the fused causal path runs them with no bias tensor,
-    wherever that stays within ``verify``'s tolerance; other biases are folded into
-    a float mask. On CPU, a mask that needs a gradient (a learned bias) and channels
-    much wider than v run on ``kernels.blockwise`` (query blocks, hand-written backward),
-    where SDPA would fall back to its math path or pad v. A value-side term is served only
-    where it has a band form (Shaw at integer offsets): causal attention at the model's own
-    positions runs as attention plus K diagonals (``kernels.band``), other calls (a KV-cache
-    step, a mask, explicit positions) compute as eager does.
-  - ``flex``: FlexAttention; the bias is a ``score_mod`` and the masks a block mask,
-    so no H×Tq×Tk tensor is built; serves the input, rotation and bias doors. It is
-    compiled on CUDA (``POSENC_FLEX_COMPILE=1`` compiles on CPU too, with the system
-    compiler; ``0`` never compiles); it has no backward pass on CPU.
-  - ``auto``: flex on CUDA for bias encodings when no gradient is needed, else sdpa
-    when it serves the encoding, else eager.
+  - ``eager``: the reference; logits materialized in float32 (float64 for float64 inputs); serves every encoding.
+  - ``sdpa``: ``scaled_dot_product_attention``. Score terms that factor into query and key sides (causal ALiBi,
+    Transformer-XL) ride along q and k as extra channels (``score_channels``), so the fused causal path runs them
+    with no bias tensor, wherever that stays within ``verify``'s tolerance; other biases are folded into a float
+    mask. On CPU, a mask that needs a gradient (a learned bias) and channels much wider than v run on
+    ``kernels.blockwise`` (query blocks, hand-written backward), where SDPA would fall back to its math path or pad
+    v. A value-side term is served only where it has a band form (Shaw at integer offsets): causal attention at the
+    model's own positions runs as attention plus K diagonals (``kernels.band``), other calls (a KV-cache step, a
+    mask, explicit positions) compute as eager does.
+  - ``flex``: FlexAttention; the bias is a ``score_mod`` and the masks a block mask, so no H×Tq×Tk tensor is built;
+    serves the input, rotation and bias doors. It is compiled on CUDA (``POSENC_FLEX_COMPILE=1`` compiles on CPU
+    too, with the system compiler; ``0`` never compiles); it has no backward pass on CPU.
+  - ``auto``: flex on CUDA for bias encodings when no gradient is needed, else sdpa where it serves, else eager.
 """
 
 from __future__ import annotations
@@ -39,7 +32,7 @@ from . import checks
 from .kernels import blockwise, dispatch, gated_counts, offset_bias, offset_lookup, sticks
 from .kernels.band import band_attention
 from .kernels.channels import attend_with_channels
-from .kernels.local import local_attention, span_mask
+from .kernels.local import check_span, joined_mask, local_attention
 from .kernels.flex import flex_backend
 from .kernels.sinks import sdpa_with_sink, softmax_with_sink
 from .encodings.base import NoPE, PositionalEncoding, PositionedEncoding
@@ -68,50 +61,45 @@ def attention(
     """Attention with any positional encoding.
 
     Args:
-        q: (B, H, Tq, Dh) queries; k: (B, Hkv, Tk, Dh) keys; v: (B, Hkv, Tk, Dv) values,
-            with H a multiple of Hkv (Hkv < H: grouped-query attention, each key/value
-            head serving H/Hkv consecutive query heads).
-        encoding: any module from ``posenc.build``; None means no positional encoding.
-            Input-door encodings act before attention (``embed``) and are ignored here.
-            Or ``encoding.at(q_pos, k_pos)``, the encoding at fixed positions, which a
-            model builds once per forward so that all its layers share RoPE's cos/sin
-            and score biases (then leave q_positions and k_positions None).
+        q: (B, H, Tq, Dh) queries; k: (B, Hkv, Tk, Dh) keys; v: (B, Hkv, Tk, Dv) values, with H a multiple of Hkv
+            (Hkv < H: grouped-query attention, each key/value head serving H/Hkv consecutive query heads).
+        encoding: any module from ``posenc.build``; None means no positional encoding. Input-door encodings act
+            before attention (``embed``) and are ignored here. Or ``encoding.at(q_pos, k_pos)``, the encoding at
+            fixed positions, which a model builds once per forward so that all its layers share RoPE's cos/sin and
+            score biases (then leave q_positions and k_positions None).
         q_positions: (Tq,) or (B, Tq) int64; default: the last Tq key positions.
         k_positions: (Tk,) or (B, Tk) int64; default: 0..Tk-1.
-        causal: mask keys whose position is after the query's (k_pos <= q_pos is
-            kept), so it is right for KV-cache decoding where Tq < Tk.
-        mask: bool, broadcastable to (B, H, Tq, Tk); True = may attend (padding,
-            documents; see ``posenc.document_mask``). Combined with ``causal``.
+        causal: mask keys whose position is after the query's (k_pos <= q_pos is kept), so it is right for
+            KV-cache decoding where Tq < Tk.
+        mask: bool, broadcastable to (B, H, Tq, Tk); True = may attend (padding, documents; see
+            ``posenc.document_mask``). Combined with ``causal``.
         backend: one of "auto", "eager", "sdpa", "flex".
         scale: logit scale; default 1/√Dh.
-        sink: (H,) learned sink logits (``kernels.sinks``): each query may also attend to a
-            zero value with logit sink_h. Served by eager and sdpa.
+        sink: (H,) learned sink logits (``kernels.sinks``): each query may also attend to a zero value with logit
+            sink_h. Served by eager and sdpa.
         window: a sliding window: only keys with 0 <= q_pos − k_pos < window (Gemma 3's local layers).
         chunk: chunked attention: only keys with q_pos // chunk == k_pos // chunk (Llama 4's chunked layers).
-            Self-attention at the default positions runs either as blocks (``kernels.local``: no Tq×Tk
-            tensor) where the encoding only rotates and the backend is not eager; otherwise it joins the mask.
+            Self-attention at the default positions runs as blocks (``kernels.local``: no Tq×Tk tensor) where the
+            encoding only rotates and the backend is not eager; otherwise the pairs join the mask.
     Returns:
-        (B, H, Tq, Dv) in q's dtype. A query row with no allowed key returns zeros
-        (eager by construction; sdpa and flex do the same in torch 2.13, tested).
+        (B, H, Tq, Dv) in q's dtype. A query row with no allowed key returns zeros (eager by construction; sdpa
+        and flex do the same in torch 2.13, tested).
     """
     at = _positioned(q, k, v, encoding, q_positions, k_positions, mask)
-    _check_span(window, chunk)
     encoding = at.encoding
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    if sink is not None and (not isinstance(sink, Tensor) or sink.shape != (q.shape[1],)):
-        raise ValueError(f"sink must be a tensor of one logit per query head, shape ({q.shape[1]},), "
-                         f"got {tuple(sink.shape) if isinstance(sink, Tensor) else type(sink).__name__}")
+    checks.sink_logits(sink, q.shape[1])
     name = choose_backend(backend, encoding, q, k, v, sink=sink is not None)
-    _check_normalization(encoding, causal, sink)
+    _check_normalization(encoding, causal, sink, window, chunk)
     q, k = at.rotate(q, k)
     if k.shape[1] != q.shape[1] and (name == "eager" or encoding.has_relative_logits or encoding.has_relative_values):
         k, v = _repeat_kv_heads(k, q.shape[1]), _repeat_kv_heads(v, q.shape[1])
     plain_causal = causal and at.contiguous and q.shape[2] == k.shape[2]
     if window is not None or chunk is not None:
-        if name != "eager" and plain_causal and mask is None and sink is None and _only_rotates(encoding):
+        if name != "eager" and plain_causal and mask is None and sink is None and encoding.only_rotates:
             k, v = _repeat_kv_heads(k, q.shape[1]), _repeat_kv_heads(v, q.shape[1])
             return local_attention(q, k, v, window=window, chunk=chunk, scale=scale)
-        mask = _with_span(mask, at, window, chunk)
+        mask = joined_mask(mask, at.q_pos, at.k_pos, window, chunk)
     if sink is not None:
         return (_eager if name == "eager" else _sdpa_sink)(q, k, v, at, causal, mask, scale, sink=sink)
     return _BACKENDS[name](q, k, v, at, causal, mask, scale, plain_causal)
@@ -124,10 +112,9 @@ def _positioned(q, k, v, encoding, q_positions, k_positions, mask) -> Positioned
             raise ValueError("pass positions either to encoding.at(...) or to attention(), not both")
         checks.attention_tensors(q, k, v, encoding.encoding)
         if encoding.q_pos.shape[-1] != q.shape[2] or encoding.k_pos.shape[-1] != k.shape[2]:
-            raise ValueError(
-                f"the positioned encoding has {encoding.q_pos.shape[-1]} query and {encoding.k_pos.shape[-1]} key "
-                f"positions but the tensors have Tq={q.shape[2]} and Tk={k.shape[2]}"
-            )
+            raise ValueError(f"the positioned encoding has {encoding.q_pos.shape[-1]} query and "
+                             f"{encoding.k_pos.shape[-1]} key positions but the tensors have "
+                             f"Tq={q.shape[2]} and Tk={k.shape[2]}")
         if mask is not None:
             checks.attention_mask(mask, q.shape[:2] + (q.shape[2], k.shape[2]))
         return encoding
@@ -137,31 +124,11 @@ def _positioned(q, k, v, encoding, q_positions, k_positions, mask) -> Positioned
     return encoding.at(q_pos, k_pos, contiguous=q_positions is None and k_positions is None)
 
 
-def _check_span(window: int | None, chunk: int | None) -> None:
-    if window is not None:
-        checks.positive_int("window", window)
-    if chunk is not None:
-        checks.positive_int("chunk", chunk)
-
-
-def _only_rotates(encoding: PositionalEncoding) -> bool:
-    """Whether softmax(q·kᵀ)·v of rotated q and k is the whole of this encoding's attention."""
-    return not (encoding.has_bias or encoding.has_relative_logits or encoding.has_relative_values
-                or encoding.replaces_softmax or encoding.has_token_gates or encoding.has_gated_counts
-                or encoding.has_offset_lookups or not encoding.attends_to_itself)
-
-
-def _with_span(mask: Tensor | None, at: PositionedEncoding, window: int | None, chunk: int | None) -> Tensor | None:
-    """The caller's mask and the window's and chunk's, as one bool mask (None when neither is given)."""
-    if window is None and chunk is None:
-        return mask
-    spans = span_mask(at.q_pos, at.k_pos, window, chunk)
-    return spans if mask is None else mask & spans
-
-
-def _check_normalization(encoding: PositionalEncoding, causal: bool, sink: Tensor | None) -> None:
+def _check_normalization(encoding: PositionalEncoding, causal: bool, sink: Tensor | None, window: int | None,
+                         chunk: int | None) -> None:
     """A causal-only encoding (stick-breaking, FoX) refuses causal=False; one whose weights replace the softmax
-    (stick-breaking) takes no sink logit."""
+    (stick-breaking) takes no sink logit; a window or chunk is None or an integer >= 1."""
+    check_span(window, chunk)
     if encoding.causal_only and not causal:
         raise ValueError(f"{type(encoding).__name__} is causal only: it has no bidirectional form; pass causal=True")
     if encoding.replaces_softmax and sink is not None:
@@ -279,9 +246,8 @@ def attention_weights(
     less the sink's share when there is one; stick-breaking's rows sum to at most 1.
     """
     at = _positioned(q, k, k, encoding, q_positions, k_positions, mask)
-    _check_normalization(at.encoding, causal, sink)
-    _check_span(window, chunk)
-    mask = _with_span(mask, at, window, chunk)
+    _check_normalization(at.encoding, causal, sink, window, chunk)
+    mask = joined_mask(mask, at.q_pos, at.k_pos, window, chunk)
     compute = _math_dtype(q.dtype)
     q, k = at.rotate(q.to(compute), k.to(compute))
     k = _repeat_kv_heads(k, q.shape[1])

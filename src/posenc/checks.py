@@ -99,3 +99,10 @@ def attention_mask(mask: Tensor, shape: tuple[int, int, int, int]) -> None:
         raise ValueError(f"mask must be a bool tensor (True = may attend), got {getattr(mask, 'dtype', type(mask))}")
     if mask.dim() != 4 or any(m not in (1, s) for m, s in zip(mask.shape, shape)):
         raise ValueError(f"mask must be broadcastable to (B, H, Tq, Tk) = {shape}, got {tuple(mask.shape)}")
+
+
+def sink_logits(sink, heads: int) -> None:
+    """A ValueError unless ``sink`` is None or a tensor of one logit per query head, shape (heads,)."""
+    if sink is not None and (not isinstance(sink, torch.Tensor) or sink.shape != (heads,)):
+        raise ValueError(f"sink must be a tensor of one logit per query head, shape ({heads},), "
+                         f"got {tuple(sink.shape) if isinstance(sink, torch.Tensor) else type(sink).__name__}")

@@ -236,6 +236,14 @@ class PositionalEncoding(nn.Module):
     #: rotated at one step is wrong at the next: caches must keep keys unrotated.
     length_dependent = False
 
+    @property
+    def only_rotates(self) -> bool:
+        """Whether softmax(q·kᵀ)·v of the rotated q and k is the whole of this encoding's attention (NoPE, RoPE,
+        an input-door encoding): what ``kernels.local`` and the fused causal paths serve."""
+        return not (self.has_bias or self.has_relative_logits or self.has_relative_values or self.replaces_softmax
+                    or self.has_token_gates or self.has_gated_counts or self.has_offset_lookups
+                    or not self.attends_to_itself)
+
     def embed(self, x: Tensor, positions: Tensor, seq_len: int | None = None) -> Tensor:
         """Input door. x: (B, T, D); positions: (B or 1, T). Returns (B, T, D).
 

@@ -20,6 +20,25 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .. import checks
+
+
+def check_span(window: int | None, chunk: int | None) -> None:
+    """A ValueError naming ``window`` or ``chunk`` unless each is None or an integer >= 1."""
+    if window is not None:
+        checks.positive_int("window", window)
+    if chunk is not None:
+        checks.positive_int("chunk", chunk)
+
+
+def joined_mask(mask: Tensor | None, q_pos: Tensor, k_pos: Tensor, window: int | None, chunk: int | None
+                ) -> Tensor | None:
+    """The caller's bool mask and ``span_mask``'s pairs as one (None when there is neither)."""
+    if window is None and chunk is None:
+        return mask
+    spans = span_mask(q_pos, k_pos, window, chunk)
+    return spans if mask is None else mask & spans
+
 
 def span_mask(q_pos: Tensor, k_pos: Tensor, window: int | None, chunk: int | None) -> Tensor:
     """Bool (B or 1, 1, Tq, Tk): True where a key is inside the query's window (0 <= i − j < window; a later
