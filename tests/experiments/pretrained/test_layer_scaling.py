@@ -113,3 +113,17 @@ def test_the_command_reads_test_documents_and_writes_the_results(tmp_path, monke
     assert "yarn, every layer − none: " in capsys.readouterr().out
     with pytest.raises(SystemExit):
         layer_scaling.main(["--length", "65", "--model", "tiny-gemma", "--out", str(tmp_path)])  # past its 64
+    assert "--length 65 is past the model's context (64)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [(["--factor", "nan"], "factor must be a number > 1"),
+                                           (["--factor", "1"], "factor must be a number > 1"),
+                                           (["--documents", "0"], "--documents and --length must be at least 2"),
+                                           (["--model", "llama", "--length", "40"], "one RoPE for every layer")])
+def test_a_careless_command_line_is_one_clear_line(args, message, monkeypatch, capsys, tmp_path):
+    from posenc.experiments.pretrained.measure import tiny_llama
+
+    monkeypatch.setattr(hf, "load", lambda name: (tiny_llama() if name == "llama" else tiny_gemma(), BytesTokenizer()))
+    with pytest.raises(SystemExit) as exit_:
+        layer_scaling.main([*args, "--out", str(tmp_path)])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err

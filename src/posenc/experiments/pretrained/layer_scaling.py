@@ -87,7 +87,7 @@ def run(model, documents: list[dict], factor: float, out: Path, bins: int = 8, l
 
 
 def checks_factor(factor: float) -> None:
-    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor <= 1:
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 1 < factor < float("inf"):
         raise ValueError(f"factor must be a number > 1 (the context stretch the scaling is set for), got {factor!r}")
 
 
@@ -134,15 +134,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--factor", type=float, default=4.0, help="the stretch every scaling is set for (> 1)")
     parser.add_argument("--out", type=Path, default=Path("runs/layer-scaling"), help="results folder (resumable)")
     args = parser.parse_args(argv)
-    checks_factor(args.factor)
     if args.documents < 2 or args.length < 2:
         parser.error("--documents and --length must be at least 2")
-    model, tokenizer = hf.load(args.model)
-    if args.length > hf.original_context(model):
-        parser.error(f"--length {args.length} is past the model's context ({hf.original_context(model)}): this "
-                     "reads inside it")
-    documents = documents_for(args.model, HFTokens(tokenizer), args.corpus, args.documents, args.length)
-    results = run(model, documents, args.factor, args.out)
+    try:  # every refusal below is one line, not a traceback
+        checks_factor(args.factor)
+        model, tokenizer = hf.load(args.model)
+        if args.length > hf.original_context(model):
+            raise ValueError(f"--length {args.length} is past the model's context ({hf.original_context(model)}): "
+                             "this reads inside it")
+        if hf.layer_types(model) is None:
+            raise ValueError(f"a {model.config.model_type!r} model has one RoPE for every layer; this needs a "
+                             "per-layer-type model (Gemma 3)")
+        documents = documents_for(args.model, HFTokens(tokenizer), args.corpus, args.documents, args.length)
+        results = run(model, documents, args.factor, args.out)
+    except ValueError as error:
+        parser.error(str(error))
     for name, c in results["comparisons"].items():
         print(f"{name}: {c['mean']:+.4f} nats/token [{c['low']:+.4f}, {c['high']:+.4f}], Holm p {c['p_holm']:.3f}")
     print(f"wrote {args.out / 'results.json'}")
