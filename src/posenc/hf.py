@@ -39,6 +39,7 @@ import torch
 
 from . import checks, storage
 from .encodings import build
+from .kernels.local import span_mask
 from .encodings.rotary import RoPE
 from .encodings.temperature import QueryTemperature
 from .encodings.scaling import is_per_layer_type, normalize_scaling, rope_frequencies, rotary_dim
@@ -328,14 +329,9 @@ def layer_encoding(model, layer: int):
 def layer_mask(description: dict, length: int, device=None):
     """Bool (1, 1, T, T) of the pairs a layer (a ``layer_positions`` entry) lets attend at positions 0..T−1:
     causal, and inside its window or chunk; ready for ``posenc.attention(..., mask=)``."""
-    i = torch.arange(length, device=device)[:, None]
-    j = torch.arange(length, device=device)[None, :]
-    allowed = j <= i
-    if description["window"] is not None:
-        allowed &= i - j < description["window"]
-    if description["chunk"] is not None:
-        allowed &= i // description["chunk"] == j // description["chunk"]
-    return allowed[None, None]
+    positions = torch.arange(length, device=device)[None]
+    causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    return span_mask(positions, positions, description["window"], description["chunk"]) & causal
 
 
 def check_export_folder(out_dir: Path) -> None:

@@ -23,9 +23,10 @@ import torch
 
 from ... import hf, storage
 from ...lm.runtime import provenance
-from ..documents import correct, paired, t_interval
+from ..documents import correct, paired
 from .config import PretrainedConfig
 from .measure import binned, long_documents, position_losses
+from .report import mean_cell
 
 GLOBAL, EVERY = "global layers", "every layer"
 #: row name -> (rope_type, which layer types it rescales); none: the model as it ships
@@ -76,7 +77,7 @@ def run(model, documents: list[dict], factor: float, out: Path, bins: int = 8, l
                   "rope_parameters": own},
         "factor": factor, "length": int(documents[0]["ids"].shape[0]), "documents": files,
         "rows": {row: {"scaling": ROWS[row] and {"rope_type": ROWS[row][0], "layers": ROWS[row][1]},
-                       "mean": _cell(means[row]), "per_document": means[row],
+                       "mean": mean_cell(means[row]), "per_document": means[row],
                        "bands": _bands([r["bands"] for r in measured[row]])} for row in ROWS},
         "comparisons": comparisons,
         "provenance": provenance(),
@@ -100,11 +101,6 @@ def _document(model, row: str, document: dict, out: Path, bins: int) -> dict:
     record = {"mean": losses.mean().item(), "bands": binned(losses, bins)["loss"]}
     storage.write_json(path, record)
     return record
-
-
-def _cell(values: list[float]) -> dict:
-    low, high = t_interval(values)
-    return {"mean": sum(values) / len(values), "low": low, "high": high}
 
 
 def _bands(per_document: list[list[float]]) -> list[float]:
