@@ -23,8 +23,12 @@ $(VENV)/.installed-test: $(VENV)/.installed
 run: $(VENV)/.installed
 	$(VENV)/bin/posenc extrapolate $(ARGS)
 
+# pytest-xdist workers, one per core up to 4 (each imports torch and transformers; tests/conftest.py gives each
+# worker its share of the cores' threads). TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
+
 test: $(VENV)/.installed-test
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) $(ARGS)
 
 extend: $(VENV)/.installed
 	$(VENV)/bin/posenc extend $(ARGS)

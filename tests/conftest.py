@@ -8,6 +8,11 @@ import torch
 os.environ.setdefault("POSENC_FLEX_COMPILE", "0")
 # Attention forms timed in the suite are remembered in its own file, never in the user's cache.
 os.environ["POSENC_FORMS_CACHE"] = os.path.join(tempfile.mkdtemp(prefix="posenc-forms-"), "attention-forms.json")
+# Under pytest-xdist the workers share the cores: one worker's OpenMP pool as wide as the machine would
+# oversubscribe it (spinning threads of two pools slow both).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
 
 
 @pytest.fixture(autouse=True)
