@@ -3,7 +3,12 @@ logits, an interrupted run resumes to the uninterrupted one's weights, and bad o
 
 import pytest
 import torch
+# Imported here rather than on first use inside a test: `make mutate` forks one process per mutant from the
+# collected tests, and a first import inside two forked processes at once can hang them both.
+import peft  # noqa: F401
+import transformers.models.llama.modeling_llama  # noqa: F401
 
+from posenc import storage
 from posenc.experiments.pretrained.measure import tiny_llama
 from posenc.extension import adapt as adapting
 from posenc.extension.adapt import AdaptConfig, adapt, position_ids, with_lora, merged
@@ -99,6 +104,41 @@ def test_finished_runs_are_loaded_not_trained_again(tmp_path):
     ids = torch.randint(0, 256, (1, 20))
     torch.testing.assert_close(loaded(input_ids=ids).logits, trained(input_ids=ids).logits)
     assert not (tmp_path / "run" / "last.pt").exists()
+
+
+def test_a_lora_run_changes_what_lora_trains_and_a_full_run_changes_the_rest(tmp_path):
+    before = weights(tiny_llama(0, 32))
+    lora, _ = adapt(tiny_llama(0, 32), TEXT, config(lora=2), tmp_path / "lora")
+    full, _ = adapt(tiny_llama(0, 32), TEXT, config(), tmp_path / "full")
+    mlp = [name for name in before if ".mlp." in name]
+    projections = [name for name in before if "self_attn" in name]
+    assert mlp and projections
+    assert all(torch.equal(weights(lora)[name], before[name]) for name in mlp)  # no adapter there, so merged as was
+    assert not any(torch.equal(weights(lora)[name], before[name]) for name in projections)
+    assert not any(torch.equal(weights(full)[name], before[name]) for name in mlp + projections)
+
+
+def test_a_finished_run_leaves_its_merged_weights_and_its_record_under_their_names(tmp_path):
+    folder = tmp_path / "run"
+    trained, record = adapt(tiny_llama(0, 32), TEXT, config(steps=2, lora=2), folder)
+    assert sorted(path.name for path in folder.iterdir()) == ["adapt.json", "model.safetensors"]
+    assert storage.read_json(folder / "adapt.json") == record and len(record["losses"]) == 2
+    saved = storage.load_weights(folder / "model.safetensors")
+    assert not any("lora" in name for name in saved)
+    assert all(torch.equal(saved[name], tensor) for name, tensor in weights(trained).items())
+
+
+def test_the_text_must_hold_a_window_and_its_next_token_at_two_starts_at_least(tmp_path):
+    with pytest.raises(ValueError, match="not enough training text: 33 tokens for windows of 33"):
+        adapt(tiny_llama(0, 32), TEXT[:33], config(steps=1), tmp_path / "short")
+    _, record = adapt(tiny_llama(0, 32), TEXT[:34], config(steps=1), tmp_path / "enough")
+    assert len(record["losses"]) == 1
+
+
+def test_a_batch_the_processes_cannot_share_is_refused_before_any_work(tmp_path):
+    with pytest.raises(ValueError, match=r"--finetune-batch \(3\) must be divisible by the number of processes \(2\)"):
+        adapt(tiny_llama(0, 32), TEXT, config(batch=3), tmp_path / "run", world_size=2)
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("overrides,match", [
