@@ -1,17 +1,18 @@
 """Fine-tuning a transformers model for a longer context: PoSE ids reach the model, LoRA merges into the same
 logits, an interrupted run resumes to the uninterrupted one's weights, and bad options fail before any work."""
 
+import time
+from dataclasses import asdict
+
 import pytest
 import torch
-# Imported here rather than on first use inside a test: `make mutate` forks one process per mutant from the
-# collected tests, and a first import inside two forked processes at once can hang them both.
-import peft  # noqa: F401
-import transformers.models.llama.modeling_llama  # noqa: F401
+import torch.nn.functional as F
 
 from posenc import storage
 from posenc.experiments.pretrained.measure import tiny_llama
 from posenc.extension import adapt as adapting
 from posenc.extension.adapt import AdaptConfig, adapt, position_ids, with_lora, merged
+from posenc.lm.train import learning_rate
 
 TEXT = torch.randint(0, 256, (3000,), generator=torch.Generator().manual_seed(0))
 
@@ -146,9 +147,120 @@ def test_a_batch_the_processes_cannot_share_is_refused_before_any_work(tmp_path)
     (dict(mode="full"), "--finetune full trains on windows of --to"),
     (dict(mode="pos"), "--finetune must be one of"),
     (dict(lora=-1), "--lora must be an integer >= 1"),
+    (dict(target=1, window=1), "--to must be an integer >= 2, got 1"),
+    (dict(window=1), "--finetune-window must be an integer >= 2, got 1"),
+    (dict(steps=0), "--finetune-steps must be an integer >= 1, got 0"),
+    (dict(lr=0.0), "--finetune-lr must be a number > 0.0, got 0.0"),
+    (dict(batch=0), "--finetune-batch must be an integer >= 1, got 0"),
+    (dict(chunks=0), "--pose-chunks must be an integer >= 1, got 0"),
+    (dict(warmup=-1), "--finetune-warmup must be an integer >= 0, got -1"),
+    (dict(checkpoint_every=0), "checkpoint_every must be an integer >= 1, got 0"),
 ])
 def test_bad_options_are_one_line_errors(overrides, match):
     with pytest.raises(ValueError, match=match):
         config(**overrides)
-    with pytest.raises(ValueError, match="--lora must be a rank >= 1"):
-        adapting.check_lora_rank(0)
+    for rank in (0, True, 2.0):
+        with pytest.raises(ValueError, match="--lora must be a rank >= 1"):
+            adapting.check_lora_rank(rank)
+
+
+def test_each_option_at_its_edge_is_accepted():
+    for edge in (dict(target=2, window=2), dict(window=256), dict(warmup=0), dict(lora=1)):
+        config(**edge)
+    adapting.check_lora_rank(1)
+
+
+def test_lora_adapters_have_the_rank_asked_for_and_scale_by_two():
+    wrapped = with_lora(tiny_llama(0, 32), 3)
+    adapted = [module for module in wrapped.modules() if hasattr(module, "lora_A") and module.lora_A]
+    assert len(adapted) == 4 * 2  # q, k, v, o in both layers
+    assert all(module.lora_A["default"].weight.shape[0] == 3 for module in adapted)
+    assert all(module.scaling["default"] == 2.0 for module in adapted)  # lora_alpha = 2 · rank
+
+
+def test_each_step_is_adamw_at_the_scheduled_rate_on_clipped_gradients(tmp_path):
+    """A hand-written loop of the documented recipe gives the run's losses and weights."""
+    chosen = config(steps=4, warmup=2)
+    _, record = adapt(tiny_llama(0, 32), TEXT, chosen, tmp_path / "run")
+    model = tiny_llama(0, 32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=chosen.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    generator = torch.Generator().manual_seed(chosen.seed)
+    losses, norms = [], []
+    for step in range(chosen.steps):
+        starts = torch.randint(0, TEXT.shape[0] - 33, (2,), generator=generator)
+        windows = torch.stack([TEXT[s : s + 33] for s in starts.tolist()])
+        ids = position_ids(chosen, generator)
+        logits = model(input_ids=windows[:, :-1], position_ids=ids).logits
+        loss = F.cross_entropy(logits.float().flatten(0, 1), windows[:, 1:].flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(list(model.parameters()), 1.0)))
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, chosen)
+        optimizer.step()
+        losses.append(loss.item())
+    assert min(norms) > 2.0  # so a clip at 2 would step differently
+    assert record["losses"] == pytest.approx(losses, rel=1e-6)
+    trained = storage.load_weights(tmp_path / "run" / "model.safetensors")
+    for name, tensor in weights(model).items():
+        torch.testing.assert_close(trained[name], tensor, rtol=1e-5, atol=1e-6)
+
+
+def test_weights_without_their_record_are_trained_again(tmp_path):
+    folder = tmp_path / "run"
+    adapt(tiny_llama(0, 32), TEXT, config(steps=2), folder)
+    (folder / "adapt.json").unlink()  # killed between the two writes
+    _, record = adapt(tiny_llama(0, 32), TEXT, config(steps=2), folder)
+    assert len(record["losses"]) == 2 and (folder / "adapt.json").exists()
+
+
+def embedding_sum(model) -> float:
+    """A number every step moves: what a curve point measures of the model it is given."""
+    return float(model.model.embed_tokens.weight.detach().double().sum())
+
+
+def crash_on_forward(model, call: int):
+    """``model`` whose ``call``-th forward raises KeyboardInterrupt (a kill during that training step)."""
+    calls, forward = [], model.forward
+
+    def counted(**kwargs):
+        calls.append(1)
+        if len(calls) == call:
+            raise KeyboardInterrupt
+        return forward(**kwargs)
+
+    model.forward = counted
+    return model
+
+
+def test_checkpoints_fall_every_checkpoint_every_steps(tmp_path):
+    folder = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):  # the fifth step is interrupted: steps 1 to 4 are done
+        adapt(crash_on_forward(tiny_llama(0, 32), 5), TEXT, config(checkpoint_every=3), folder)
+    assert storage.load_checkpoint(folder / "last.pt")["step"] == 3
+    assert not (folder / "adapt.json").exists()
+
+
+def test_a_run_killed_after_a_curve_point_keeps_it_and_ends_as_the_uninterrupted_run(tmp_path):
+    chosen, points = config(checkpoint_every=3), (0, 4, 6)
+    began = time.perf_counter()
+    whole, record = adapt(tiny_llama(0, 32), TEXT, chosen, tmp_path / "whole", points=points, measure=embedding_sum)
+    assert 0 < record["wall_time_s"] <= time.perf_counter() - began
+    assert set(record) == {"config", "losses", "curve", "wall_time_s"} and record["config"] == asdict(chosen)
+    folder = tmp_path / "killed"
+    began = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):  # point 4 is measured and saved, then step 5 is interrupted
+        adapt(crash_on_forward(tiny_llama(0, 32), 6), TEXT, chosen, folder, points=points, measure=embedding_sum)
+    saved = storage.load_checkpoint(folder / "last.pt")
+    assert saved["step"] == 4 and saved["curve"] == {key: record["curve"][key] for key in ("0", "4")}
+    assert saved["losses"] == record["losses"][:4]
+
+    def measured_again(model):  # a value no earlier point can have: shows which points were measured after resuming
+        return embedding_sum(model) + 1000.0
+
+    resumed, again = adapt(tiny_llama(0, 32), TEXT, chosen, folder, points=points, measure=measured_again)
+    assert again["curve"] == {"0": record["curve"]["0"], "4": record["curve"]["4"], "6": record["curve"]["6"] + 1000}
+    assert again["losses"] == pytest.approx(record["losses"], rel=1e-6)
+    assert 0 < again["wall_time_s"] <= time.perf_counter() - began
+    for name, tensor in weights(whole).items():
+        torch.testing.assert_close(weights(resumed)[name], tensor, rtol=1e-5, atol=1e-6)

@@ -45,12 +45,60 @@ def test_finetune_records_the_curve_and_changes_the_model(tmp_path):
     before = probe(model)
     metrics = finetune(model, data(), CONFIG, tmp_path / "ft", points=POINTS, measure=probe)
     assert list(metrics["curve"]) == [str(p) for p in POINTS]
+    assert len(set(metrics["curve"].values())) == len(POINTS)  # each point measured after its own steps
     assert metrics["curve"]["0"] == pytest.approx(before)
     assert metrics["curve"]["40"] == pytest.approx(probe(model)) and probe(model) != before
-    assert not (tmp_path / "ft" / "last.pt").exists()
+    assert sorted(path.name for path in (tmp_path / "ft").iterdir()) == ["curve.json", "finetune.json",
+                                                                         "model.safetensors"]
+    assert storage.read_json(tmp_path / "ft" / "curve.json") == metrics["curve"]
     again = pretrained()  # a finished folder is loaded, not retrained
     assert finetune(again, data(), CONFIG, tmp_path / "ft", points=POINTS, measure=probe) == metrics
     assert probe(again) == pytest.approx(probe(model))
+
+
+def test_an_interrupted_run_keeps_its_points_and_ends_as_the_uninterrupted_run(tmp_path):
+    reference = pretrained()
+    whole = finetune(reference, data(), CONFIG, tmp_path / "whole", points=POINTS, measure=probe)
+    calls = []
+
+    def interrupted_at_the_third_point(model):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return probe(model)
+
+    folder = tmp_path / "interrupted"
+    with pytest.raises(KeyboardInterrupt):
+        finetune(pretrained(), data(), CONFIG, folder, points=POINTS, measure=interrupted_at_the_third_point)
+    assert sorted(path.name for path in folder.iterdir()) == ["curve.json", "last.pt"]
+    assert storage.read_json(folder / "curve.json") == {"0": whole["curve"]["0"], "5": whole["curve"]["5"]}
+
+    def measured_again(model):  # a value no earlier point can have: shows which points were measured after resuming
+        return probe(model) + 1000.0
+
+    resumed = pretrained()
+    metrics = finetune(resumed, data(), CONFIG, folder, points=POINTS, measure=measured_again)
+    want = {step: value + (1000.0 if int(step) > 5 else 0.0) for step, value in whole["curve"].items()}
+    assert metrics["curve"] == pytest.approx(want)
+    for name, tensor in resumed.state_dict().items():
+        torch.testing.assert_close(tensor, reference.state_dict()[name], rtol=1e-5, atol=1e-6)
+
+
+def test_points_are_only_those_asked_for_and_measure_is_optional(tmp_path):
+    config = TrainConfig(steps=3, batch_size=2, length=16, lr=1e-3, warmup=1, checkpoint_every=2)
+    assert finetune(pretrained(), data(), config, tmp_path / "a", points=[1], measure=probe)["curve"].keys() == {"1"}
+    assert finetune(pretrained(), data(), config, tmp_path / "b", points=[1, 3])["curve"] == {}
+    one_step = TrainConfig(steps=1, batch_size=2, length=16, lr=1e-3, warmup=0)
+    assert list(finetune(pretrained(), data(), one_step, tmp_path / "c", points=[0, 1], measure=probe)["curve"]) == [
+        "0", "1"]
+
+
+def test_weights_without_their_record_are_trained_again(tmp_path):
+    config = TrainConfig(steps=2, batch_size=2, length=16, lr=1e-3, warmup=1)
+    first = finetune(pretrained(), data(), config, tmp_path / "ft")
+    (tmp_path / "ft" / "finetune.json").unlink()  # killed between the two writes
+    again = finetune(pretrained(), data(), config, tmp_path / "ft")
+    assert (tmp_path / "ft" / "finetune.json").exists() and again["steps"] == first["steps"]
 
 
 KILLABLE = """
