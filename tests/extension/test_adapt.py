@@ -214,6 +214,13 @@ def test_weights_without_their_record_are_trained_again(tmp_path):
     assert len(record["losses"]) == 2 and (folder / "adapt.json").exists()
 
 
+def test_a_checkpoint_of_an_older_format_names_itself_and_the_way_out(tmp_path):
+    folder = tmp_path / "run"
+    storage.save_checkpoint(folder / "last.pt", {"trainable": {}, "step": 2})  # no optimizer moments
+    with pytest.raises(ValueError, match=r"last\.pt was written by an older posenc; delete it to fine-tune from"):
+        adapt(tiny_llama(0, 32), TEXT, config(), folder)
+
+
 def embedding_sum(model) -> float:
     """A number every step moves: what a curve point measures of the model it is given."""
     return float(model.model.embed_tokens.weight.detach().double().sum())

@@ -10,7 +10,7 @@ import torch
 from posenc import storage
 from posenc.extension.finetune import curve_points, finetune
 from posenc.lm.model import LanguageModel, ModelConfig
-from posenc.lm.train import TrainConfig
+from posenc.lm.train import TrainConfig, train
 
 CONFIG = TrainConfig(steps=40, batch_size=4, length=32, lr=2e-3, warmup=4, checkpoint_every=7, seed=1)
 POINTS = [0, 5, 10, 20, 40]
@@ -91,6 +91,35 @@ def test_points_are_only_those_asked_for_and_measure_is_optional(tmp_path):
     one_step = TrainConfig(steps=1, batch_size=2, length=16, lr=1e-3, warmup=0)
     assert list(finetune(pretrained(), data(), one_step, tmp_path / "c", points=[0, 1], measure=probe)["curve"]) == [
         "0", "1"]
+
+
+def test_a_run_killed_after_its_last_point_before_its_weights_finishes_on_resuming(tmp_path, monkeypatch):
+    config = TrainConfig(steps=3, batch_size=2, length=16, lr=1e-3, warmup=1, checkpoint_every=2)
+    reference = pretrained()
+    whole = finetune(reference, data(), config, tmp_path / "whole", points=[0, 3], measure=probe)
+
+    def killed(*args):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(storage, "save_weights", killed)
+        with pytest.raises(KeyboardInterrupt):
+            finetune(pretrained(), data(), config, tmp_path / "killed", points=[0, 3], measure=probe)
+    assert storage.read_json(tmp_path / "killed" / "curve.json") == whole["curve"]  # every point was measured
+    resumed = pretrained()
+    again = finetune(resumed, data(), config, tmp_path / "killed", points=[0, 3], measure=probe)
+    assert again["curve"] == whole["curve"] and (tmp_path / "killed" / "finetune.json").exists()
+    for name, tensor in resumed.state_dict().items():
+        torch.testing.assert_close(tensor, reference.state_dict()[name], rtol=1e-5, atol=1e-6)
+
+
+def test_autocast_reaches_the_training_loop(tmp_path):
+    config = TrainConfig(steps=2, batch_size=2, length=16, lr=1e-3, warmup=1)
+    low = finetune(pretrained(), data(), config, tmp_path / "low", autocast_dtype=torch.bfloat16)
+    direct = train(pretrained(), data(), config, checkpoint=tmp_path / "direct.pt", device=torch.device("cpu"),
+                   autocast_dtype=torch.bfloat16)
+    plain = finetune(pretrained(), data(), config, tmp_path / "plain")
+    assert low["final_loss"] == direct["final_loss"] != plain["final_loss"]
 
 
 def test_weights_without_their_record_are_trained_again(tmp_path):
