@@ -98,3 +98,16 @@ def kernel_calls(monkeypatch, module, function: str, form: str) -> list[dict]:
 
     monkeypatch.setattr(module, function, recording)
     return calls
+
+
+def raising_on_call(function, call: int, error: type[BaseException] = KeyboardInterrupt):
+    """``function``, except that its ``call``-th call raises ``error``: a run killed at that moment."""
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == call:
+            raise error
+        return function(*args, **kwargs)
+
+    return counted

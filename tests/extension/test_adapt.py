@@ -13,6 +13,7 @@ from posenc.experiments.pretrained.measure import tiny_llama
 from posenc.extension import adapt as adapting
 from posenc.extension.adapt import AdaptConfig, adapt, position_ids, with_lora, merged
 from posenc.lm.train import learning_rate
+from tests.helpers import raising_on_call
 
 TEXT = torch.randint(0, 256, (3000,), generator=torch.Generator().manual_seed(0))
 
@@ -49,14 +50,7 @@ def test_the_model_trains_at_the_skipwise_ids_of_each_step(tmp_path, monkeypatch
 def test_an_interrupted_run_resumes_to_the_uninterrupted_weights(tmp_path):
     whole, record = adapt(tiny_llama(0, 32), TEXT, config(), tmp_path / "whole", points=(0, 4, 6),
                           measure=lambda m: 1.0)
-    calls = []
-
-    def crash_at_the_second_point(model):  # points 0, 4, 6: the second call is at step 4
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return 1.0
-
+    crash_at_the_second_point = raising_on_call(lambda model: 1.0, 2)  # points 0, 4, 6: the second is at step 4
     folder = tmp_path / "interrupted"
     with pytest.raises(KeyboardInterrupt):
         adapt(tiny_llama(0, 32), TEXT, config(), folder, points=(0, 4, 6), measure=crash_at_the_second_point)
@@ -214,13 +208,6 @@ def test_weights_without_their_record_are_trained_again(tmp_path):
     assert len(record["losses"]) == 2 and (folder / "adapt.json").exists()
 
 
-def test_a_checkpoint_of_an_older_format_names_itself_and_the_way_out(tmp_path):
-    folder = tmp_path / "run"
-    storage.save_checkpoint(folder / "last.pt", {"trainable": {}, "step": 2})  # no optimizer moments
-    with pytest.raises(ValueError, match=r"last\.pt was written by an older posenc; delete it to fine-tune from"):
-        adapt(tiny_llama(0, 32), TEXT, config(), folder)
-
-
 def embedding_sum(model) -> float:
     """A number every step moves: what a curve point measures of the model it is given."""
     return float(model.model.embed_tokens.weight.detach().double().sum())
@@ -228,15 +215,7 @@ def embedding_sum(model) -> float:
 
 def crash_on_forward(model, call: int):
     """``model`` whose ``call``-th forward raises KeyboardInterrupt (a kill during that training step)."""
-    calls, forward = [], model.forward
-
-    def counted(**kwargs):
-        calls.append(1)
-        if len(calls) == call:
-            raise KeyboardInterrupt
-        return forward(**kwargs)
-
-    model.forward = counted
+    model.forward = raising_on_call(model.forward, call)
     return model
 
 

@@ -11,6 +11,7 @@ from posenc import storage
 from posenc.extension.finetune import curve_points, finetune
 from posenc.lm.model import LanguageModel, ModelConfig
 from posenc.lm.train import TrainConfig, train
+from tests.helpers import raising_on_call
 
 CONFIG = TrainConfig(steps=40, batch_size=4, length=32, lr=2e-3, warmup=4, checkpoint_every=7, seed=1)
 POINTS = [0, 5, 10, 20, 40]
@@ -59,14 +60,7 @@ def test_finetune_records_the_curve_and_changes_the_model(tmp_path):
 def test_an_interrupted_run_keeps_its_points_and_ends_as_the_uninterrupted_run(tmp_path):
     reference = pretrained()
     whole = finetune(reference, data(), CONFIG, tmp_path / "whole", points=POINTS, measure=probe)
-    calls = []
-
-    def interrupted_at_the_third_point(model):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return probe(model)
-
+    interrupted_at_the_third_point = raising_on_call(probe, 3)
     folder = tmp_path / "interrupted"
     with pytest.raises(KeyboardInterrupt):
         finetune(pretrained(), data(), CONFIG, folder, points=POINTS, measure=interrupted_at_the_third_point)

@@ -15,6 +15,7 @@ from posenc import storage
 from posenc.experiments.pretrained.measure import tiny_llama
 from posenc.extension import sharding
 from posenc.extension.adapt import AdaptConfig, adapt
+from tests.helpers import raising_on_call
 
 TEXT = torch.randint(0, 256, (3000,), generator=torch.Generator().manual_seed(0))
 POINTS = (0, 4, 6)
@@ -36,14 +37,7 @@ class Crash(Exception):
 
 
 def crash_at_the_second_point():
-    calls = []
-
-    def measure(model):
-        calls.append(1)
-        if len(calls) == 2:
-            raise Crash
-        return first_logit(model)
-    return measure
+    return raising_on_call(first_logit, 2, Crash)
 
 
 def run_jobs(rank: int, world_size: int, port: int, folder: str) -> None:
