@@ -121,3 +121,12 @@ def test_bad_layers_positions_and_caches_are_named():
     assert StreamingCache(1, sink_tokens=0).sink_tokens == 0
     with pytest.raises(ValueError, match="^sink_tokens must be an integer >= 0, got -1$"):
         StreamingCache(1, sink_tokens=-1)
+
+
+def test_each_layer_forgets_through_its_own_gate():
+    model, tokens = small("fox"), torch.randint(0, 256, (1, 12))
+    with torch.no_grad():
+        before = model(tokens)
+        model.encoding.gates[1].bias.fill_(-3.0)  # the second layer forgets fast; the first is untouched
+        after = model(tokens)
+    assert not torch.allclose(before, after)
