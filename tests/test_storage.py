@@ -81,3 +81,24 @@ def test_a_damaged_checkpoint_names_its_path_and_the_error(tmp_path):
         storage.load_checkpoint(path)
     message = str(raised.value)
     assert str(path) in message and "Error" in message.split("(")[1] and "--resume" in message
+
+
+def test_checkpoints_saved_with_an_arbitrary_object_are_refused_not_run(tmp_path):
+    """torch.save pickles what it is given; loading that with weights_only=False would import and keep it."""
+    path = tmp_path / "last.pt"
+    torch.save({"step": 3, "hook": print}, path)
+    with pytest.raises(ValueError, match="damaged or truncated .*UnpicklingError"):
+        storage.load_checkpoint(path)
+
+
+def test_checkpoints_load_onto_the_device_asked_for(tmp_path):
+    path = storage.save_checkpoint(tmp_path / "last.pt", {"weights": torch.ones(2)})
+    assert storage.load_checkpoint(path, device="meta")["weights"].device.type == "meta"
+
+
+def test_the_damaged_message_says_what_to_do(tmp_path):
+    path = tmp_path / "last.pt"
+    path.write_bytes(b"x")
+    with pytest.raises(ValueError) as raised:
+        storage.load_checkpoint(path)
+    assert str(raised.value).endswith("; delete it and run again with --resume: the stage that wrote it is redone")

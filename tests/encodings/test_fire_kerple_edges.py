@@ -1,0 +1,73 @@
+"""FIRE's offset table and Kerple's and FIRE's dtypes and messages: what the mutation run found unpinned
+(docs/mutation.md). The table must be the dense bias read along offsets, up to the query that reaches the
+threshold; a float64 module asked for float32 must compute in float32; each bad argument names itself."""
+
+import pytest
+import torch
+
+import posenc
+from posenc.encodings.fire import FIRE
+from posenc.encodings.kerple import Kerple
+
+
+def fire(threshold: float = 64.0) -> FIRE:
+    torch.manual_seed(0)
+    encoding = FIRE(3, width=8, init_c=0.3, init_threshold=threshold).double()
+    with torch.no_grad():
+        for parameter in encoding.mlp.parameters():
+            parameter.normal_()
+    return encoding
+
+
+def test_fire_offset_table_is_the_dense_bias_read_along_offsets():
+    encoding = fire(64.0)
+    dense = encoding.score_bias(torch.arange(64), torch.arange(64), torch.float64)[0]  # (H, 64, 64)
+    table = encoding.offset_table(0, 63, 63, torch.device("cpu"), torch.float64)  # (H, 64): offsets 0..63
+    assert table.shape == (3, 64) and table.dtype == torch.float64
+    for i in range(64):
+        for j in range(i + 1):
+            torch.testing.assert_close(dense[:, i, j], table[:, i - j], rtol=0, atol=1e-12)
+    window = encoding.offset_table(5, 20, 63, torch.device("cpu"), torch.float64)  # offsets 5..20, both ends
+    torch.testing.assert_close(window, table[:, 5:21], rtol=0, atol=0)
+    assert encoding.offset_table(0, 63, 63, torch.device("cpu")).dtype == torch.float32  # the default dtype
+
+
+def test_fire_offset_table_stops_at_the_query_that_reaches_the_threshold():
+    """Below L every query divides by ψ(L); a query at L or later divides by its own ψ: no table."""
+    encoding = fire(64.0)
+    assert encoding.offset_table(0, 10, 63, torch.device("cpu")) is not None
+    assert encoding.offset_table(0, 10, 64, torch.device("cpu")) is None
+    with torch.no_grad():  # training may carry the learned multiplier below zero: L is its magnitude
+        encoding.threshold.neg_()
+    assert encoding.offset_table(0, 10, 63, torch.device("cpu")) is not None
+    assert encoding.offset_table(0, 10, 64, torch.device("cpu")) is None
+
+
+@pytest.mark.parametrize("build", [lambda: fire(), lambda: Kerple(3, "log").double(),
+                                   lambda: Kerple(3, "power").double()])
+def test_a_float64_module_asked_for_float32_computes_in_float32(build):
+    encoding = build()
+    positions = torch.arange(40) * 1000  # offsets up to 39,000: float32 and float64 differ in their digits
+    low = encoding.score_bias(positions, positions, torch.float32)
+    high = encoding.score_bias(positions, positions, torch.float64)
+    assert low.dtype == torch.float32 and high.dtype == torch.float64
+    torch.testing.assert_close(low, high.float(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: FIRE(0), "num_heads must be an integer >= 1, got 0"),
+    (lambda: FIRE(2, width=0), "width must be an integer >= 1, got 0"),
+    (lambda: FIRE(2, init_threshold=1.0), "init_threshold must be a number > 1.0, got 1.0"),
+    (lambda: Kerple(0), "num_heads must be an integer >= 1, got 0"),
+    (lambda: posenc.build("fire", num_heads=2).score_bias(torch.zeros(1, 1, 4), torch.arange(4)),
+     r"q_pos must have shape \(T,\) or \(B or 1, T\), got \(1, 1, 4\)"),
+    (lambda: posenc.build("fire", num_heads=2).score_bias(torch.arange(4), torch.zeros(1, 1, 4)),
+     r"k_pos must have shape \(T,\) or \(B or 1, T\), got \(1, 1, 4\)"),
+])
+def test_each_bad_argument_names_itself(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+def test_fire_accepts_any_threshold_past_one_position():
+    assert float(FIRE(2, init_threshold=1.5).threshold) * 512 == pytest.approx(1.5)
