@@ -102,3 +102,23 @@ def test_the_damaged_message_says_what_to_do(tmp_path):
     with pytest.raises(ValueError) as raised:
         storage.load_checkpoint(path)
     assert str(raised.value).endswith("; delete it and run again with --resume: the stage that wrote it is redone")
+
+
+def test_weights_round_trip_detached_contiguous_on_the_cpu(tmp_path):
+    weight = torch.arange(6.0).reshape(2, 3).t().requires_grad_()  # a transposed view: not contiguous
+    path = storage.save_weights(tmp_path / "w" / "model.safetensors", {"w": weight, "b": torch.ones(2)})
+    loaded = storage.load_weights(path)
+    assert set(loaded) == {"w", "b"} and torch.equal(loaded["w"], weight.detach()) and not loaded["w"].requires_grad
+    path.write_bytes(path.read_bytes()[:20])  # cut short
+    with pytest.raises(ValueError) as raised:
+        storage.load_weights(path)
+    assert str(raised.value).startswith(f"{path} is damaged or truncated (") and "--resume" in str(raised.value)
+
+
+def test_an_installed_file_is_found_through_its_package_and_a_missing_one_says_so(tmp_path):
+    found = storage.installed_file("torch", "torch/__init__.py", "no torch")
+    assert found.name == "__init__.py" and found.exists()
+    with pytest.raises(ValueError, match="^no such file$"):
+        storage.installed_file("torch", "torch/not-a-file.txt", "no such file")
+    with pytest.raises(ValueError, match="^no such package$"):
+        storage.installed_file("posenc-no-such-package", "x", "no such package")

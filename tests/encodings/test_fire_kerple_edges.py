@@ -71,3 +71,12 @@ def test_each_bad_argument_names_itself(build, message):
 
 def test_fire_accepts_any_threshold_past_one_position():
     assert float(FIRE(2, init_threshold=1.5).threshold) * 512 == pytest.approx(1.5)
+
+
+def test_fire_defaults_are_the_papers_and_its_repr_names_them():
+    encoding = FIRE(4)
+    assert encoding.mlp[0].out_features == 32 and float(encoding.log_scale) == pytest.approx(0.1)
+    assert float(encoding.threshold) * 512 == pytest.approx(512.0)
+    assert repr(encoding) == ("FIRE(\n  num_heads=4, width=32\n  (mlp): Sequential(\n    (0): Linear(in_features=1, "
+                              "out_features=32, bias=True)\n    (1): ReLU()\n    (2): Linear(in_features=32, "
+                              "out_features=4, bias=True)\n  )\n)")
