@@ -36,7 +36,8 @@ RUNS = {
                               "--finetune-steps", "1", "--out", "OUT"],
     "extend --hf": ["extend", "--hf", "tiny", "--preset", "smoke", "--to", "1024", "--methods", "none,yarn",
                     "--corpus", "stdlib", "--documents", "2", "--dev-documents", "2", "--keys-per-band", "1",
-                    "--retrieval-format", "remember", "--control-stride", "256", "--finetune", "pose", "--finetune-method", "ntk", "--finetune-window",
+                    "--retrieval-format", "remember", "--retrieval-tasks", "multi-value,variable-tracking",
+                    "--task-questions", "1", "--task-size", "2", "--control-stride", "256", "--finetune", "pose", "--finetune-method", "ntk", "--finetune-window",
                     "64", "--pose-chunks", "3", "--finetune-lr", "1e-3", "--finetune-steps", "2", "--finetune-batch",
                     "1", "--lora", "2", "--export", "OUT/exported", "--device", "cpu", "--out", "OUT"],
     "extend --hf self-extend": ["extend", "--hf", "tiny", "--preset", "smoke", "--methods",
@@ -140,6 +141,13 @@ def _check_hf(out, run, printed):
     assert list(results["rows"]) == ["none", "yarn", "ntk+pose", "ntk+control"]
     assert len(results["rows"]["none"]["test"]) == 2 and results["control"]["context"] == [257, 512]
     assert results["retrieval_format"] == "remember" and list(results["calibration"]["formats"]) == ["remember"]
+    assert (config["retrieval_tasks"], config["task_questions"], config["task_size"]) == (
+        ["multi-value", "variable-tracking"], 1, 2)
+    for row in results["rows"].values():  # one question of each task in each of 2 documents, beside 4 keys each
+        assert row["keys"]["total"] == 8 and [cell["total"] for cell in row["tasks"].values()] == [2, 2]
+    assert {"multi-value found: ntk+pose − ntk+control", "variable-tracking found: ntk+pose − ntk+control"} <= set(
+        results["comparisons"])
+    assert "RULER's multi-value" in (out / "results.md").read_text()
     assert (out / "exported" / "config.json").exists()
 
 

@@ -138,6 +138,11 @@ def _add_extend(commands) -> None:
     hf.add_argument("--retrieval-format", help="how keys are worded: auto (the one the unscaled model answers best "
                                                "inside its context on dev, asked in each) or one of "
                                                + ", ".join(FORMATS))
+    hf.add_argument("--retrieval-tasks", help="RULER questions asked beside the keys, comma-separated: multi-value, "
+                                              "variable-tracking (default: none)")
+    hf.add_argument("--task-questions", type=int, help="questions of each --retrieval-tasks task per document (2)")
+    hf.add_argument("--task-size", type=int, help="values per multi-value question, links per variable-tracking "
+                                                  "chain (2)")
     hf.add_argument("--control-stride", type=int, help="the context control re-reads every this many tokens")
     hf.add_argument("--finetune", choices=["none", "pose", "full"],
                     help="pose: PoSE on short windows (adds the control row: same tokens, plain ids); full: windows "
@@ -157,7 +162,8 @@ def _add_extend(commands) -> None:
 
 
 # Flags of one of extend's two modes, refused in the other rather than silently ignored.
-_HF_ONLY = ("to", "corpus", "documents", "dev_documents", "keys_per_band", "retrieval_format", "control_stride",
+_HF_ONLY = ("to", "corpus", "documents", "dev_documents", "keys_per_band", "retrieval_format", "retrieval_tasks",
+            "task_questions", "task_size", "control_stride",
             "finetune", "finetune_method", "finetune_window", "pose_chunks", "finetune_lr", "lora",
             "self_extend_window", "self_extend_group", "string_shift", "string_local", "export")
 _OWN_MODEL_ONLY = ("run_dir", "factor", "finetune_lrs", "from_scratch", "eval_stride", "seeds", "sweep_windows",
@@ -203,7 +209,7 @@ def _run_extend_hf(args) -> int:
     if args.corpus is not None and args.text is not None:
         raise ValueError("--corpus and --text both name the documents: pass one")
     names = ("to", "methods", "text", "corpus", "documents", "dev_documents", "keys_per_band", "retrieval_format",
-             "control_stride", "finetune", "finetune_method", "finetune_window", "pose_chunks", "finetune_lr", "lora",
+             "retrieval_tasks", "task_questions", "task_size", "control_stride", "finetune", "finetune_method", "finetune_window", "pose_chunks", "finetune_lr", "lora",
              "self_extend_window", "self_extend_group", "string_shift", "string_local", "finetune_steps",
              "finetune_batch", "search_population", "search_generations")
     overrides = {"model": args.hf, **{name: getattr(args, name) for name in names}}
@@ -228,6 +234,9 @@ def _refuse_unused_hf_flags(args, config) -> None:
     grouping = _flags_given(args, ("self_extend_window", "self_extend_group"))
     if grouping and not config.uses_self_extend:
         raise ValueError(f"{', '.join(grouping)} apply to the self-extend and rerope rows: add one to --methods")
+    sizing = _flags_given(args, ("task_questions", "task_size"))
+    if sizing and not config.retrieval_tasks:
+        raise ValueError(f"{', '.join(sizing)} apply to --retrieval-tasks: name multi-value or variable-tracking")
     shifting = _flags_given(args, ("string_shift", "string_local"))
     if shifting and "string" not in config.methods:
         raise ValueError(f"{', '.join(shifting)} apply to the string row: add string to --methods")

@@ -58,7 +58,7 @@ def test_asking_from_the_cache_equals_asking_with_the_whole_prompt(self_extend, 
 def test_too_short_a_haystack_or_too_many_keys_is_refused():
     with pytest.raises(ValueError, match="retrieval length 100 is too short for 12 key sentences"):
         retrieval.make_haystack(TOKENS.encode, TEXT, 100, 4, 3, seed=0)
-    with pytest.raises(ValueError, match="at most 16 keys per haystack"):
+    with pytest.raises(ValueError, match="at most 16 labels per haystack; 20 keys"):
         retrieval.make_haystack(TOKENS.encode, TEXT, 10_000, 5, 4, seed=0)
     with pytest.raises(ValueError, match="--retrieval-format must be one of secret-word, remember, remember-twice, made-up, made-up-twice"):
         retrieval.make_haystack(TOKENS.encode, TEXT, 2000, 4, 3, seed=0, format="needle")

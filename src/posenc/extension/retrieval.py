@@ -10,7 +10,8 @@ The wording of a key and its question is a ``Format`` (``FORMATS``). Which one a
 context is measured, not assumed: ``posenc extend --hf`` asks the unscaled model on dev documents at half its
 context, format after format in ``CALIBRATION_ORDER``, until one reaches ``CALIBRATION_BAR`` (``--retrieval-format
 auto``), and plants the test keys in the best it asked (docs/pretrained.md has SmolLM2-135M's calibration). In every
-format the label is the last word before the answer.
+format the label is the last word before the answer. RULER's multi-value and variable-tracking questions
+(``retrieval_tasks``) can be planted beside the keys, worded by the same format, and asked from the same cache.
 
 Asking from the cache equals asking with the whole prompt at once (tests say so) for every scaling whose
 frequencies are fixed. ``dynamic`` NTK (and LongRoPE across its switch) changes frequencies with the length, so
@@ -20,12 +21,15 @@ runs haystack + question as one sequence per key (one long forward per key, as a
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from . import retrieval_tasks
 
 # Labels are words unlikely in the text (not colours, which the Bible uses); MADE_UP_LABELS mean nothing at all, so
 # no label pulls the answer toward a word it evokes ("mango = banana").
@@ -93,6 +97,7 @@ class Haystack:
     needles: tuple[Needle, ...]
     spans: tuple[tuple[int, int], ...] = ()  # [start, end) of each needle's sentence in ids
     format: str = DEFAULT_FORMAT  # a key of FORMATS: how the needles were planted, and so how they are asked
+    questions: tuple[retrieval_tasks.Question, ...] = ()  # multi-value and variable-tracking, asked after the keys
 
     def scored(self) -> torch.Tensor:
         """(length − 1,) bool: next-token targets that are text, not a needle's sentence (the loss reads these)."""
@@ -108,32 +113,49 @@ def depth_grid(bands: int, per_band: int) -> list[tuple[int, float]]:
 
 
 def make_haystack(encode, text_ids: list[int], length: int, bands: int, per_band: int, seed: int,
-                  format: str = DEFAULT_FORMAT) -> Haystack:
+                  format: str = DEFAULT_FORMAT, tasks: dict[str, int] | None = None, task_size: int = 2) -> Haystack:
     """``length`` tokens of ``text_ids`` (repeated if short) with ``bands × per_band`` labelled key sentences,
-    worded as ``FORMATS[format]``."""
+    worded as ``FORMATS[format]``, and the questions of ``tasks`` ({task: questions}, ``retrieval_tasks``; each of
+    ``task_size`` values or links) planted around them. Without tasks, the haystack of a seed is what it was before
+    tasks existed: they draw their labels and words after the keys'."""
     wording = check_format(format)
+    tasks = tasks or {}
+    retrieval_tasks.check_tasks(tasks, task_size)
     grid = depth_grid(bands, per_band)
-    if len(grid) > len(wording.labels):
-        raise ValueError(f"at most {len(wording.labels)} keys per haystack (bands × keys per band), got {len(grid)}")
+    labels_needed = len(grid) + retrieval_tasks.labels_needed(tasks, task_size)
+    if labels_needed > len(wording.labels):
+        raise ValueError(f"at most {len(wording.labels)} labels per haystack; {len(grid)} keys (bands × keys per "
+                         f"band) and the tasks' questions need {labels_needed}")
     rng = random.Random(seed)
     labels = rng.sample(wording.labels, len(grid))
     keys = rng.sample(VALUES, len(grid))
-    sentences = [encode(wording.sentence(label, key)) for label, key in zip(labels, keys)]
+    questions, task_sentences = retrieval_tasks.plant(
+        tasks, task_size, wording.sentence, rng, [label for label in wording.labels if label not in labels],
+        [value for value in VALUES if value not in keys])
+    planted = sorted([(depth, wording.sentence(label, key), (label, key, band))
+                      for (band, depth), label, key in zip(grid, labels, keys)]
+                     + [(s.depth, s.text, s.question) for s in task_sentences], key=lambda entry: entry[0])
+    sentences = [encode(text) for _, text, _ in planted]
     budget = length - sum(len(s) for s in sentences)
-    if budget < len(grid) or not text_ids:
-        raise ValueError(f"retrieval length {length} is too short for {len(grid)} key sentences "
+    if budget < len(planted) or not text_ids:
+        raise ValueError(f"retrieval length {length} is too short for {len(planted)} key sentences "
                          f"({length - budget} tokens)")
     filler = (text_ids * (budget // len(text_ids) + 1))[:budget]
-    ids, needles, spans, taken = [], [], [], 0
-    for (band, depth), label, key, sentence in zip(grid, labels, keys, sentences):
+    ids, needles, spans, taken, starts = [], [], [], 0, {}
+    for (depth, _, owner), sentence in zip(planted, sentences):
         cut = round(depth * budget)
         ids += filler[taken:cut]
         taken = cut
-        needles.append(Needle(label, key, len(ids) / length, band))
+        if isinstance(owner, tuple):
+            needles.append(Needle(owner[0], owner[1], len(ids) / length, owner[2]))
+        else:
+            starts.setdefault(owner, len(ids) / length)
         spans.append((len(ids), len(ids) + len(sentence)))
         ids += sentence
     ids += filler[taken:]
-    return Haystack(ids, tuple(needles), tuple(spans), format)
+    placed = tuple(dataclasses.replace(q, depth=starts[i], band=min(int(starts[i] * bands), bands - 1))
+                   for i, q in enumerate(questions))
+    return Haystack(ids, tuple(needles), tuple(spans), format, placed)
 
 
 def read_answer(text: str) -> str | None:
@@ -192,20 +214,32 @@ def ask_whole(model, prefix: list[int], question: list[int], answer: list[int], 
 @torch.no_grad()
 def retrieve(model, haystack: Haystack, encode, decode, max_new_tokens: int = 8, whole_prompt: bool = False,
              cache=None) -> list[dict]:
-    """Ask for every key of a haystack: from ``cache`` (the haystack's own, prefilled by the caller, e.g. while
-    scoring its loss) or from one prefill made here; ``whole_prompt``: haystack + question prefilled per key
-    instead. One record per needle."""
+    """Ask for every key of a haystack, then each of its task questions: from ``cache`` (the haystack's own,
+    prefilled by the caller, e.g. while scoring its loss) or from one prefill made here; ``whole_prompt``: haystack
+    + question prefilled per question instead. One record per needle, then one per question; a list's answer may
+    run ``max_new_tokens`` per word it names."""
     device = next(model.parameters()).device
     if cache is None and not whole_prompt:
         cache = model(input_ids=torch.tensor([haystack.ids], device=device), use_cache=True).past_key_values
+
+    def ask(question: str, answer: str, steps: int) -> tuple[str, float]:
+        question_ids, answer_ids = encode(question), encode(answer)
+        if whole_prompt:
+            greedy, log_prob = ask_whole(model, haystack.ids, question_ids, answer_ids, steps)
+        else:
+            greedy, log_prob = ask_from_cache(model, cache, len(haystack.ids), question_ids, answer_ids, steps)
+        return decode(greedy), log_prob
+
     records, wording = [], FORMATS[haystack.format]
     for needle in haystack.needles:
-        question, answer = encode(wording.ask(needle.label)), encode(" " + needle.key)
-        if whole_prompt:
-            greedy, log_prob = ask_whole(model, haystack.ids, question, answer, max_new_tokens)
-        else:
-            greedy, log_prob = ask_from_cache(model, cache, len(haystack.ids), question, answer, max_new_tokens)
-        text = decode(greedy)
-        records.append({"label": needle.label, "key": needle.key, "depth": needle.depth, "band": needle.band,
-                        "answer": text, "correct": read_answer(text) == needle.key, "log_prob": log_prob})
+        text, log_prob = ask(wording.ask(needle.label), " " + needle.key, max_new_tokens)
+        records.append({"task": "multi-key", "label": needle.label, "key": needle.key, "depth": needle.depth,
+                        "band": needle.band, "answer": text, "correct": read_answer(text) == needle.key,
+                        "log_prob": log_prob})
+    for question in haystack.questions:
+        text, log_prob = ask(question.prompt, " " + ", ".join(question.answers),
+                             max_new_tokens * len(question.answers))
+        records.append({"task": question.task, "label": question.label, "answers": list(question.answers),
+                        "depth": question.depth, "band": question.band, "answer": text,
+                        **retrieval_tasks.score(question, text), "log_prob": log_prob})
     return records

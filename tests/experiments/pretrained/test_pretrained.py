@@ -231,11 +231,26 @@ def test_rows_follow_the_methods_and_the_finetune_mode():
     (["--finetune", "none", "--lora", "4"], "--lora apply to fine-tuning: add --finetune pose"),
     (["--finetune", "full", "--finetune-window", "32"], "--finetune-window apply to --finetune pose; --finetune full"),
     (["--methods", "none,yarn", "--self-extend-window", "16"], "--self-extend-window apply to the self-extend and"),
+    (["--retrieval-tasks", "multi-value,needles"], "--retrieval-tasks must name tasks of multi-value, variable-tracking"),
+    (["--retrieval-tasks", "multi-value,multi-value"], "--retrieval-tasks names a task twice"),
+    (["--retrieval-tasks", "multi-value", "--task-questions", "0"], "--task-questions must be an integer >= 1, got 0"),
+    (["--retrieval-tasks", "variable-tracking", "--task-size", "1"], "--task-size must be an integer >= 2"),
+    (["--retrieval-tasks", "variable-tracking", "--task-questions", "5", "--task-size", "3"],
+     "the keys (4 bands x --keys-per-band 1) and the tasks' questions need 19 labels, over the 16"),
+    (["--task-size", "3"], "--task-size apply to --retrieval-tasks: name multi-value or variable-tracking"),
 ])
 def test_bad_hf_input_is_one_line_before_any_work(tmp_path, capsys, args, message):
     assert main(["extend", "--hf", "tiny", "--preset", "smoke", *args, "--out", str(tmp_path / "o")]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_the_labels_a_document_holds_bound_the_tasks_at_their_edge():
+    fits = PretrainedConfig.from_preset("smoke", retrieval_tasks="variable-tracking", task_questions=4, task_size=3)
+    assert fits.retrieval_tasks == ("variable-tracking",)  # 4 keys and 4 chains of 3 names: the 16 labels exactly
+    with pytest.raises(ValueError, match="need 20 labels, over the 16"):
+        PretrainedConfig.from_preset("smoke", retrieval_tasks="variable-tracking,multi-value", task_questions=4,
+                                     task_size=3)
 
 
 @pytest.mark.parametrize("field, edge, past, message", [

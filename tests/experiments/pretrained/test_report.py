@@ -142,3 +142,48 @@ def test_the_calibration_stops_at_the_first_wording_that_reaches_the_bar(monkeyp
     monkeypatch.setattr(keys, "in_context", in_context)
     calibration = keys.calibrate(None, None, dev, list(retrieval.CALIBRATION_ORDER), config, 512, tmp_path, runtime())
     assert list(calibration) == list(retrieval.CALIBRATION_ORDER) and keys.best_format(calibration) == second
+
+
+def _with_tasks(measured_row: dict, right: list[int]) -> dict:
+    """A row whose documents also hold two multi-value questions each, ``right[i]`` of them answered exactly."""
+    for document, count in zip(measured_row["test"], right):
+        document["retrieval"] = document["retrieval"] + [
+            {"task": "multi-value", "band": 0, "correct": q < count, "words_found": 2 if q < count else 1,
+             "answers": ["candle", "river"], "log_prob": -3.0} for q in range(2)]
+    return measured_row
+
+
+def test_task_questions_are_counted_apart_from_the_keys_and_compared_per_document(monkeypatch):
+    """Keys cells, key comparisons and the calibration read the multi-key records only; each task gets its own
+    cell (its words counted too) and its own paired comparisons, corrected with the rest."""
+    none = _with_tasks(_row("none", "sdpa", [3.0] * 6, [2] * 6, []), [0, 0, 1, 0, 0, 0])
+    yarn = _with_tasks(_row("yarn", "sdpa", [2.5] * 6, [2, 2, 1, 2, 2, 1], [2.9] * 4), [2, 1, 1, 2, 0, 2])
+    control = {"test": [{"past": 2.6}] * 6}
+    in_context = {"test": [[{"band": 0, "correct": True, "log_prob": -0.1},
+                            {"task": "multi-value", "band": 0, "correct": False, "words_found": 1,
+                             "answers": ["a", "b"], "log_prob": -2.0}]] * 6, "dev": [[]] * 4}
+    config = PretrainedConfig.from_preset("smoke", finetune="none", methods="none,yarn", keys_per_band=1,
+                                          retrieval_tasks="multi-value")
+    windows = [{"file": f} for f in FILES]
+    model = SimpleNamespace(config=SimpleNamespace(model_type="llama"))
+    in_context["dev"] = [[{"band": 0, "correct": True, "log_prob": -0.1}]] * 4
+    got = report.collect(config, model, 512, 2.0, 3, {"source": "test", "sha256": "0"}, windows, windows[:4],
+                         {"none": none, "yarn": yarn}, control, in_context, {}, {"stage": 1.0})
+    assert got["rows"]["yarn"]["keys"]["found"] == 10 and got["rows"]["yarn"]["keys"]["total"] == 24
+    cell = got["rows"]["yarn"]["tasks"]["multi-value"]
+    assert (cell["found"], cell["total"]) == (8, 12) and cell["words"] == pytest.approx((8 * 2 + 4 * 1) / 24)
+    assert got["rows"]["none"]["tasks"]["multi-value"]["found"] == 1
+    assert got["in_context"]["test_keys"]["found"] == 6 and got["in_context"]["test_keys"]["total"] == 6
+    assert got["in_context"]["test_tasks"]["multi-value"]["total"] == 6
+    keys = got["comparisons"]["keys found: yarn − none"]  # keys only: 2/4 vs 2/4 or 1/4 per document
+    assert list(keys["per_document"].values()) == pytest.approx([0, 0, -0.25, 0, 0, -0.25])
+    task = got["comparisons"]["multi-value found: yarn − none"]
+    assert list(task["per_document"].values()) == pytest.approx([1.0, 0.5, 0.0, 1.0, 0.0, 1.0])
+    assert task["mean"] == pytest.approx(3.5 / 6) and len(got["comparisons"]) == 2 + 1 + 1
+    facts = {"posenc": "0", "torch": "2", "python": "3", "cpu": "x"}
+    text = report.markdown({**got, "peak_rss_gib": 1.0, "device": "cpu", "provenance": facts})
+    assert "| yarn | 8/12 [" in text and "; words 83% |" in text and "| none, in context (first 256) | 0/6 [" in text
+    clear = {"mean": 0.5, "low": 0.4, "high": 0.6, "corrected": [0.3, 0.7], "p_holm": 0.01, "verdict": True}
+    assert report.verdicts({"comparisons": {"variable-tracking found: yarn − none": clear}}) == [
+        "- variable-tracking found: yarn − none: +0.500 [+0.400, +0.600]; corrected [+0.300, +0.700], Holm p 0.01 "
+        "— yarn finds more variable-tracking answers."]

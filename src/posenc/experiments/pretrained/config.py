@@ -13,6 +13,7 @@ from ... import checks
 from ...extension.adapt import MODES, check_lora_rank
 from ...extension.methods import parse_methods
 from ...extension.retrieval import LABELS, check_format
+from ...extension.retrieval_tasks import check_tasks, labels_needed
 from ...lm.corpora import parse_corpora
 from ..presets import preset_values
 
@@ -59,6 +60,9 @@ class PretrainedConfig:
     bands: int = 4  # depth bands the planted keys are spread over
     keys_per_band: int = 2
     retrieval_format: str = "auto"  # a key of retrieval.FORMATS, or auto: what the unscaled model answers best on dev
+    retrieval_tasks: tuple[str, ...] = ()  # RULER tasks asked beside the keys: multi-value, variable-tracking
+    task_questions: int = 2  # questions of each task per document
+    task_size: int = 2  # values per multi-value question, links per variable-tracking chain
     control_stride: int = 2048  # the context control re-reads every this many tokens
     bins: int = 24
     chunk: int = 2048
@@ -86,6 +90,8 @@ class PretrainedConfig:
         values = preset_values(HF_PRESETS, preset, overrides)
         if isinstance(values.get("methods"), str):
             values["methods"] = parse_methods(values["methods"], HF_METHODS)
+        if isinstance(values.get("retrieval_tasks"), str):
+            values["retrieval_tasks"] = tuple(t for t in values["retrieval_tasks"].split(",") if t)
         return cls(preset=preset, **values)
 
     def __post_init__(self):
@@ -103,6 +109,14 @@ class PretrainedConfig:
                              f"{len(LABELS)} labels a document can hold")
         if self.retrieval_format != "auto":
             check_format(self.retrieval_format)
+        check_tasks({task: self.task_questions for task in self.retrieval_tasks}, self.task_size)
+        if len(set(self.retrieval_tasks)) < len(self.retrieval_tasks):
+            raise ValueError(f"--retrieval-tasks names a task twice: {','.join(self.retrieval_tasks)}")
+        needed = self.bands * self.keys_per_band + labels_needed(
+            {task: self.task_questions for task in self.retrieval_tasks}, self.task_size)
+        if needed > len(LABELS):
+            raise ValueError(f"the keys ({self.bands} bands x --keys-per-band {self.keys_per_band}) and the tasks' "
+                             f"questions need {needed} labels, over the {len(LABELS)} a document can hold")
         for name in ("bands", "keys_per_band", "control_stride", "bins", "chunk", "first_tokens",
                      "finetune_window", "finetune_steps", "finetune_batch", "pose_chunks", "curve_points",
                      "self_extend_window"):

@@ -20,10 +20,13 @@ CHOSEN_BY = (f"the first wording (in retrieval.CALIBRATION_ORDER) whose keys the
 
 def haystack(tokens, ids: torch.Tensor, length: int, config: PretrainedConfig, index: int,
              wording: str) -> retrieval.Haystack:
-    """A document's first ``length`` tokens with ``bands × keys_per_band`` labelled keys planted in it, worded as
-    the retrieval format ``wording`` (the same for every row: seeded by the document's index)."""
+    """A document's first ``length`` tokens with ``bands × keys_per_band`` labelled keys planted in it, and the
+    questions of ``--retrieval-tasks``, worded as the retrieval format ``wording`` (the same for every row: seeded by
+    the document's index)."""
     return retrieval.make_haystack(tokens.encode, ids.tolist(), length, config.bands, config.keys_per_band,
-                                  seed=config.seed * 1000 + index, format=wording)
+                                  seed=config.seed * 1000 + index, format=wording,
+                                  tasks={task: config.task_questions for task in config.retrieval_tasks},
+                                  task_size=config.task_size)
 
 
 def in_context(model, tokens, key: str, ids: torch.Tensor, length: int, config, out: Path, index: int,
@@ -53,7 +56,7 @@ def calibrate(model, tokens, dev, formats: list[str], config, original: int, out
         if runtime.world_size > 1:
             ask(wording, Share(runtime.rank, runtime.world_size))
             runtime.barrier()
-        records = [k for document in ask(wording, Share()) for k in document]
+        records = report.of_task([k for document in ask(wording, Share()) for k in document])
         calibration[wording] = {**report.keys_cell(records, config.bands),
                                 "log_prob": sum(r["log_prob"] for r in records) / len(records)}
         if calibration[wording]["accuracy"] >= retrieval.CALIBRATION_BAR:

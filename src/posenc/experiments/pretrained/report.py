@@ -32,6 +32,22 @@ def accuracy(records: list[dict]) -> float:
     return sum(r["correct"] for r in records) / len(records)
 
 
+def of_task(records: list[dict], task: str = "multi-key") -> list[dict]:
+    """The records of one retrieval task (records of runs before tasks existed are all multi-key)."""
+    return [r for r in records if r.get("task", "multi-key") == task]
+
+
+def task_cells(records: list[dict], tasks, bands: int) -> dict:
+    """{task: ``keys_cell`` of its questions (a question's band: its first sentence's), with "words": the share of
+    the listed words found} for each of ``tasks``."""
+    cells = {}
+    for task in tasks:
+        asked = of_task(records, task)
+        cells[task] = {**keys_cell(asked, bands),
+                       "words": sum(r["words_found"] for r in asked) / sum(len(r["answers"]) for r in asked)}
+    return cells
+
+
 def mean_cell(values: list[float]) -> dict:
     """{"mean", "low", "high"}: the mean over documents and its 95% t interval."""
     low, high = t_interval(values)
@@ -48,11 +64,12 @@ def keys_cell(records: list[dict], bands: int) -> dict:
             "log_prob_by_band": [sum(r["log_prob"] for r in band) / len(band) if band else None for band in per_band]}
 
 
-def comparisons(rows: dict, control: dict, files: list[str], finetune_method: str) -> dict:
-    """Every paired comparison of a run, corrected together: {"loss past: a − b" | "keys found: a − b": ...}."""
+def comparisons(rows: dict, control: dict, files: list[str], finetune_method: str, tasks=()) -> dict:
+    """Every paired comparison of a run, corrected together: {"loss past: a − b" | "keys found: a − b" |
+    "<task> found: a − b" (for each of ``tasks``, the same pairs as the keys): ...}."""
     past = {name: [d["past"] for d in row["test"]] for name, row in rows.items()}
     past[CONTROL] = [d["past"] for d in control["test"]]
-    found = {name: [accuracy(d["retrieval"]) for d in row["test"]] for name, row in rows.items()}
+    found = {name: [accuracy(of_task(d["retrieval"])) for d in row["test"]] for name, row in rows.items()}
     pose, ctrl = f"{finetune_method}+pose", f"{finetune_method}+control"
     loss_pairs = [(name, CONTROL) for name in rows] + [
         (a, b) for a, b in [(pose, finetune_method), (pose, ctrl), ("self-extend", finetune_method),
@@ -63,6 +80,9 @@ def comparisons(rows: dict, control: dict, files: list[str], finetune_method: st
                  if a in found and b in found]
     family = {f"loss past: {a} − {b}": paired(past[a], past[b], files) for a, b in loss_pairs}
     family.update({f"keys found: {a} − {b}": paired(found[a], found[b], files) for a, b in key_pairs})
+    for task in tasks:
+        right = {name: [accuracy(of_task(d["retrieval"], task)) for d in row["test"]] for name, row in rows.items()}
+        family.update({f"{task} found: {a} − {b}": paired(right[a], right[b], files) for a, b in key_pairs})
     return correct(family)
 
 
@@ -75,7 +95,8 @@ def collect(config, model, original, factor, group, corpus, test, dev, measured,
         records = [k for d in row["test"] for k in d["retrieval"]]
         rows[name] = {**row, **{key: mean_cell([d[key] for d in row["test"]]) for key in MEASURES},
                       "dev_past": sum(d["past"] for d in row["dev"]) / len(row["dev"]) if row["dev"] else None,
-                      "keys": keys_cell(records, config.bands)}
+                      "keys": keys_cell(of_task(records), config.bands),
+                      "tasks": task_cells(records, config.retrieval_tasks, config.bands)}
     choices = {n: r["dev_past"] for n, r in rows.items() if exportable(r)}
     best = min(choices, key=choices.get) if len(choices) > 1 else next(iter(choices), None)
     chosen_by = (f"lowest mean dev loss past the context over {len(dev)} dev documents" if len(choices) > 1
@@ -88,9 +109,12 @@ def collect(config, model, original, factor, group, corpus, test, dev, measured,
                                   "stride": config.control_stride,
                                   "context": [original - config.control_stride + 1, original]},
         "in_context": {"length": original // 2, **in_context,
-                       **{f"{split}_keys": keys_cell([k for d in in_context[split] for k in d], config.bands)
-                          for split in ("test", "dev")}},
-        "comparisons": comparisons(rows, control, files, config.finetune_method), "finetune": tuned,
+                       **{f"{split}_keys": keys_cell(of_task([k for d in in_context[split] for k in d]), config.bands)
+                          for split in ("test", "dev")},
+                       "test_tasks": task_cells([k for d in in_context["test"] for k in d], config.retrieval_tasks,
+                                                 config.bands)},
+        "comparisons": comparisons(rows, control, files, config.finetune_method, config.retrieval_tasks),
+        "finetune": tuned,
         "best_row": best, "chosen_by": chosen_by,
         "best_rope_parameters": rows[best]["rope_parameters"] if best else None,
         "stages_s": stages, "wall_time_s": sum(stages.values()),
@@ -173,6 +197,18 @@ def band_rows(results: dict) -> tuple[list[str], list[list[str]]]:
     return header, body
 
 
+def task_rows(results: dict) -> tuple[list[str], list[list[str]]]:
+    """Per row, each RULER task asked beside the keys: questions answered exactly [Wilson 95%], and the share of
+    the listed words found; the unscaled model inside its context last."""
+    tasks, size = results["config"]["retrieval_tasks"], results["config"]["task_size"]
+    header = ["row"] + [f"{task} (lists of {size}) @ {results['config']['to']:,} [95%]" for task in tasks]
+    ctx = results["in_context"]
+    cells = [(name, row["tasks"]) for name, row in results["rows"].items()] + [
+        (f"none, in context (first {ctx['length']:,})", ctx["test_tasks"])]
+    return header, [[name] + [f"{_keys(cell[task])}; words {cell[task]['words']:.0%}" for task in tasks]
+                    for name, cell in cells]
+
+
 def title(results: dict) -> str:
     control = results["control"]
     return (f"{results['config']['model']} ({results['model_type']}, context {results['original_context']:,}) at "
@@ -224,7 +260,8 @@ def verdicts(results: dict) -> list[str]:
         elif name.startswith("loss"):
             lines.append(f"- {name}: {_difference(c)} — {a} is {'lower (better)' if c['mean'] < 0 else 'higher (worse)'}.")
         else:
-            lines.append(f"- {name}: {_difference(c)} — {a} finds {'more' if c['mean'] > 0 else 'fewer'} keys.")
+            what = "keys" if name.startswith("keys") else name.split(" found")[0] + " answers"
+            lines.append(f"- {name}: {_difference(c)} — {a} finds {'more' if c['mean'] > 0 else 'fewer'} {what}.")
     return lines
 
 
@@ -237,6 +274,9 @@ def markdown(results: dict) -> str:
     lines += markdown_table(*comparison_rows(results)) + [""] + verdicts(results)
     lines += ["", "## Keys found by depth band (band 1: the start of the document, farthest from the question); in "
               "brackets the mean log-probability of the right word", ""] + markdown_table(*band_rows(results))
+    if results["config"].get("retrieval_tasks"):
+        lines += ["", "## RULER's multi-value and variable-tracking questions, planted beside the keys (exact "
+                  "lists, any order)", ""] + markdown_table(*task_rows(results))
     if results.get("calibration"):
         lines += ["", f"## Retrieval formats, calibrated on dev ({results['calibration']['chosen_by']})", ""]
         lines += markdown_table(*calibration_rows(results))

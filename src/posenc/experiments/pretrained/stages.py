@@ -182,7 +182,7 @@ def _measure_all(model, tokens, rows, parameters, own, pristine, group, shift, t
         stages[f"measure {name}"] = time.perf_counter() - started
         if log is not None:
             log(f"  {name}: test loss past the context {_mean(measured[name]['test'], 'past'):.3f}, keys found "
-                f"{sum(k['correct'] for d in measured[name]['test'] for k in d['retrieval'])}")
+                f"{sum(k['correct'] for d in measured[name]['test'] for k in report.of_task(d['retrieval']))}")
     started = time.perf_counter()
     _restore(model, pristine)
     hf.apply_scaling(model, own)
