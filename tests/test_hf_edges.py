@@ -145,3 +145,54 @@ def test_the_export_refuses_a_foreign_folder_and_quantized_weights(tmp_path):
     with pytest.raises(ValueError, match=r"^this model's weights are quantized \(gguf\); export writes float "
                                          r"weights only: load it unquantized$"):
         hf.export(quantized, {"rope_type": "linear", "factor": 2.0}, tmp_path / "q")
+
+
+def test_a_dict_without_a_type_is_default_which_every_family_holds():
+    got = hf.full_rope_parameters(tiny("phi3"), {"rope_theta": 20000.0})  # Phi-3 holds default and longrope only
+    assert got["rope_type"] == "default" and got["rope_theta"] == 20000.0
+
+
+def test_the_rotary_width_a_dict_implies_is_checked_against_the_model():
+    with pytest.raises(ValueError, match=r"rotary dim .* must be an even integer >= 2, got 9 \(head_dim=16"):
+        hf.full_rope_parameters(tiny("llama"), {"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.5625})
+
+
+def test_a_negative_layer_names_the_argument():
+    with pytest.raises(ValueError, match="^layer must be an integer >= 0, got -1$"):
+        hf.layer_encoding(tiny("llama"), -1)
+
+
+def test_a_foreign_folders_refusal_says_what_to_do(tmp_path):
+    (tmp_path / "notes.txt").write_text("keep")
+    with pytest.raises(ValueError) as raised:
+        hf.check_export_folder(tmp_path)
+    assert str(raised.value).endswith("name a new folder (an earlier export in it would be replaced)")
+
+
+def test_an_export_that_fails_midway_leaves_neither_folder_nor_temp(tmp_path, monkeypatch):
+    model = tiny("llama")
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(model, "save_pretrained", broken)
+    with pytest.raises(OSError, match="disk full"):
+        hf.export(model, {"rope_type": "linear", "factor": 2.0}, tmp_path / "x")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_export_writes_the_tokenizer_it_is_given(tmp_path):
+    from tokenizers import Tokenizer, models
+
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({"[UNK]": 0, "hi": 1}, unk_token="[UNK]")), unk_token="[UNK]")
+    out = hf.export(tiny("llama"), {"rope_type": "linear", "factor": 2.0}, tmp_path / "x", tokenizer)
+    assert (out / "tokenizer.json").exists() and hf.load(out)[1] is not None
+
+
+def test_the_joined_gemma3_file_is_cached_under_the_home_folder_by_default(monkeypatch, tmp_path):
+    from tests.test_hf import fake_gemma3_parts
+
+    fake_gemma3_parts(monkeypatch, tmp_path, [b"GGUF", b"-a", b"-b", b"-c"])
+    monkeypatch.setattr(hf.Path, "home", classmethod(lambda cls: tmp_path / "home"))
+    assert hf.gemma3_path() == tmp_path / "home" / ".cache" / "posenc" / "gemma-3-270m-q4_k_m.gguf"
