@@ -368,6 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from .lm.runtime import provenance
+
+    provenance()  # the commit and machine the work starts from, read before it runs (a run may outlast a commit)
     try:
         return args.run(args)
     except ValueError as error:

@@ -4,6 +4,7 @@ outside a checkout), the versions and the CPU, and the sentence reports end with
 import platform
 import subprocess
 
+import pytest
 import torch
 
 from posenc import __version__
@@ -31,7 +32,15 @@ def test_outside_a_checkout_there_is_no_commit(tmp_path):
     assert runtime.git_commit(tmp_path) is None
 
 
-def test_provenance_names_versions_commit_and_cpu(monkeypatch):
+@pytest.fixture
+def fresh_provenance():
+    """provenance() as at a process's start, and forgotten after the test (it is read once per process)."""
+    runtime.provenance.cache_clear()
+    yield
+    runtime.provenance.cache_clear()
+
+
+def test_provenance_names_versions_commit_and_cpu(monkeypatch, fresh_provenance):
     monkeypatch.setattr(runtime, "git_commit", lambda: "0123456789abcdef0123456789abcdef01234567+modified")
     monkeypatch.setattr(runtime, "cpu_model", lambda: "AMD EPYC 9B14")
     facts = runtime.provenance()
@@ -40,3 +49,13 @@ def test_provenance_names_versions_commit_and_cpu(monkeypatch):
     assert runtime.provenance_line({**facts, "posenc": "0.9", "torch": "2.13.0", "python": "3.11.2"}) == (
         "posenc 0.9 (commit 0123456789ab+modified), torch 2.13.0, Python 3.11.2, CPU AMD EPYC 9B14.")
     assert runtime.provenance_line({**facts, "commit": None}).startswith(f"posenc {__version__}, torch")
+
+
+def test_a_run_names_the_commit_it_started_from_not_the_one_it_ended_at(monkeypatch, fresh_provenance):
+    """The CLI reads provenance before the work: a commit made while a long run goes on does not relabel it."""
+    from posenc.cli import main
+
+    monkeypatch.setattr(runtime, "git_commit", lambda: "a" * 40)
+    assert main(["report", "--check", "no-such-file.md"]) == 2  # refused, but after provenance was read
+    monkeypatch.setattr(runtime, "git_commit", lambda: "b" * 40)  # committed while the run went on
+    assert runtime.provenance()["commit"] == "a" * 40

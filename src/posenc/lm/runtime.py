@@ -7,6 +7,8 @@ no-op outside a process group, so single-process code needs no special case.
 
 from __future__ import annotations
 
+import functools
+
 import os
 import platform
 import subprocess
@@ -79,9 +81,12 @@ def git_commit(folder: Path = Path(__file__).resolve().parent) -> str | None:
     return head.stdout.strip() + ("+modified" if changed else "")
 
 
+@functools.cache
 def provenance() -> dict:
     """{"posenc", "torch", "python", "commit", "cpu"}: what every results file names, so a number can be traced to
-    the code and the machine that made it (ratios and even float sums move between CPU models)."""
+    the code and the machine that made it (ratios and even float sums move between CPU models). Read once per
+    process, at its first call, which ``posenc``'s CLI makes before any work: a run that ends after a commit still
+    names the commit it started from."""
     return {"posenc": __version__, "torch": torch.__version__, "python": platform.python_version(),
             "commit": git_commit(), "cpu": cpu_model()}
 
