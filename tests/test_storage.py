@@ -112,7 +112,9 @@ def test_weights_round_trip_detached_contiguous_on_the_cpu(tmp_path):
     path.write_bytes(path.read_bytes()[:20])  # cut short
     with pytest.raises(ValueError) as raised:
         storage.load_weights(path)
-    assert str(raised.value).startswith(f"{path} is damaged or truncated (") and "--resume" in str(raised.value)
+    message = str(raised.value)
+    assert message.startswith(f"{path} is damaged or truncated (") and "--resume" in message
+    assert message.split("(", 1)[1].split(":", 1)[0].endswith("Error")  # the reader's error, named
 
 
 def test_an_installed_file_is_found_through_its_package_and_a_missing_one_says_so(tmp_path):
