@@ -64,3 +64,4 @@ def test_too_short_a_haystack_or_too_many_keys_is_refused():
         retrieval.make_haystack(TOKENS.encode, TEXT, 2000, 4, 3, seed=0, format="needle")
     assert retrieval.read_answer(" candle.\n The") == "candle" and retrieval.read_answer(" 123.") is None
     assert retrieval.read_answer(" candles") == "candles"  # exact match: the plural is not the key
+    assert retrieval.read_answer(" Candle!") == "Candle"  # capitals are letters (and not the lower-case key)
