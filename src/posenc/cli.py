@@ -209,7 +209,8 @@ def _run_extend_hf(args) -> int:
     if args.corpus is not None and args.text is not None:
         raise ValueError("--corpus and --text both name the documents: pass one")
     names = ("to", "methods", "text", "corpus", "documents", "dev_documents", "keys_per_band", "retrieval_format",
-             "retrieval_tasks", "task_questions", "task_size", "control_stride", "finetune", "finetune_method", "finetune_window", "pose_chunks", "finetune_lr", "lora",
+             "retrieval_tasks", "task_questions", "task_size", "control_stride", "finetune", "finetune_method",
+             "finetune_window", "pose_chunks", "finetune_lr", "lora",
              "self_extend_window", "self_extend_group", "string_shift", "string_local", "finetune_steps",
              "finetune_batch", "search_population", "search_generations")
     overrides = {"model": args.hf, **{name: getattr(args, name) for name in names}}
