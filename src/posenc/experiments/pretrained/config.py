@@ -109,11 +109,10 @@ class PretrainedConfig:
                              f"{len(LABELS)} labels a document can hold")
         if self.retrieval_format != "auto":
             check_format(self.retrieval_format)
-        check_tasks({task: self.task_questions for task in self.retrieval_tasks}, self.task_size)
+        check_tasks(self.task_counts, self.task_size)
         if len(set(self.retrieval_tasks)) < len(self.retrieval_tasks):
             raise ValueError(f"--retrieval-tasks names a task twice: {','.join(self.retrieval_tasks)}")
-        needed = self.bands * self.keys_per_band + labels_needed(
-            {task: self.task_questions for task in self.retrieval_tasks}, self.task_size)
+        needed = self.bands * self.keys_per_band + labels_needed(self.task_counts, self.task_size)
         if needed > len(LABELS):
             raise ValueError(f"the keys ({self.bands} bands x --keys-per-band {self.keys_per_band}) and the tasks' "
                              f"questions need {needed} labels, over the {len(LABELS)} a document can hold")
@@ -135,6 +134,11 @@ class PretrainedConfig:
             raise ValueError(f"--string-local ({self.string_local}) must be below --string-shift ({self.string_shift})")
         checks.positive_int("--search-population", self.search_population, minimum=4)
         checks.positive_int("--search-generations", self.search_generations)
+
+    @property
+    def task_counts(self) -> dict[str, int]:
+        """{task of --retrieval-tasks: questions per document}, as ``retrieval.make_haystack`` takes them."""
+        return {task: self.task_questions for task in self.retrieval_tasks}
 
     @property
     def uses_self_extend(self) -> bool:

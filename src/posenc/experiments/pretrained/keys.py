@@ -25,7 +25,7 @@ def haystack(tokens, ids: torch.Tensor, length: int, config: PretrainedConfig, i
     the document's index)."""
     return retrieval.make_haystack(tokens.encode, ids.tolist(), length, config.bands, config.keys_per_band,
                                   seed=config.seed * 1000 + index, format=wording,
-                                  tasks={task: config.task_questions for task in config.retrieval_tasks},
+                                  tasks=config.task_counts,
                                   task_size=config.task_size)
 
 
