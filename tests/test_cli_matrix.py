@@ -49,9 +49,9 @@ RUNS = {
     "plot": ["plot", "--out", "OUT", "--ckpt", "RUN"],
     "bench": ["bench", "--device", "cpu", "--dtype", "float32", "--tables", "attention,training,rope,memory",
               "--encodings", "alibi,t5", "--lengths", "16", "--train-shapes", "8x2", "--rope-shape", "1,2,16,8",
-              "--rounds", "2", "--markdown", "OUT/bench.md", "--json", "OUT/bench.json"],
+              "--rounds", "2", "--backend", "eager", "--markdown", "OUT/bench.md", "--json", "OUT/bench.json"],
     "bench --compile": ["bench", "--tables", "training", "--encodings", "none", "--train-shapes", "8x2", "--rounds",
-                        "2", "--compile", "--json", "OUT/bench.json"],
+                        "2", "--compile", "--dtype", "bfloat16", "--json", "OUT/bench.json"],
     "report": ["report", "--check", str(Path(__file__).resolve().parents[1] / "README.md")],
 }
 RESUMED = ("extend",)  # run again with --resume: every stage read back, the same results
@@ -175,6 +175,9 @@ def _check_bench(out, run, printed):
     for name in ("attention", "training", "memory"):  # the chosen encodings, and NoPE as the baseline
         assert {row["encoding"] for row in tables[name]} == {"none", "alibi", "t5"}, name
     assert {row["length"] for row in tables["attention"]} == {16} and (out / "bench.md").stat().st_size > 0
+    for name in ("training", "memory"):  # --backend eager for all but the baseline
+        assert {(row["encoding"], row["backend"]) for row in tables[name]} == {
+            ("none", "auto"), ("alibi", "eager"), ("t5", "eager")}, name
 
 
 def _check_compiled_bench(out, run, printed):

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from .. import storage
+from ..attention import BACKENDS
 from ..checks import choice, positive_int
 from . import attention, training
 from .attention import bench_attention
@@ -58,6 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rope-shape", type=_positive_ints, default=(4, 16, 2048, 64), help="B,H,T,Dh (default 4,16,2048,64)")
     p.add_argument("--rounds", type=int, default=7, help="round-robin rounds per table (default 7)")
     p.add_argument("--compile", action="store_true", help="also time the training step under torch.compile")
+    p.add_argument("--backend", default="auto", choices=BACKENDS,
+                   help="attention backend of the training and memory tables' models (NoPE, the baseline, stays on "
+                        "auto; default auto)")
     p.add_argument("--markdown", type=Path, help="also write the tables as Markdown to this file")
 
 
@@ -81,14 +85,16 @@ def run(args) -> int:
     encodings = chosen_encodings(args.encodings)
     timed, trained = (tuple(n for n in encodings if n in names) for names in (attention.ENCODINGS, training.ENCODINGS))
     dtype = getattr(torch, args.dtype)
+    # the models train in float32, or under autocast to a 16-bit --dtype (as extrapolate trains on a GPU)
+    step = {"backend": args.backend, "autocast": None if dtype in (torch.float32, torch.float64) else dtype}
     run_table = {
         "attention": lambda: bench_attention(args.device, dtype, args.lengths, rounds=args.rounds, encodings=timed),
-        "training": lambda: bench_training_step(args.device, args.train_shapes, trained, rounds=args.rounds)
-        + (bench_training_step(args.device, args.train_shapes, trained, rounds=args.rounds, compile=True)
+        "training": lambda: bench_training_step(args.device, args.train_shapes, trained, rounds=args.rounds, **step)
+        + (bench_training_step(args.device, args.train_shapes, trained, rounds=args.rounds, compile=True, **step)
            if args.compile else []),
         "rope": lambda: bench_rope_apply(args.device, dtype, args.rope_shape, rounds=args.rounds),
         "forms": lambda: bench_score_forms(args.device, rounds=args.rounds),
-        "memory": lambda: bench_activation_memory(args.device, args.train_shapes, trained),
+        "memory": lambda: bench_activation_memory(args.device, args.train_shapes, trained, **step),
     }
     meta = {**describe(args.device), "dtype": args.dtype, "machine": platform.machine()}
     results = {}

@@ -16,7 +16,8 @@ TABLES = {
         ("ms", lambda r: f"{r['ms']:.2f}"), ("time / eager (quartiles)", _ratio)]),
     "training": ("training-step time / NoPE", [
         ("encoding", lambda r: r["encoding"]), ("L", lambda r: str(r["length"])), ("B", lambda r: str(r["batch"])),
-        ("compiled", lambda r: "yes" if r["compiled"] else "no"), ("form", lambda r: r.get("form", "—")),
+        ("compiled", lambda r: "yes" if r["compiled"] else "no"), ("backend", lambda r: r.get("backend", "auto")),
+        ("form", lambda r: r.get("form", "—")),
         ("ms", lambda r: f"{r['ms']:.1f}"),
         ("time / NoPE (quartiles)", _ratio)]),
     "rope": ("RoPE apply on q and k / copy_ of the same bytes", [
@@ -28,7 +29,7 @@ TABLES = {
         ("B", lambda r: str(r["batch"])), ("ms", lambda r: f"{r['ms']:.2f}"), ("time / NoPE (quartiles)", _ratio)]),
     "memory": ("training-step activation memory / NoPE", [
         ("encoding", lambda r: r["encoding"]), ("L", lambda r: str(r["length"])), ("B", lambda r: str(r["batch"])),
-        ("MiB saved for backward", lambda r: f"{r['mib']:.1f}"), ("/ NoPE", lambda r: f"{r['ratio']:.3f}")]),
+        ("backend", lambda r: r.get("backend", "auto")), ("MiB saved for backward", lambda r: f"{r['mib']:.1f}"), ("/ NoPE", lambda r: f"{r['ratio']:.3f}")]),
 }
 
 

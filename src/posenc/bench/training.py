@@ -19,21 +19,28 @@ from .timing import round_robin
 ENCODINGS = one_axis()  # every encoding the tiny LM trains
 
 
-def _model(encoding: str, length: int, device: torch.device) -> LanguageModel:
-    return LanguageModel(ModelConfig(encoding=encoding, max_positions=length)).to(device)
+def _model(encoding: str, length: int, device: torch.device, backend: str = "auto") -> LanguageModel:
+    """The default model; NoPE, the baseline, always on the "auto" backend."""
+    backend = "auto" if encoding == "none" else backend
+    return LanguageModel(ModelConfig(encoding=encoding, max_positions=length, backend=backend)).to(device)
 
 
-def _loss(model, tokens: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
+def _loss(model, tokens: torch.Tensor, autocast: torch.dtype | None = None) -> torch.Tensor:
+    with torch.autocast(tokens.device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+        logits = model(tokens[:, :-1])
+    return F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
 
 
 def bench_training_step(device: str = "cpu", shapes=((64, 32), (512, 8)), encodings=ENCODINGS, rounds: int = 7,
-                        compile: bool = False) -> list[dict]:
-    """Rows {encoding, length, batch, form, ms, ratio (to none), ratio_low, ratio_high} per (length, batch);
-    ``form``: what ``kernels.dispatch`` chose for its score terms at this length ("—" where nothing was chosen).
+                        compile: bool = False, backend: str = "auto", autocast: torch.dtype | None = None
+                        ) -> list[dict]:
+    """Rows {encoding, length, batch, backend, form, ms, ratio (to none), ratio_low, ratio_high} per (length,
+    batch); ``form``: what ``kernels.dispatch`` chose for its score terms at this length ("—" where nothing was
+    chosen).
 
     With ``compile`` each model runs under ``torch.compile(fullgraph=True)``; compile time is
-    spent in the warm-up calls and not counted here.
+    spent in the warm-up calls and not counted here. ``backend``: every model's attention backend but NoPE's
+    (which stays on "auto"); ``autocast``: the forward under autocast to this dtype (bf16 on a GPU), else float32.
     """
     device = torch.device(device)
     rows = []
@@ -44,20 +51,21 @@ def bench_training_step(device: str = "cpu", shapes=((64, 32), (512, 8)), encodi
             tokens = torch.randint(0, 256, (batch, length + 1), device=device)
             contenders, kinds = {}, {}
             for name in encodings:
-                model = _model(name, length, device)
+                model = _model(name, length, device, backend)
                 kinds[name] = type(model.encoding).__name__
                 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
                 forward = torch.compile(model, fullgraph=True) if compile else model
 
                 def step(forward=forward, optimizer=optimizer):
                     optimizer.zero_grad(set_to_none=True)
-                    _loss(forward, tokens).backward()
+                    _loss(forward, tokens, autocast).backward()
                     optimizer.step()
 
                 contenders[name] = step
             timed = round_robin(contenders, baseline="none", rounds=rounds, device=device, warmup=2,
                                 label=f"training L={length} B={batch}{' compiled' if compile else ''}")
             rows += [{"encoding": name, "length": length, "batch": batch, "compiled": compile,
+                      "backend": "auto" if name == "none" else backend,
                       "form": form_chosen(kinds[name], length), **numbers} for name, numbers in timed.items()]
     return rows
 
@@ -69,7 +77,7 @@ def form_chosen(kind: str, length: int) -> str:
     return ", ".join(sorted(forms)) or "—"
 
 
-def saved_activation_bytes(model: torch.nn.Module, tokens: torch.Tensor) -> int:
+def saved_activation_bytes(model: torch.nn.Module, tokens: torch.Tensor, autocast: torch.dtype | None = None) -> int:
     """Bytes autograd keeps for the backward pass of one loss, each storage once, parameters excluded."""
     parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
     storages: dict[int, int] = {}
@@ -81,18 +89,22 @@ def saved_activation_bytes(model: torch.nn.Module, tokens: torch.Tensor) -> int:
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        loss = _loss(model, tokens)
+        loss = _loss(model, tokens, autocast)
     del loss
     return sum(storages.values())
 
 
-def bench_activation_memory(device: str = "cpu", shapes=((64, 32), (512, 8)), encodings=ENCODINGS) -> list[dict]:
-    """Rows {encoding, length, batch, mib, ratio (to none)}: activation memory of one training step."""
+def bench_activation_memory(device: str = "cpu", shapes=((64, 32), (512, 8)), encodings=ENCODINGS,
+                            backend: str = "auto", autocast: torch.dtype | None = None) -> list[dict]:
+    """Rows {encoding, length, batch, backend, mib, ratio (to none)}: activation memory of one training step
+    (``backend`` and ``autocast`` as in ``bench_training_step``)."""
     device = torch.device(device)
     rows = []
     for length, batch in shapes:
         tokens = torch.randint(0, 256, (batch, length + 1), device=device)
-        measured = {name: saved_activation_bytes(_model(name, length, device), tokens) for name in encodings}
-        rows += [{"encoding": name, "length": length, "batch": batch, "mib": size / 2**20,
+        measured = {name: saved_activation_bytes(_model(name, length, device, backend), tokens, autocast)
+                    for name in encodings}
+        rows += [{"encoding": name, "length": length, "batch": batch, "backend": "auto" if name == "none" else backend,
+                  "mib": size / 2**20,
                   "ratio": size / measured["none"]} for name, size in measured.items()]
     return rows

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The GPU checks and tables in one call of a lent machine, each step time-boxed so a slow one cannot eat the rest.
+#   bash benchmarks/gpu.sh OUT_DIR
+# 1. tests/test_cuda.py (Triton RoPE, every backend forward and backward against float64 on the CPU, the tiny LM)
+#    beside `posenc verify --device cuda`; 2. `posenc bench` in bf16 on the auto backend; 3. the training step with
+#    FlexAttention (compiled, with its backward) for the encodings it serves. Logs and tables land in OUT_DIR.
+# It uses the machine's own torch/Triton/transformers and this checkout's source (no install); the CPU kernels stay
+# off, since the CPU only computes the float64 references here.
+set -u
+out=${1:?usage: bash benchmarks/gpu.sh OUT_DIR}
+mkdir -p "$out"
+steps=$(mktemp -d)  # each step's output, appended whole to the one log when it ends (few files come back)
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 POSENC_CPU_KERNELS=0 POSENC_FORMS_CACHE=$steps/forms-cache.json
+log=$out/gpu.log
+
+step() {  # step NAME SECONDS COMMAND...: run it time-boxed, then its exit, time and output into the log
+    local name=$1 limit=$2 start=$SECONDS
+    shift 2
+    timeout "$limit" "$@" > "$steps/$name.txt" 2>&1
+    local rc=$?
+    { echo "== $name: exit $rc after $((SECONDS - start)) s (limit $limit s)"; cat "$steps/$name.txt"; } >> "$log"
+}
+
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c "import platform, torch, triton, transformers; print('python', platform.python_version(), 'torch',
+torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+  git log -1 --format='commit %H' 2>/dev/null; } > "$log" 2>&1
+
+step tests 200 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_cuda.py &
+step verify 200 python3 -m posenc verify --device cuda --json "$out/verify-cuda.json" &
+wait
+step bench-auto 200 python3 -m posenc bench --device cuda --dtype bfloat16 --tables training,memory,attention,rope \
+    --train-shapes 512x16,2048x4,8192x1 --lengths 1024,4096 --rounds 10 \
+    --json "$out/bench-cuda-auto.json" --markdown "$out/bench-cuda-auto.md"
+step bench-flex 120 python3 -m posenc bench --device cuda --dtype bfloat16 --tables training,memory --backend flex \
+    --encodings alibi,rope,t5,kerple,sandwich,fire,xpos --train-shapes 512x16,2048x4,8192x1 --rounds 10 \
+    --json "$out/bench-cuda-flex.json" --markdown "$out/bench-cuda-flex.md"
+grep -a "^== \|passed\|failed" "$log"

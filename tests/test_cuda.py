@@ -1,0 +1,132 @@
+"""The CUDA paths against float64 CPU references: the Triton RoPE kernel, every attention backend forward and
+backward (FlexAttention compiled, with its backward), and the tiny LM's loss and gradients.
+
+Skipped without a GPU (CI has none); `benchmarks/gpu.sh` runs this file on a lent one.
+"""
+
+import copy
+
+import pytest
+import torch
+
+from posenc import attention
+from posenc.attention import serves
+from posenc.encodings import build_for_model
+from posenc.encodings.registry import one_axis
+from posenc.kernels import rope_cos_sin, rotate_pairs
+from posenc.lm.model import LanguageModel, ModelConfig
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+CUDA = torch.device("cuda")
+ATTENTION_ENCODINGS = one_axis(in_attention=True, from_positions=True)
+SIZES = {"head_dim": 32, "num_heads": 4}
+NARROWER = {"sandwich": {"sinusoid_dim": 32}}
+FLOAT32 = 2e-4  # relative to the reference's largest magnitude: float32 sums over a few hundred keys
+# CoPE interpolates its table at floor(p) of a sum of gates: where a sum lies within float32's rounding of an
+# integer, float32 reads the other pair of rows (1.8e-3 measured on the CPU in float32 too)
+LOOSER = {"cope": 1e-2}
+
+
+@pytest.fixture(autouse=True)
+def exact_float32(monkeypatch):
+    """No TF32 in float32 products, so float32 on the GPU is float32; FlexAttention compiled, as users run it
+    (conftest turns compiling off for the CPU suite)."""
+    monkeypatch.setenv("POSENC_FLEX_COMPILE", "1")
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    with torch._dynamo.config.patch(recompile_limit=64):
+        yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def _relative_error(got: torch.Tensor, expected: torch.Tensor, floor: float = 1e-12) -> float:
+    """Largest |got − expected| over the larger of expected's largest magnitude and ``floor``."""
+    assert torch.isfinite(got).all()
+    expected = expected.detach()
+    return float((got.detach().double().cpu() - expected).abs().max() / expected.abs().max().clamp_min(floor))
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+def test_triton_rope_equals_the_float64_rotation_at_far_positions(layout, dtype, tolerance):
+    """The encoding's CUDA path (one Triton launch for q and k) at positions near 2^20, values and gradients."""
+    torch.manual_seed(0)
+    rope = build_for_model("rope", sizes={"head_dim": 64, "num_heads": 8}, layout=layout)
+    q_pos = torch.arange(2**20 - 300, 2**20)[None]
+    k_pos = torch.arange(2**20 - 500, 2**20)[None]  # a KV cache longer than the queries
+    q = torch.randn(2, 8, 300, 64).to(dtype)
+    k = torch.randn(2, 8, 500, 64).to(dtype)
+    q_gpu, k_gpu = (t.to(CUDA).requires_grad_() for t in (q, k))
+    got = rope.to(CUDA).rotate(q_gpu, k_gpu, q_pos.to(CUDA), k_pos.to(CUDA))
+    inv_freq, factor = rope.frequencies()
+    expected_tables = [rope_cos_sin(p, inv_freq.double(), factor, torch.float64) for p in (q_pos, k_pos)]
+    q64, k64 = (t.double().requires_grad_() for t in (q, k))
+    expected = [rotate_pairs(x, *tables, layout) for x, tables in zip((q64, k64), expected_tables)]
+    upstream = [torch.randn_like(e) for e in expected]
+    got_grads = torch.autograd.grad(got, (q_gpu, k_gpu), [u.to(CUDA, dtype) for u in upstream])
+    expected_grads = torch.autograd.grad(expected, (q64, k64), upstream)
+    for a, b in zip((*got, *got_grads), (*expected, *expected_grads)):
+        assert a.dtype == dtype and a.shape == b.shape
+        assert _relative_error(a, b) < tolerance
+
+
+def _encoding(name: str) -> torch.nn.Module:
+    torch.manual_seed(1)
+    encoding = build_for_model(name, sizes=SIZES, **NARROWER.get(name, {}))
+    with torch.no_grad():  # learned parameters away from their initial values, so a wrong gradient shows
+        for parameter in encoding.parameters():
+            parameter.add_(0.1 * torch.randn_like(parameter))
+    return encoding
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("name", ATTENTION_ENCODINGS)
+def test_every_cuda_backend_equals_float64_eager_values_and_gradients(name, causal):
+    """Each backend that serves the encoding on CUDA (eager, sdpa, flex compiled) against eager in float64 on the
+    CPU: outputs, and the gradients of q, k, v and every learned parameter. 300 queries: not a multiple of any
+    kernel's tile."""
+    encoding = _encoding(name)
+    if causal is False and encoding.causal_only:
+        pytest.skip(f"{name} is causal only")
+    torch.manual_seed(2)
+    q, k, v = (torch.randn(2, 4, 300, 32) for _ in range(3))
+    upstream = torch.randn(2, 4, 300, 32, dtype=torch.float64)
+    reference = copy.deepcopy(encoding).double()
+    inputs64 = [t.double().requires_grad_() for t in (q, k, v)]
+    expected_out = attention(*inputs64, reference, causal=causal, backend="eager")
+    expected = [expected_out, *torch.autograd.grad(expected_out, [*inputs64, *reference.parameters()], upstream)]
+    on_gpu = copy.deepcopy(encoding).to(CUDA)
+    inputs = [t.to(CUDA).requires_grad_() for t in (q, k, v)]
+    served = [b for b in ("eager", "sdpa", "flex") if serves(b, on_gpu, *inputs)]
+    assert "eager" in served
+    for backend in served:
+        out = attention(*inputs, on_gpu, causal=causal, backend=backend)
+        grads = torch.autograd.grad(out, [*inputs, *on_gpu.parameters()], upstream.to(CUDA, out.dtype))
+        for what, got, want in zip(("output", "dq", "dk", "dv", *(n for n, _ in on_gpu.named_parameters())),
+                                   (out, *grads), expected):
+            # floor 1: a gradient that is zero in exact arithmetic (FIRE's last bias shifts whole rows) is held
+            # to float32's absolute rounding instead
+            assert _relative_error(got, want, floor=1.0) < LOOSER.get(name, FLOAT32), f"{backend}: {what}"
+
+
+@pytest.mark.parametrize("name", one_axis())
+def test_language_model_loss_and_gradients_on_cuda_equal_the_cpu(name):
+    """The tiny LM's training loss and every parameter's gradient on CUDA (auto backend) equal the same model's on
+    the CPU in float64."""
+    torch.manual_seed(3)
+    model = LanguageModel(ModelConfig(encoding=name, dim=64, num_layers=2, num_heads=2, max_positions=160))
+    tokens = torch.randint(0, 256, (2, 161))
+
+    def loss_and_grads(m, device, dtype):
+        m = copy.deepcopy(m).to(device=device, dtype=dtype)
+        ids = tokens.to(device)
+        logits = m(ids[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten())
+        return loss, torch.autograd.grad(loss, list(m.parameters()))
+
+    loss64, grads64 = loss_and_grads(model, "cpu", torch.float64)
+    loss, grads = loss_and_grads(model, CUDA, torch.float32)
+    assert abs(loss.item() - loss64.item()) < 1e-4
+    # every parameter's gradient in one vector: relative to the model's largest gradient
+    assert _relative_error(torch.cat([g.flatten() for g in grads]), torch.cat([g.flatten() for g in grads64])) < 1e-3
