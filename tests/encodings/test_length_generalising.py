@@ -133,6 +133,21 @@ def test_cope_counts_only_what_each_query_may_see():
         assert (head <= seen.clamp(min=0)).all() and (head[seen <= 0] == 0).all() and (head[seen > 0] > 0).all()
 
 
+def test_cope_counts_in_its_inputs_dtype_under_autocast():
+    """Under bf16 autocast the counts (and the logits) are the float32 ones: bf16 holds no integer past 256, and
+    CUDA's autocast summed in float32 beside bf16 products (lerp refused the mix)."""
+    torch.manual_seed(0)
+    enc = posenc.build("cope", head_dim=HEAD_DIM, max_positions=400)
+    q, k = (torch.randn(1, 2, 300, HEAD_DIM).abs() for _ in range(2))  # gates near 1: counts near 300
+    positions = torch.arange(300)[None]
+    plain = enc.relative_logits(q, k, positions, positions)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        counts = enc.contextual_positions(q, k, positions, positions)
+        autocast = enc.relative_logits(q, k, positions, positions)
+    assert counts.dtype == autocast.dtype == torch.float32 and counts.max() > 256
+    assert torch.equal(autocast, plain)
+
+
 def test_bad_arguments_name_the_parameter():
     for build, message in [
         (lambda: posenc.build("kerple", num_heads=2, variant="cubic"), "variant must be one of"),

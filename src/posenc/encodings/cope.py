@@ -49,7 +49,13 @@ class CoPE(PositionalEncoding):
 
     def contextual_positions(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor,
                              allowed: Tensor | None = None) -> Tensor:
-        """p_ij, (B, H, Tq, Tk) in q's dtype: 0 for pairs that may not attend."""
+        """p_ij, (B, H, Tq, Tk) in q's dtype: 0 for pairs that may not attend. Outside autocast, which would count
+        in bf16 (not an integer past 256) or mix dtypes (CUDA's autocast sums in float32)."""
+        with torch.autocast(q.device.type, enabled=False):
+            return self._contextual_positions(q, k, q_pos, k_pos, allowed)
+
+    def _contextual_positions(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, allowed: Tensor | None
+                              ) -> Tensor:
         gates = torch.sigmoid(q @ k.transpose(-1, -2) * self.gate_scale)  # (B, H, Tq, Tk)
         before = (k_pos[:, None, :] <= q_pos[:, :, None]).unsqueeze(1)  # (B or 1, 1, Tq, Tk)
         after = (k_pos[:, None, :] >= q_pos[:, :, None]).unsqueeze(1)
@@ -61,6 +67,11 @@ class CoPE(PositionalEncoding):
 
     def relative_logits(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, allowed: Tensor | None = None
                         ) -> Tensor:
+        with torch.autocast(q.device.type, enabled=False):  # as contextual_positions
+            return self._relative_logits(q, k, q_pos, k_pos, allowed)
+
+    def _relative_logits(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, allowed: Tensor | None
+                         ) -> Tensor:
         positions = self.contextual_positions(q, k, q_pos, k_pos, allowed).clamp(max=self.max_positions - 1)
         per_integer = q @ self.embeddings.to(q.dtype).T  # (B, H, Tq, P)
         lower = positions.floor()
