@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # The GPU checks and tables in one call of a lent machine, each step time-boxed so a slow one cannot eat the rest.
 #   bash benchmarks/gpu.sh OUT_DIR
-# 1. tests/test_cuda.py (Triton RoPE, every backend forward and backward against float64 on the CPU, the tiny LM)
-#    beside `posenc verify --device cuda`; 2. `posenc bench` in bf16 on the auto backend; 3. the training step with
-#    FlexAttention (compiled, with its backward) for the encodings it serves. Logs and tables land in OUT_DIR.
+# 1. tests/test_cuda.py (Triton RoPE, every backend and form forward and backward against float64 on the CPU, forms
+#    timed on the GPU, the tiny LM); 2. `posenc bench` in bf16 on the auto backend (its forms timed at first use)
+#    for the bias encodings; 3. the same training step with FlexAttention forced; 4. `posenc verify --device cuda`.
 # It uses the machine's own torch/Triton/transformers and this checkout's source (no install); the CPU kernels stay
-# off, since the CPU only computes the float64 references here.
+# off, since the CPU only computes the float64 references here. One log and the tables' files land in OUT_DIR.
 set -u
 out=${1:?usage: bash benchmarks/gpu.sh OUT_DIR}
 mkdir -p "$out"
 steps=$(mktemp -d)  # each step's output, appended whole to the one log when it ends (few files come back)
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 POSENC_CPU_KERNELS=0 POSENC_FORMS_CACHE=$steps/forms-cache.json
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 POSENC_CPU_KERNELS=0 POSENC_FORMS_CACHE=$out/forms-cache.json
 log=$out/gpu.log
+biases=alibi,t5,kerple,sandwich,fire,transformer_xl
+shapes=512x16,2048x4,8192x1
 
 step() {  # step NAME SECONDS COMMAND...: run it time-boxed, then its exit, time and output into the log
     local name=$1 limit=$2 start=$SECONDS
@@ -26,13 +28,12 @@ step() {  # step NAME SECONDS COMMAND...: run it time-boxed, then its exit, time
 torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__)"
   git log -1 --format='commit %H' 2>/dev/null; } > "$log" 2>&1
 
-step tests 200 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_cuda.py &
-step verify 200 python3 -m posenc verify --device cuda --json "$out/verify-cuda.json" &
-wait
-step bench-auto 200 python3 -m posenc bench --device cuda --dtype bfloat16 --tables training,memory,attention,rope \
-    --train-shapes 512x16,2048x4,8192x1 --lengths 1024,4096 --rounds 10 \
+step tests 100 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_cuda.py
+step bench-auto 130 python3 -m posenc bench --device cuda --dtype bfloat16 --tables training,memory,attention \
+    --encodings $biases --train-shapes $shapes --lengths 1024,4096 --rounds 10 \
     --json "$out/bench-cuda-auto.json" --markdown "$out/bench-cuda-auto.md"
-step bench-flex 120 python3 -m posenc bench --device cuda --dtype bfloat16 --tables training,memory --backend flex \
-    --encodings alibi,rope,t5,kerple,sandwich,fire,xpos --train-shapes 512x16,2048x4,8192x1 --rounds 10 \
+step bench-flex 70 python3 -m posenc bench --device cuda --dtype bfloat16 --tables training --backend flex \
+    --encodings ${biases%,transformer_xl} --train-shapes $shapes --rounds 10 \
     --json "$out/bench-cuda-flex.json" --markdown "$out/bench-cuda-flex.md"
+step verify 70 python3 -m posenc verify --device cuda --json "$out/verify-cuda.json"
 grep -a "^== \|passed\|failed" "$log"

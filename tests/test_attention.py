@@ -5,6 +5,7 @@ from hypothesis import strategies as st
 
 import posenc
 from posenc.attention import choose_backend, serves
+from posenc.kernels import flex
 from tests.helpers import ATTENTION_ENCODINGS, HEAD_DIM, HEADS, make_encoding, qkv
 from tests.oracles import naive_attention
 
@@ -214,6 +215,30 @@ def test_compiled_flex_agrees_with_eager(monkeypatch):
         got = posenc.attention(q, k, v, enc, backend="flex")
         expected = posenc.attention(q, k, v, enc, backend="eager")
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_flex_builds_the_plain_causal_block_mask_once_per_length(monkeypatch):
+    """Causal attention at the model's own positions shares one block mask per length across calls, batches and
+    heads (built per call it cost more than the attention on a GPU); other calls still build their own, and both
+    equal eager."""
+    from torch.nn.attention import flex_attention as flex_module
+
+    flex._plain_causal_block_mask.cache_clear()
+    built = []
+    original = flex_module.create_block_mask
+    monkeypatch.setattr(flex_module, "create_block_mask", lambda *a, **kw: built.append(a[3:5]) or original(*a, **kw))
+    enc = posenc.build("alibi", num_heads=HEADS)
+    for batch in (1, 2, 2):
+        q, k, v = qkv(batch=batch, q_len=140, k_len=140, dtype=torch.float32)
+        with torch.no_grad():
+            got = posenc.attention(q, k, v, enc, backend="flex")
+        torch.testing.assert_close(got, posenc.attention(q, k, v, enc, backend="eager"), rtol=1e-5, atol=1e-5)
+    assert built == [(140, 140)]
+    q, k, v = qkv(batch=2, q_len=8, k_len=140, dtype=torch.float32)  # a KV-cache step: positions decide
+    with torch.no_grad():
+        got = posenc.attention(q, k, v, enc, backend="flex")
+    torch.testing.assert_close(got, posenc.attention(q, k, v, enc, backend="eager"), rtol=1e-5, atol=1e-5)
+    assert built == [(140, 140), (8, 140)]
 
 
 @settings(max_examples=30, deadline=None)

@@ -4,6 +4,7 @@ backward (FlexAttention compiled, with its backward), and the tiny LM's loss and
 Skipped without a GPU (CI has none); `benchmarks/gpu.sh` runs this file on a lent one.
 """
 
+import contextlib
 import copy
 
 import pytest
@@ -13,7 +14,7 @@ from posenc import attention
 from posenc.attention import serves
 from posenc.encodings import build_for_model
 from posenc.encodings.registry import one_axis
-from posenc.kernels import rope_cos_sin, rotate_pairs
+from posenc.kernels import dispatch, rope_cos_sin, rotate_pairs
 from posenc.lm.model import LanguageModel, ModelConfig
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -100,14 +101,29 @@ def test_every_cuda_backend_equals_float64_eager_values_and_gradients(name, caus
     inputs = [t.to(CUDA).requires_grad_() for t in (q, k, v)]
     served = [b for b in ("eager", "sdpa", "flex") if serves(b, on_gpu, *inputs)]
     assert "eager" in served
-    for backend in served:
-        out = attention(*inputs, on_gpu, causal=causal, backend=backend)
+    # sdpa once under each form it may time on a GPU (a form that does not serve leaves the choice to the timing)
+    runs = [(b, form) for b in served for form in (("channels", "mask", "flex") if b == "sdpa" else (None,))]
+    for backend, form in runs:
+        with dispatch.force(form) if form else contextlib.nullcontext():
+            out = attention(*inputs, on_gpu, causal=causal, backend=backend)
         grads = torch.autograd.grad(out, [*inputs, *on_gpu.parameters()], upstream.to(CUDA, out.dtype))
         for what, got, want in zip(("output", "dq", "dk", "dv", *(n for n, _ in on_gpu.named_parameters())),
                                    (out, *grads), expected):
             # floor 1: a gradient that is zero in exact arithmetic (FIRE's last bias shifts whole rows) is held
             # to float32's absolute rounding instead
-            assert _relative_error(got, want, floor=1.0) < LOOSER.get(name, FLOAT32), f"{backend}: {what}"
+            assert _relative_error(got, want, floor=1.0) < LOOSER.get(name, FLOAT32), f"{backend} {form}: {what}"
+
+
+def test_forms_are_timed_on_the_gpu_and_remembered_under_its_name():
+    """A learned bias with a gradient: sdpa times the mask and FlexAttention on the GPU and keeps the faster, under
+    a key that names the GPU."""
+    encoding = _encoding("t5").to(CUDA)
+    q, k, v = (torch.randn(2, 4, 1024, 32, device=CUDA, requires_grad=True) for _ in range(3))
+    attention(q, k, v, encoding, backend="sdpa").sum().backward()
+    (key, form), = [(key, form) for key, form in dispatch.chosen().items() if " T5RelativeBias " in f" {key} "]
+    assert key.startswith(torch.cuda.get_device_name()) and " train " in key and form in ("flex", "mask")
+    entry = dispatch.storage.read_json(dispatch.cache_path())[key]
+    assert set(entry["ms"]) == {"flex", "mask"} and entry["form"] == min(entry["ms"], key=entry["ms"].get)
 
 
 @pytest.mark.parametrize("name", one_axis())

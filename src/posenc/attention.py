@@ -19,7 +19,8 @@ Backends (every one agrees with ``eager``; the tests say so for every encoding):
   - ``flex``: FlexAttention; the bias is a ``score_mod`` and the masks a block mask, so no H×Tq×Tk tensor is built;
     serves the input, rotation and bias doors. It is compiled on CUDA (``POSENC_FLEX_COMPILE=1`` compiles on CPU
     too, with the system compiler; ``0`` never compiles); it has no backward pass on CPU.
-  - ``auto``: flex on CUDA for bias encodings when no gradient is needed, else sdpa where it serves, else eager.
+  - ``auto``: sdpa where it serves, else eager. On a GPU sdpa times its forms for a bias (q/k channels, a float
+    mask, FlexAttention's score_mod) at first use per shape, as on CPU (``kernels.dispatch``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from .kernels import blockwise, dispatch, gated_counts, offset_bias, offset_look
 from .kernels.band import band_attention
 from .kernels.channels import attend_with_channels
 from .kernels.local import check_span, joined_mask, local_attention
-from .kernels.flex import flex_backend
+from .kernels.flex import FLEX_DTYPES, flex_backend
 from .kernels.sinks import sdpa_with_sink, softmax_with_sink
 from .encodings.base import NoPE, PositionalEncoding, PositionedEncoding
 from .positions import default_positions
@@ -158,8 +159,6 @@ def choose_backend(backend: str, encoding: PositionalEncoding, q: Tensor, k: Ten
     checks.choice("backend", backend, BACKENDS)
     needs_grad = _needs_grad(encoding, q, k, v)
     if backend == "auto":
-        if encoding.has_bias and q.is_cuda and not needs_grad and _refusal("flex", encoding, q, needs_grad, sink) is None:
-            return "flex"
         return "sdpa" if _refusal("sdpa", encoding, q, needs_grad, sink) is None else "eager"
     reason = _refusal(backend, encoding, q, needs_grad, sink)
     if reason is not None:
@@ -294,8 +293,18 @@ def _score_forms(q, at: PositionedEncoding, causal, mask, plain_causal) -> dict:
     outside a compiled graph every one that serves, to be timed; elsewhere the one a rule picks (channels where
     ``channels_serve`` says, else the mask)."""
     encoding, compute = at.encoding, _math_dtype(q.dtype)
-    if q.device.type != "cpu" or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():
         return {"channels": _channel_form} if at.channels_serve(q.dtype) else {"mask": _mask_form}
+    if q.device.type != "cpu":
+        forms = {"channels": _channel_form} if at.channels_serve(q.dtype) else {}
+        if encoding.has_relative_logits and forms:  # the mask form would keep (B, H, Tq, Tk) logits
+            return forms
+        # the bias as a score_mod, compiled: no (B, H, Tq, Tk) tensor. Not for a KV-cache step, whose shape changes
+        # every call, while the compiled kernel is specialised to shapes.
+        if encoding.has_bias and not encoding.has_relative_logits and q.dtype in FLEX_DTYPES and (
+                q.shape[2] == k.shape[2]):
+            forms["flex"] = flex_backend
+        return {**forms, "mask": _mask_form}
     if encoding.has_gated_counts and causal and mask is None and at.contiguous and gated_counts.serves(q):
         return {"counts": _counts_form}  # the mask form would keep (B, H, Tq, Tk) gates, counts and logits
     if encoding.has_token_gates and causal and mask is None and at.contiguous and offset_bias.serves(q):

@@ -1,10 +1,12 @@
-"""Which form runs a score term on CPU, chosen by timing the forms at first use on this machine.
+"""Which form runs a score term, chosen by timing the forms at first use on this machine (CPU or GPU).
 
 A score bias or content-position term can run in several forms (``attention`` builds them): ``table`` (the
 bias inside ``offset_bias``'s kernel), ``channels`` (the terms as extra q/k channels), ``mask`` (a float mask
 on SDPA or on the blockwise kernel), ``counts`` (CoPE inside ``gated_counts``' kernel, the one form offered
 where it serves), ``lookups`` (Transformer-XL's terms inside ``offset_lookup``'s kernel) and ``gates`` (FoX's
-c_i − c_j inside ``offset_bias``' kernel, the one form offered where it serves). Which is fastest depends on the CPU (an AMD EPYC and an Intel Xeon disagree),
+c_i − c_j inside ``offset_bias``' kernel, the one form offered where it serves); on a GPU ``channels``, ``mask`` (SDPA
+with a float mask) and ``flex`` (the bias as FlexAttention's compiled ``score_mod``). Which is fastest depends on
+the CPU (an AMD EPYC and an Intel Xeon disagree) or GPU,
 the shape and whether a gradient is needed, so no threshold is written down: the first call with a new key
 (encoding, shape bucket, dtype, gradient) times every form that serves it, round-robin, forward and backward on
 random tensors of that shape, runs the fastest and remembers it, in memory and in a JSON file, ``POSENC_FORMS_CACHE``
@@ -28,7 +30,7 @@ import torch
 from .. import checks, storage
 from . import native
 
-FORMS = ("table", "channels", "mask", "counts", "lookups", "gates")
+FORMS = ("table", "channels", "mask", "counts", "lookups", "gates", "flex")
 FORCE_VARIABLE = "POSENC_ATTENTION_FORM"
 CACHE_VARIABLE = "POSENC_FORMS_CACHE"
 ROUNDS = 3  # timed rounds after one warm-up call of each form: a few milliseconds to a second, once per key
@@ -57,7 +59,8 @@ def bucket(n: int) -> int:
 def shape_key(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, needs_grad: bool) -> str:
     """The key a choice is remembered under: q (B, H, Tq, Dh), k (B, Hkv, Tk, Dh), v (B, Hkv, Tk, Dv)."""
     batch, heads, queries, width = q.shape
-    return (f"{name} {str(q.dtype).removeprefix('torch.')} {'causal' if causal else 'bidirectional'} "
+    gpu = f"{torch.cuda.get_device_name(q.device)} " if q.is_cuda else ""  # a CPU's choice carries the fingerprint's CPU
+    return (f"{gpu}{name} {str(q.dtype).removeprefix('torch.')} {'causal' if causal else 'bidirectional'} "
             f"{'train' if needs_grad else 'infer'} B·H={bucket(batch * heads)} Hkv={k.shape[1]} Tq={bucket(queries)} "
             f"Tk={bucket(k.shape[2])} Dh={width} Dv={v.shape[-1]}")
 
@@ -131,16 +134,24 @@ def _same(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def time_forms(contenders: dict[str, Callable[[], object]], rounds: int = ROUNDS) -> dict[str, float]:
-    """Median milliseconds of each form, one call of each per round, after one warm-up call of each."""
+    """Median milliseconds of each form, one call of each per round, after one warm-up call of each (which compiles
+    what compiles); GPU work is waited for inside each timing."""
     for run in contenders.values():
         run()
     samples: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(rounds):
         for name, run in contenders.items():
+            _synchronize()
             start = time.perf_counter()
             run()
+            _synchronize()
             samples[name].append(time.perf_counter() - start)
     return {name: statistics.median(times) * 1e3 for name, times in samples.items()}
+
+
+def _synchronize() -> None:
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def _read() -> dict:
