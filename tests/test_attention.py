@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
-from posenc.attention import choose_backend, serves
+from posenc.attention import choose_backend, gpu_score_forms, serves
 from posenc.kernels import flex
 from tests.helpers import ATTENTION_ENCODINGS, HEAD_DIM, HEADS, make_encoding, qkv
 from tests.oracles import naive_attention
@@ -215,6 +215,21 @@ def test_compiled_flex_agrees_with_eager(monkeypatch):
         got = posenc.attention(q, k, v, enc, backend="flex")
         expected = posenc.attention(q, k, v, enc, backend="eager")
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("key, q_len, dtype, forms", [
+    ("t5", 16, torch.float32, ["flex", "mask"]),
+    ("t5", 1, torch.float32, ["mask"]),  # a KV-cache step: flex would compile for every new shape
+    ("t5", 16, torch.float64, ["mask"]),  # no compiled flex kernel in float64
+    ("alibi", 16, torch.bfloat16, ["channels", "flex", "mask"]),
+    ("transformer_xl", 16, torch.float32, ["channels"]),  # the mask form would keep (B, H, Tq, Tk) logits
+    ("cope", 16, torch.float32, ["mask"]),
+])
+def test_the_forms_timed_on_a_gpu(key, q_len, dtype, forms):
+    """What sdpa offers its timing on a GPU (read here on CPU tensors; tests/test_cuda.py runs them on one)."""
+    enc = make_encoding(key, dtype=torch.float32)
+    at = enc.at(torch.arange(16 - q_len, 16)[None], torch.arange(16)[None], contiguous=True)
+    assert list(gpu_score_forms(dtype, at)) == forms
 
 
 def test_flex_builds_the_plain_causal_block_mask_once_per_length(monkeypatch):

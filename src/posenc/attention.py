@@ -296,15 +296,7 @@ def _score_forms(q, at: PositionedEncoding, causal, mask, plain_causal) -> dict:
     if torch.compiler.is_compiling():
         return {"channels": _channel_form} if at.channels_serve(q.dtype) else {"mask": _mask_form}
     if q.device.type != "cpu":
-        forms = {"channels": _channel_form} if at.channels_serve(q.dtype) else {}
-        if encoding.has_relative_logits and forms:  # the mask form would keep (B, H, Tq, Tk) logits
-            return forms
-        # the bias as a score_mod, compiled: no (B, H, Tq, Tk) tensor. Not for a KV-cache step, whose shape changes
-        # every call, while the compiled kernel is specialised to shapes.
-        if encoding.has_bias and not encoding.has_relative_logits and q.dtype in FLEX_DTYPES and (
-                q.shape[2] == k.shape[2]):
-            forms["flex"] = flex_backend
-        return {**forms, "mask": _mask_form}
+        return gpu_score_forms(q.dtype, at)
     if encoding.has_gated_counts and causal and mask is None and at.contiguous and gated_counts.serves(q):
         return {"counts": _counts_form}  # the mask form would keep (B, H, Tq, Tk) gates, counts and logits
     if encoding.has_token_gates and causal and mask is None and at.contiguous and offset_bias.serves(q):
@@ -319,6 +311,20 @@ def _score_forms(q, at: PositionedEncoding, causal, mask, plain_causal) -> dict:
         forms["channels"] = _channel_form
         if encoding.has_relative_logits:  # the mask form would keep (B, H, Tq, Tk) logits for the backward
             return forms
+    return {**forms, "mask": _mask_form}
+
+
+def gpu_score_forms(dtype: torch.dtype, at: PositionedEncoding) -> dict:
+    """``_score_forms`` on a GPU: q/k channels where they serve, FlexAttention's compiled score_mod for a bias of a
+    full sequence (no (B, H, Tq, Tk) tensor; not for a KV-cache step, whose shape changes every call while the
+    compiled kernel is specialised to shapes), and the float mask."""
+    encoding = at.encoding
+    forms = {"channels": _channel_form} if at.channels_exact(dtype) else {}
+    if encoding.has_relative_logits and forms:  # the mask form would keep (B, H, Tq, Tk) logits
+        return forms
+    if encoding.has_bias and not encoding.has_relative_logits and dtype in FLEX_DTYPES and (
+            at.q_pos.shape[-1] == at.k_pos.shape[-1]):
+        forms["flex"] = flex_backend
     return {**forms, "mask": _mask_form}
 
 

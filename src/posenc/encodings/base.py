@@ -176,7 +176,7 @@ class PositionedEncoding:
             self.encoding.channels_exact(self.q_pos, self.k_pos, dtype, self.contiguous)))
 
     def channels_serve(self, dtype: torch.dtype) -> bool:
-        """Where forms are not timed (a GPU, a compiled graph): whether attention takes the channel form, offered,
+        """Where forms are not timed (a compiled graph): whether attention takes the channel form, offered,
         faster at this many keys (``channels_from_keys``) and exact."""
         return self.channels_exact(dtype) and self.k_pos.shape[-1] >= channels_from_keys(self.encoding,
                                                                                         self.k_pos.device)
