@@ -232,6 +232,12 @@ def test_the_forms_timed_on_a_gpu(key, q_len, dtype, forms):
     assert list(gpu_score_forms(dtype, at)) == forms
 
 
+def test_a_gpu_never_times_foxs_token_bias():
+    """FoX's bias comes from the tokens: a timing's stand-in backward would reach into the caller's graph."""
+    at = posenc.build("fox", num_heads=2, dim=16).at(torch.arange(16)[None], torch.arange(16)[None], contiguous=True)
+    assert list(gpu_score_forms(torch.float32, at)) == ["mask"]
+
+
 def test_flex_builds_the_plain_causal_block_mask_once_per_length(monkeypatch):
     """Causal attention at the model's own positions shares one block mask per length across calls, batches and
     heads (built per call it cost more than the attention on a GPU); other calls still build their own, and both

@@ -317,13 +317,15 @@ def _score_forms(q, at: PositionedEncoding, causal, mask, plain_causal) -> dict:
 def gpu_score_forms(dtype: torch.dtype, at: PositionedEncoding) -> dict:
     """``_score_forms`` on a GPU: q/k channels where they serve, FlexAttention's compiled score_mod for a bias of a
     full sequence (no (B, H, Tq, Tk) tensor; not for a KV-cache step, whose shape changes every call while the
-    compiled kernel is specialised to shapes), and the float mask."""
+    compiled kernel is specialised to shapes), and the float mask. Not for FoX: its bias comes from the tokens, and
+    a timing's stand-in backward would run into the caller's graph and free it (its LM's backward failed on an H200
+    when flex was offered; the same on CPU with two forms offered)."""
     encoding = at.encoding
     forms = {"channels": _channel_form} if at.channels_exact(dtype) else {}
     if encoding.has_relative_logits and forms:  # the mask form would keep (B, H, Tq, Tk) logits
         return forms
-    if encoding.has_bias and not encoding.has_relative_logits and dtype in FLEX_DTYPES and (
-            at.q_pos.shape[-1] == at.k_pos.shape[-1]):
+    if encoding.has_bias and not encoding.has_relative_logits and not encoding.has_token_gates and (
+            dtype in FLEX_DTYPES and at.q_pos.shape[-1] == at.k_pos.shape[-1]):
         forms["flex"] = flex_backend
     return {**forms, "mask": _mask_form}
 
