@@ -4,8 +4,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
-from posenc.attention import choose_backend, gpu_score_forms, serves
+from posenc.attention import choose_backend, serves
 from posenc.kernels import flex
+from posenc.kernels.forms import gpu_score_forms
 from tests.helpers import ATTENTION_ENCODINGS, HEAD_DIM, HEADS, make_encoding, qkv
 from tests.oracles import naive_attention
 

@@ -30,11 +30,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import checks
-from .kernels import blockwise, dispatch, gated_counts, offset_bias, offset_lookup, sticks
+from .kernels import dispatch, sticks
 from .kernels.band import band_attention
-from .kernels.channels import attend_with_channels
 from .kernels.local import check_span, joined_mask, local_attention
-from .kernels.flex import FLEX_DTYPES, flex_backend
+from .kernels.flex import flex_backend
+from .kernels.forms import allowed_pairs, masked, math_dtype, score_forms
 from .kernels.sinks import sdpa_with_sink, softmax_with_sink
 from .encodings.base import NoPE, PositionalEncoding, PositionedEncoding
 from .positions import default_positions
@@ -184,20 +184,10 @@ def _refusal(backend: str, encoding: PositionalEncoding, q: Tensor, needs_grad: 
     return None
 
 
-def _allowed(q_pos: Tensor, k_pos: Tensor, causal: bool, mask: Tensor | None, itself: bool = True) -> Tensor | None:
-    """Bool (B or 1, 1 or H, Tq, Tk) of the pairs that may attend, or None for all; ``itself``: causally, a query
-    may attend to the key at its own position."""
-    earlier = (k_pos[:, None, :] <= q_pos[:, :, None]) if itself else (k_pos[:, None, :] < q_pos[:, :, None])
-    allowed = earlier.unsqueeze(1) if causal else None
-    if mask is not None:
-        allowed = mask if allowed is None else allowed & mask
-    return allowed
-
-
 def _weights(q, k, at: PositionedEncoding, causal, mask, scale, sink=None) -> Tensor:
     """Softmax weights (B, H, Tq, Tk) from already-rotated q, k, in q's dtype (short of 1 by the sink's share)."""
     encoding = at.encoding
-    allowed = _allowed(at.q_pos, at.k_pos, causal, mask, encoding.attends_to_itself)
+    allowed = allowed_pairs(at.q_pos, at.k_pos, causal, mask, encoding.attends_to_itself)
     logits = (q @ k.transpose(-1, -2)) * scale  # (B, H, Tq, Tk)
     if encoding.has_relative_logits:
         logits = logits + at.relative_logits(q, k, allowed, scale)
@@ -215,7 +205,7 @@ def _weights(q, k, at: PositionedEncoding, causal, mask, scale, sink=None) -> Te
 
 def _eager(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal=False, sink=None) -> Tensor:
     dtype = q.dtype
-    compute = _math_dtype(q.dtype)
+    compute = math_dtype(q.dtype)
     q, k, v = q.to(compute), k.to(compute), v.to(compute)
     probs = _weights(q, k, at, causal, mask, scale, sink)
     out = probs @ v  # (B, H, Tq, Dv)
@@ -247,7 +237,7 @@ def attention_weights(
     at = _positioned(q, k, k, encoding, q_positions, k_positions, mask)
     _check_normalization(at.encoding, causal, sink, window, chunk)
     mask = joined_mask(mask, at.q_pos, at.k_pos, window, chunk)
-    compute = _math_dtype(q.dtype)
+    compute = math_dtype(q.dtype)
     q, k = at.rotate(q.to(compute), k.to(compute))
     k = _repeat_kv_heads(k, q.shape[1])
     return _weights(q, k, at, causal, mask, q.shape[-1] ** -0.5 if scale is None else scale, sink)
@@ -274,144 +264,30 @@ def _sdpa(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) ->
         return _eager(q, k, v, at, causal, mask, scale)
     if encoding.has_relative_values:  # served only with a band form (Shaw)
         if plain_causal and mask is None:
-            key_band, value_band, value_floor = encoding.band_parts(_math_dtype(q.dtype))
+            key_band, value_band, value_floor = encoding.band_parts(math_dtype(q.dtype))
             return band_attention(q, k, v, key_band, value_band, value_floor, scale=scale)
         return _eager(q, k, v, at, causal, mask, scale)
     if not (encoding.has_relative_logits or encoding.has_bias) and plain_causal and mask is None:
         gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, **gqa)
-    forms = _score_forms(q, at, causal, mask, plain_causal)
-    # where several serve (on CPU): the fastest here, timed once per shape bucket (``kernels.dispatch``)
+    forms = score_forms(q, at, causal, mask, plain_causal)
+    # where several serve: the fastest here, timed once per shape bucket (``kernels.dispatch``)
     needs_grad = _needs_grad(encoding, q, k, v)
     key = dispatch.shape_key(type(encoding).__name__, q, k, v, causal, needs_grad)
     stand_ins = lambda: dispatch.stand_ins(forms, q, k, v, at, (causal, mask, scale, plain_causal), needs_grad)  # noqa: E731
     return forms[dispatch.choose(key, list(forms), stand_ins)](q, k, v, at, causal, mask, scale, plain_causal)
 
 
-def _score_forms(q, at: PositionedEncoding, causal, mask, plain_causal) -> dict:
-    """The forms that serve these score terms, {name: form(q, k, v, at, causal, mask, scale, plain_causal)}. On CPU
-    outside a compiled graph every one that serves, to be timed; elsewhere the one a rule picks (channels where
-    ``channels_serve`` says, else the mask)."""
-    encoding, compute = at.encoding, _math_dtype(q.dtype)
-    if torch.compiler.is_compiling():
-        return {"channels": _channel_form} if at.channels_serve(q.dtype) else {"mask": _mask_form}
-    if q.device.type != "cpu":
-        return gpu_score_forms(q.dtype, at)
-    if encoding.has_gated_counts and causal and mask is None and at.contiguous and gated_counts.serves(q):
-        return {"counts": _counts_form}  # the mask form would keep (B, H, Tq, Tk) gates, counts and logits
-    if encoding.has_token_gates and causal and mask is None and at.contiguous and offset_bias.serves(q):
-        return {"gates": _gate_form}  # the mask form would keep a (B, H, Tq, Tk) bias and its gradient
-    forms = {}
-    if encoding.has_bias and not encoding.has_relative_logits and mask is None and offset_bias.serves(q) and (
-            at.offset_table(causal, compute) is not None):
-        forms["table"] = _table_form
-    if encoding.has_offset_lookups and causal and mask is None and at.contiguous and offset_lookup.serves(q):
-        forms["lookups"] = _lookup_form
-    if at.channels_exact(q.dtype):
-        forms["channels"] = _channel_form
-        if encoding.has_relative_logits:  # the mask form would keep (B, H, Tq, Tk) logits for the backward
-            return forms
-    return {**forms, "mask": _mask_form}
-
-
-def gpu_score_forms(dtype: torch.dtype, at: PositionedEncoding) -> dict:
-    """``_score_forms`` on a GPU: q/k channels where they serve, FlexAttention's compiled score_mod for a bias of a
-    full sequence (no (B, H, Tq, Tk) tensor; not for a KV-cache step, whose shape changes every call while the
-    compiled kernel is specialised to shapes), and the float mask. Not for FoX: its bias comes from the tokens, and
-    a timing's stand-in backward would run into the caller's graph and free it (its LM's backward failed on an H200
-    when flex was offered; the same on CPU with two forms offered)."""
-    encoding = at.encoding
-    forms = {"channels": _channel_form} if at.channels_exact(dtype) else {}
-    if encoding.has_relative_logits and forms:  # the mask form would keep (B, H, Tq, Tk) logits
-        return forms
-    if encoding.has_bias and not encoding.has_relative_logits and not encoding.has_token_gates and (
-            dtype in FLEX_DTYPES and at.q_pos.shape[-1] == at.k_pos.shape[-1]):
-        forms["flex"] = flex_backend
-    return {**forms, "mask": _mask_form}
-
-
-def _table_form(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) -> Tensor:
-    table, lowest = at.offset_table(causal, _math_dtype(q.dtype))
-    return offset_bias.offset_bias_attention(q, k, v, table, lowest, scale=scale, causal=causal)
-
-
-def _gate_form(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) -> Tensor:
-    lowest, highest = offset_bias.offsets(q.shape[2], k.shape[2], causal)
-    no_offset_bias = q.new_zeros(q.shape[1], highest - lowest + 1, dtype=_math_dtype(q.dtype))
-    return offset_bias.offset_bias_attention(q, k, v, no_offset_bias, lowest, scale=scale, causal=causal,
-                                             token_values=at.cumulative_gates())
-
-
-def _counts_form(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) -> Tensor:
-    return gated_counts.gated_counts_attention(q, k, v, at.counts_table(), scale=scale,
-                                               gate_scale=at.encoding.gate_scale)
-
-
-def _lookup_form(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) -> Tensor:
-    table, content_shift, lookup_shift = at.offset_lookup_parts(k.shape[2], _math_dtype(q.dtype))  # never bf16
-    return offset_lookup.offset_lookup_attention(q, k, v, table, content_shift=content_shift,
-                                                 lookup_shift=lookup_shift, scale=scale)
-
-
-def _channel_form(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) -> Tensor:
-    skip_upper = plain_causal and mask is None  # the causal fast path, and no mask at all
-    allowed = None if skip_upper else _allowed(at.q_pos, at.k_pos, causal, mask)
-    content, query_side, key_side = at.score_channel_parts(q, k, scale)
-    return attend_with_channels(content, k, v, query_side, key_side, scale=scale, is_causal=skip_upper,
-                                allowed=allowed)
-
-
-def _mask_form(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) -> Tensor:
-    encoding = at.encoding
-    if encoding.has_relative_logits:
-        allowed = _allowed(at.q_pos, at.k_pos, causal, mask)
-        compute = _math_dtype(q.dtype)  # content-position terms, like biases, never run in bf16
-        additive = at.relative_logits(q.to(compute), k.to(compute), allowed, scale)
-        if encoding.has_bias:
-            additive = additive + at.score_bias(compute)
-        attn_mask = _masked(additive, allowed)
-    elif mask is None:  # the usual case in a model: one mask for every layer
-        attn_mask = at.memo(("sdpa_mask", causal, q.dtype), lambda: _static_mask(at, causal, q.dtype))
-    else:
-        attn_mask = _static_mask(at, causal, q.dtype, mask)
-    if attn_mask is not None and attn_mask.is_floating_point() and blockwise.available(q) and (
-            attn_mask.requires_grad or plain_causal and k.shape[2] >= blockwise.CPU_CAUSAL_MASK_FROM_KEYS):
-        # SDPA would fall back to its math path for a mask that needs a gradient, and with a mask it visits
-        # every block of the upper triangle, which the fused kernel skips when told the mask is causal
-        return blockwise.blockwise_attention(q, k, v, attn_mask, scale=scale, causal=plain_causal)
-    if attn_mask is not None and attn_mask.is_floating_point():
-        attn_mask = attn_mask.to(q.dtype)
-    gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale, **gqa)
-
-
 def _sdpa_sink(q, k, v, at: PositionedEncoding, causal, mask, scale, sink) -> Tensor:
     """SDPA with a sink: every score term as one float mask, and a zero key with the sink's logit."""
-    encoding, compute = at.encoding, _math_dtype(q.dtype)
+    encoding, compute = at.encoding, math_dtype(q.dtype)
     additive = torch.zeros(1, 1, q.shape[2], k.shape[2], dtype=compute, device=q.device)
-    allowed = _allowed(at.q_pos, at.k_pos, causal, mask)
+    allowed = allowed_pairs(at.q_pos, at.k_pos, causal, mask)
     if encoding.has_relative_logits:
         additive = additive + at.relative_logits(q.to(compute), k.to(compute), allowed, scale)
     if encoding.has_bias:
         additive = additive + at.score_bias(compute)
-    return sdpa_with_sink(q, k, v, _masked(additive, allowed), sink, scale)
-
-
-def _math_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 for float64 inputs, float32 for every other dtype: biases and softmax never run in bf16."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _masked(additive: Tensor, allowed: Tensor | None) -> Tensor:
-    return additive if allowed is None else additive.masked_fill(~allowed, float("-inf"))
-
-
-def _static_mask(at: PositionedEncoding, causal: bool, dtype: torch.dtype, mask: Tensor | None = None) -> Tensor | None:
-    """SDPA's attn_mask from positions alone: the score bias with -inf where not allowed, or a bool mask."""
-    allowed = _allowed(at.q_pos, at.k_pos, causal, mask)
-    if not at.encoding.has_bias:
-        return allowed
-    return _masked(at.score_bias(_math_dtype(dtype)), allowed).to(dtype)
+    return sdpa_with_sink(q, k, v, masked(additive, allowed), sink, scale)
 
 
 _BACKENDS = {"eager": _eager, "sdpa": _sdpa, "flex": flex_backend}

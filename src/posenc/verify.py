@@ -231,7 +231,7 @@ def _gradients(out: torch.Tensor, inputs: list[torch.Tensor], upstream: torch.Te
 @torch.no_grad()
 def check_score_channels(device, dtype) -> list[Check]:
     """ALiBi, Sandwich and Transformer-XL carried as extra q/k channels (the form ``attention()`` takes
-    past a length on CPU, always on CUDA) = their bias form in float64, near 0 and at offset 2^20."""
+    where that times faster) = their bias form in float64, near 0 and at offset 2^20."""
     rows = []
     for name in ("alibi", "sandwich", "transformer_xl"):
         enc = _encoding(name, device, dtype)

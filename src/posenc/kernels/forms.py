@@ -1,0 +1,143 @@
+"""The forms a score term runs in inside ``attention``'s sdpa backend, and which of them a call offers to
+``dispatch``'s timing: ``table`` (a bias of offsets inside ``offset_bias``), ``gates`` (FoX's c_i − c_j there too),
+``counts`` (CoPE inside ``gated_counts``), ``lookups`` (Transformer-XL inside ``offset_lookup``), ``channels`` (extra
+q/k channels), ``mask`` (a float mask on SDPA or ``blockwise``) and, on a GPU, ``flex`` (FlexAttention's score_mod).
+
+Every form is ``form(q, k, v, at, causal, mask, scale, plain_causal) -> (B, H, Tq, Dv)`` with q (B, H, Tq, Dh) and k
+(B, Hkv, Tk, Dh) already rotated, v (B, Hkv, Tk, Dv) and ``at`` the encoding at its positions (a
+``PositionedEncoding``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import blockwise, gated_counts, offset_bias, offset_lookup
+from .channels import attend_with_channels
+from .flex import FLEX_DTYPES, flex_backend
+
+
+def allowed_pairs(q_pos: Tensor, k_pos: Tensor, causal: bool, mask: Tensor | None, itself: bool = True) -> Tensor | None:
+    """Bool (B or 1, 1 or H, Tq, Tk) of the pairs that may attend, or None for all; ``itself``: causally, a query
+    may attend to the key at its own position."""
+    earlier = (k_pos[:, None, :] <= q_pos[:, :, None]) if itself else (k_pos[:, None, :] < q_pos[:, :, None])
+    allowed = earlier.unsqueeze(1) if causal else None
+    if mask is not None:
+        allowed = mask if allowed is None else allowed & mask
+    return allowed
+
+
+def score_forms(q, at, causal, mask, plain_causal) -> dict:
+    """The forms that serve these score terms, {name: form(q, k, v, at, causal, mask, scale, plain_causal)}: every one
+    that serves, to be timed (on a GPU those of ``gpu_score_forms``); inside a compiled graph the one a rule picks
+    (channels where ``channels_serve`` says, else the mask)."""
+    encoding, compute = at.encoding, math_dtype(q.dtype)
+    if torch.compiler.is_compiling():
+        return {"channels": _channel_form} if at.channels_serve(q.dtype) else {"mask": _mask_form}
+    if q.device.type != "cpu":
+        return gpu_score_forms(q.dtype, at)
+    if encoding.has_gated_counts and causal and mask is None and at.contiguous and gated_counts.serves(q):
+        return {"counts": _counts_form}  # the mask form would keep (B, H, Tq, Tk) gates, counts and logits
+    if encoding.has_token_gates and causal and mask is None and at.contiguous and offset_bias.serves(q):
+        return {"gates": _gate_form}  # the mask form would keep a (B, H, Tq, Tk) bias and its gradient
+    forms = {}
+    if encoding.has_bias and not encoding.has_relative_logits and mask is None and offset_bias.serves(q) and (
+            at.offset_table(causal, compute) is not None):
+        forms["table"] = _table_form
+    if encoding.has_offset_lookups and causal and mask is None and at.contiguous and offset_lookup.serves(q):
+        forms["lookups"] = _lookup_form
+    if at.channels_exact(q.dtype):
+        forms["channels"] = _channel_form
+        if encoding.has_relative_logits:  # the mask form would keep (B, H, Tq, Tk) logits for the backward
+            return forms
+    return {**forms, "mask": _mask_form}
+
+
+def gpu_score_forms(dtype: torch.dtype, at) -> dict:
+    """``score_forms`` on a GPU: q/k channels where they serve, FlexAttention's compiled score_mod for a bias of a
+    full sequence (no (B, H, Tq, Tk) tensor; not for a KV-cache step, whose shape changes every call while the
+    compiled kernel is specialised to shapes), and the float mask. Not for FoX: its bias comes from the tokens, and
+    a timing's stand-in backward would run into the caller's graph and free it (its LM's backward failed on an H200
+    when flex was offered; the same on CPU with two forms offered)."""
+    encoding = at.encoding
+    forms = {"channels": _channel_form} if at.channels_exact(dtype) else {}
+    if encoding.has_relative_logits and forms:  # the mask form would keep (B, H, Tq, Tk) logits
+        return forms
+    if encoding.has_bias and not encoding.has_relative_logits and not encoding.has_token_gates and (
+            dtype in FLEX_DTYPES and at.q_pos.shape[-1] == at.k_pos.shape[-1]):
+        forms["flex"] = flex_backend
+    return {**forms, "mask": _mask_form}
+
+
+def _table_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
+    table, lowest = at.offset_table(causal, math_dtype(q.dtype))
+    return offset_bias.offset_bias_attention(q, k, v, table, lowest, scale=scale, causal=causal)
+
+
+def _gate_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
+    lowest, highest = offset_bias.offsets(q.shape[2], k.shape[2], causal)
+    no_offset_bias = q.new_zeros(q.shape[1], highest - lowest + 1, dtype=math_dtype(q.dtype))
+    return offset_bias.offset_bias_attention(q, k, v, no_offset_bias, lowest, scale=scale, causal=causal,
+                                             token_values=at.cumulative_gates())
+
+
+def _counts_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
+    return gated_counts.gated_counts_attention(q, k, v, at.counts_table(), scale=scale,
+                                               gate_scale=at.encoding.gate_scale)
+
+
+def _lookup_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
+    table, content_shift, lookup_shift = at.offset_lookup_parts(k.shape[2], math_dtype(q.dtype))  # never bf16
+    return offset_lookup.offset_lookup_attention(q, k, v, table, content_shift=content_shift,
+                                                 lookup_shift=lookup_shift, scale=scale)
+
+
+def _channel_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
+    skip_upper = plain_causal and mask is None  # the causal fast path, and no mask at all
+    allowed = None if skip_upper else allowed_pairs(at.q_pos, at.k_pos, causal, mask)
+    content, query_side, key_side = at.score_channel_parts(q, k, scale)
+    return attend_with_channels(content, k, v, query_side, key_side, scale=scale, is_causal=skip_upper,
+                                allowed=allowed)
+
+
+def _mask_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
+    encoding = at.encoding
+    if encoding.has_relative_logits:
+        allowed = allowed_pairs(at.q_pos, at.k_pos, causal, mask)
+        compute = math_dtype(q.dtype)  # content-position terms, like biases, never run in bf16
+        additive = at.relative_logits(q.to(compute), k.to(compute), allowed, scale)
+        if encoding.has_bias:
+            additive = additive + at.score_bias(compute)
+        attn_mask = masked(additive, allowed)
+    elif mask is None:  # the usual case in a model: one mask for every layer
+        attn_mask = at.memo(("sdpa_mask", causal, q.dtype), lambda: static_mask(at, causal, q.dtype))
+    else:
+        attn_mask = static_mask(at, causal, q.dtype, mask)
+    if attn_mask is not None and attn_mask.is_floating_point() and blockwise.available(q) and (
+            attn_mask.requires_grad or plain_causal and k.shape[2] >= blockwise.CPU_CAUSAL_MASK_FROM_KEYS):
+        # SDPA would fall back to its math path for a mask that needs a gradient, and with a mask it visits
+        # every block of the upper triangle, which the fused kernel skips when told the mask is causal
+        return blockwise.blockwise_attention(q, k, v, attn_mask, scale=scale, causal=plain_causal)
+    if attn_mask is not None and attn_mask.is_floating_point():
+        attn_mask = attn_mask.to(q.dtype)
+    gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale, **gqa)
+
+
+def math_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 for float64 inputs, float32 for every other dtype: biases and softmax never run in bf16."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def masked(additive: Tensor, allowed: Tensor | None) -> Tensor:
+    return additive if allowed is None else additive.masked_fill(~allowed, float("-inf"))
+
+
+def static_mask(at, causal: bool, dtype: torch.dtype, mask: Tensor | None = None) -> Tensor | None:
+    """SDPA's attn_mask from positions alone: the score bias with -inf where not allowed, or a bool mask."""
+    allowed = allowed_pairs(at.q_pos, at.k_pos, causal, mask)
+    if not at.encoding.has_bias:
+        return allowed
+    return masked(at.score_bias(math_dtype(dtype)), allowed).to(dtype)
