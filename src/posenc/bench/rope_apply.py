@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from ..encodings.scaling import rope_frequencies
-from ..kernels import rope_cos_sin, rotate_pairs, rotate_pairs_
+from ..kernels import rope_cos_sin, rope_qk_triton, rotate_pairs, rotate_pairs_, triton_available
 from .timing import round_robin
 
 
@@ -58,10 +58,12 @@ def bench_rope_apply(device: str = "cpu", dtype: torch.dtype = torch.float32, sh
         "copy_ (baseline)": lambda: (q_out.copy_(q), k_out.copy_(k)),
         "clone (copy into new memory)": lambda: (q.clone(), k.clone()),
         "posenc rotate_pairs": lambda: (rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)),
-        # What the model runs: q and k rotated inside their own storage (rotating back and
+        # What the model runs on CPU: q and k rotated inside their own storage (rotating back and
         # forth would keep values bounded, but any drift is irrelevant to a timing).
         "posenc rotate_pairs_ (in place)": lambda: (rotate_pairs_(q, cos, sin), rotate_pairs_(k, cos, sin)),
         **_peers(q, k),
     }
+    if device.type == "cuda" and triton_available():  # what the model runs on CUDA
+        contenders["posenc Triton (q and k, one launch)"] = lambda: rope_qk_triton(q, k, cos, sin, cos, sin, "half")
     timed = round_robin(contenders, baseline="copy_ (baseline)", rounds=rounds, device=device, label="rope apply")
     return [{"contender": name, "shape": list(shape), **numbers} for name, numbers in timed.items()]
