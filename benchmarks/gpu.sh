@@ -3,7 +3,8 @@
 #   bash benchmarks/gpu.sh OUT_DIR
 # 1. tests/test_cuda.py (Triton RoPE, every backend and form forward and backward against float64 on the CPU, forms
 #    timed on the GPU, the tiny LM); 2. `posenc bench` in bf16 on the auto backend (its forms timed at first use)
-#    for the bias encodings; 3. the same training step with FlexAttention forced; 4. `posenc verify --device cuda`.
+#    for the bias encodings; 3. the same training step with FlexAttention forced; 4. RoPE apply, the Triton kernel
+#    among the contenders; 5. `posenc verify --device cuda`.
 # It uses the machine's own torch/Triton/transformers and this checkout's source (no install); the CPU kernels stay
 # off, since the CPU only computes the float64 references here. One log and the tables' files land in OUT_DIR.
 set -u
@@ -35,5 +36,7 @@ step bench-auto 130 python3 -m posenc bench --device cuda --dtype bfloat16 --tab
 step bench-flex 70 python3 -m posenc bench --device cuda --dtype bfloat16 --tables training --backend flex \
     --encodings ${biases%,transformer_xl} --train-shapes $shapes --rounds 10 \
     --json "$out/bench-cuda-flex.json" --markdown "$out/bench-cuda-flex.md"
+step rope 40 python3 -m posenc bench --device cuda --dtype bfloat16 --tables rope --rounds 20 \
+    --json "$out/bench-cuda-rope.json"
 step verify 70 python3 -m posenc verify --device cuda --json "$out/verify-cuda.json"
 grep -a "^== \|passed\|failed" "$log"
