@@ -75,7 +75,9 @@ def test_gates_are_each_layers_own_projection_of_its_input():
     assert not torch.equal(encoding.log_forget(x, 0), encoding.log_forget(x, 1))
     with pytest.raises(ValueError, match=r"layer must be in \[0, 1\] .*num_layers=2\), got 2"):
         encoding.log_forget(x, 2)
+    torch.testing.assert_close(encoding.log_forget(x), encoding.log_forget(x, 0), rtol=0, atol=0)  # layer 0 unless named
     fresh = posenc.build("fox", dim=DIM, num_heads=HEADS)
+    assert len(fresh.gates) == 1  # one layer unless told
     assert torch.all(fresh.gates[0].bias == 0) and 0.01 < float(fresh.gates[0].weight.detach().std()) < 0.04
 
 
@@ -135,8 +137,10 @@ def test_bad_calls_are_one_line_errors():
         posenc.build("rope", head_dim=4).at(torch.arange(7), torch.arange(7)).with_gates(log_forget)
     with pytest.raises(ValueError, match="causal only"):
         posenc.attention(q, k, v, gated(encoding, log_forget, 7), causal=False)
-    with pytest.raises(ValueError, match="forget gates, not from positions"):
+    with pytest.raises(ValueError) as refused:
         encoding.score_bias(torch.arange(7), torch.arange(7))
+    assert str(refused.value) == ("ForgettingGates's bias comes from its tokens' forget gates, not from positions: "
+                                  "attend with encoding.at(q_pos, k_pos).with_gates(encoding.log_forget(x, layer))")
 
 
 def test_the_cumulative_sum_is_float64_so_far_gates_keep_their_digits_and_float32_stays_float32():
@@ -148,6 +152,11 @@ def test_the_cumulative_sum_is_float64_so_far_gates_keep_their_digits_and_float3
     torch.testing.assert_close(bias[..., -1, -2], torch.full((1, HEADS), -0.3), rtol=0, atol=1e-6)  # one gate back
     x = torch.randn(2, 5, DIM)
     assert encoding.log_forget(x, 0).dtype == torch.float32
+    # bf16 activations: the gates in float32 (the projection's bf16 output upcast before the log-sigmoid)
+    half = encoding.to(torch.bfloat16)
+    got = half.log_forget(x.to(torch.bfloat16), 0)
+    expected = F.logsigmoid(half.gates[0](x.to(torch.bfloat16)).float()).transpose(1, 2)
+    assert got.dtype == torch.float32 and torch.equal(got, expected)
 
 
 def test_bad_sizes_name_the_argument():

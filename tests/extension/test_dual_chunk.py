@@ -77,6 +77,19 @@ def test_the_piecewise_kernel_gives_the_same_rows_in_any_block_and_zero_for_an_e
     assert torch.all(whole[:, :, 5] == 0) and whole[:, :, 6].abs().max() > 0
 
 
+def test_the_piecewise_kernel_computes_bf16_inputs_in_float32():
+    """bf16 queries, keys and values: every logit, the softmax and the sum in float32, then one rounding to bf16
+    (the float32 inputs' result, rounded) — not arithmetic in bf16."""
+    q, k, v = (t.float() for t in qkv())
+    choice = torch.randint(-1, 2, (T, T), generator=torch.Generator().manual_seed(4)).tril()
+    queries = [q, q * 1.5]
+    rounded = [t.to(torch.bfloat16) for t in (*queries, k, v)]
+    got = piecewise_attention(rounded[:2], rounded[2], rounded[3], choice, scale=0.3)
+    expected = piecewise_attention([t.float() for t in rounded[:2]], rounded[2].float(), rounded[3].float(), choice,
+                                   scale=0.3)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, expected.to(torch.bfloat16))
+
+
 def test_in_a_transformers_model_kv_cache_decoding_equals_the_full_pass():
     assert_swapped_attention_decodes_as_the_full_pass(lambda model: use_dual_chunk(model, 24, 4), prefill=33)
 

@@ -23,12 +23,13 @@ def piecewise_attention(queries: list[Tensor], k: Tensor, v: Tensor, choice: Ten
     Returns:
         (B, H, Tq, Dv) in the queries' dtype; a row with no allowed key is 0.
     """
-    compute = torch.float64 if queries[0].dtype == torch.float64 else torch.float32
-    repeats = queries[0].shape[1] // k.shape[1]
-    keys, values = (t.to(compute).repeat_interleave(repeats, dim=1) for t in (k, v))
-    choice = choice.expand(queries[0].shape[0], 1, *choice.shape[-2:]) if choice.dim() == 4 else choice[None, None]
+    first = queries[0]  # every copy has its shape and dtype
+    batch, heads, length = first.shape[:3]
+    compute = torch.float64 if first.dtype == torch.float64 else torch.float32
+    keys, values = (t.to(compute).repeat_interleave(heads // k.shape[1], dim=1) for t in (k, v))
+    choice = choice.expand(batch, 1, *choice.shape[-2:]) if choice.dim() == 4 else choice[None, None]
     outputs = []
-    for start in range(0, queries[0].shape[2], block):
+    for start in range(0, length, block):
         rows = slice(start, start + block)
         picked = choice[:, :, rows]  # (B or 1, 1, block, Tk)
         logits = torch.full((), float("-inf"), dtype=compute)
@@ -37,4 +38,4 @@ def piecewise_attention(queries: list[Tensor], k: Tensor, v: Tensor, choice: Ten
             logits = torch.where(picked == index, scores, logits)
         weights = torch.softmax(logits, dim=-1).masked_fill((picked < 0).all(-1, keepdim=True), 0.0)
         outputs.append(weights @ values)  # a row with no allowed key: 0
-    return torch.cat(outputs, dim=2).to(queries[0].dtype)
+    return torch.cat(outputs, dim=2).to(first.dtype)
