@@ -146,3 +146,31 @@ def test_stand_ins_are_made_only_for_a_timing(fresh, monkeypatch):
         for _ in range(3):
             posenc.attention(q, k, v, enc, backend="sdpa")
     assert made == [1]
+
+
+def test_a_timing_of_token_gates_leaves_the_callers_graph_whole(fresh, monkeypatch):
+    """FoX's gates come from the tokens: a stand-in's backward must not run into the model's graph (it freed it, and
+    the model's own backward then failed, on an H200). Two forms offered on CPU time them here; the loss and every
+    gradient equal the untimed run's (which runs the one form a CPU offers)."""
+    import sys
+
+    from posenc.kernels import forms
+    from posenc.lm.model import LanguageModel, ModelConfig
+
+    torch.manual_seed(3)
+    model = LanguageModel(ModelConfig(encoding="fox", dim=32, num_layers=2, num_heads=2, max_positions=40))
+    tokens = torch.randint(0, 256, (2, 41))
+
+    def loss_and_grads():
+        loss = torch.nn.functional.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
+        return loss, torch.autograd.grad(loss, list(model.parameters()))
+
+    untimed, untimed_grads = loss_and_grads()
+    mask_form = forms._mask_form
+    monkeypatch.setattr(sys.modules["posenc.attention"], "score_forms", lambda *a: {"mask": mask_form,
+                                                                                   "channels": mask_form})
+    timed, timed_grads = loss_and_grads()
+    assert any(" ForgettingGates " in f" {key} " for key in dispatch.chosen())  # a timing ran
+    torch.testing.assert_close(timed, untimed, rtol=0, atol=1e-6)
+    for a, b in zip(timed_grads, untimed_grads):  # the untimed call ran the gates kernel, the timed one the mask
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

@@ -69,9 +69,11 @@ class PositionedEncoding:
         return done
 
     def unmemoized(self) -> PositionedEncoding:
-        """The same positions, gates and rotation with nothing built yet: a stand-in call's own tables."""
+        """The same positions, gates and rotation with nothing built yet: a stand-in call's own tables. The gates
+        are cut from the caller's graph, so a stand-in's backward never runs into (and frees) the caller's."""
         fresh = PositionedEncoding(self.encoding, self.q_pos, self.k_pos, self.seq_len, self.contiguous)
-        fresh.rotated, fresh.log_forget = self.rotated, self.log_forget
+        fresh.rotated = self.rotated
+        fresh.log_forget = None if self.log_forget is None else self.log_forget.detach()
         return fresh
 
     def with_gates(self, log_forget: Tensor) -> PositionedEncoding:

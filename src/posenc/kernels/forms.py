@@ -58,9 +58,9 @@ def score_forms(q, at, causal, mask, plain_causal) -> dict:
 def gpu_score_forms(dtype: torch.dtype, at) -> dict:
     """``score_forms`` on a GPU: q/k channels where they serve, FlexAttention's compiled score_mod for a bias of a
     full sequence (no (B, H, Tq, Tk) tensor; not for a KV-cache step, whose shape changes every call while the
-    compiled kernel is specialised to shapes), and the float mask. FoX is offered the mask alone: its bias comes from
-    the tokens, and a timing's stand-in backward would run into the caller's graph and free it (its LM's backward failed on an H200
-    when flex was offered; the same on CPU with two forms offered)."""
+    compiled kernel is specialised to shapes), and the float mask. FoX is offered the mask alone: flex's gradient
+    through its token bias (a captured (B, H, Tq, Tk) tensor) has not been checked on a GPU; the one H200 run that
+    offered it failed earlier, in the timing's stand-in backward (``PositionedEncoding.unmemoized``, since fixed)."""
     encoding = at.encoding
     forms = {"channels": _channel_form} if at.channels_exact(dtype) else {}
     if encoding.has_relative_logits and forms:  # the mask form would keep (B, H, Tq, Tk) logits
