@@ -88,7 +88,7 @@ def test_score_forms_table_times_bias_and_channels_against_nope():
     assert rows[0]["ratio"] == 1.0 and all(r["batch"] == 4096 // 16 and r["ms"] > 0 for r in rows)
 
 
-@pytest.mark.parametrize("args", [["--lengths", "0,-1"], ["--train-shapes", "64"]])
+@pytest.mark.parametrize("args", [["--lengths", "0,-1"], ["--train-shapes", "64"], ["--backend", "fast"]])
 def test_bench_rejects_bad_shapes_before_any_work(args, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", *args])
@@ -118,6 +118,8 @@ def test_bench_writes_its_files_after_every_table(tmp_path, monkeypatch):
     (["--encodings", ","], "--encodings names no encoding"),
     (["--encodings", "mrope"], "--encodings must be one of"),
     (["--tables", "rope", "--compile"], "--compile times the training table: add training to --tables"),
+    (["--backend", "flex", "--encodings", "alibi"],
+     "backend='flex' cannot serve ALiBi: FlexAttention has no backward pass on CPU; use backend='sdpa' or 'eager'"),
 ])
 def test_bad_encodings_and_compile_without_training_are_one_line(args, message, tmp_path, capsys):
     assert main(["bench", "--tables", "memory", "--train-shapes", "8x2", *args, "--json", str(tmp_path / "b.json")]) == 2
