@@ -103,3 +103,73 @@ def test_sixteen_documents_that_agree_carry_a_verdict_through_the_correction():
     b = (2.3 + 0.05 * torch.randn(16, generator=generator, dtype=torch.float64)).tolist()
     family = correct({f"c{i}": paired(a, b, docs) for i in range(12)})
     assert all(c["verdict"] and c["p_holm"] < 0.05 and c["corrected"][1] < 0 for c in family.values())
+
+
+@pytest.mark.parametrize("x, a, b, want", [
+    (0.0, 2.0, 3.0, 0.0), (1.0, 2.0, 3.0, 1.0),  # the ends
+    (0.3, 1.0, 1.0, 0.3),  # I_x(1, 1) = x
+    (0.3, 4.0, 1.0, 0.3 ** 4), (0.8, 4.0, 1.0, 0.8 ** 4),  # I_x(a, 1) = x^a, on both sides of the switch
+    (0.3, 1.0, 5.0, 1 - 0.7 ** 5), (0.9, 1.0, 5.0, 1 - 0.1 ** 5),  # I_x(1, b) = 1 − (1 − x)^b
+    (0.25, 0.5, 0.5, 2 / math.pi * math.asin(0.5)),  # the arcsine law
+    (0.6, 3.0, 3.0, 0.6 ** 3 * (10 - 15 * 0.6 + 6 * 0.36)),  # a polynomial: 10x³ − 15x⁴ + 6x⁵
+])
+def test_the_incomplete_beta_equals_its_closed_forms(x, a, b, want):
+    assert documents._incomplete_beta(x, a, b) == pytest.approx(want, abs=1e-13)
+
+
+@pytest.mark.parametrize("t", [-3.0, -1.0, -0.5, 0.0, 0.5, 1.0, 3.0])
+def test_t_cdf_equals_the_cauchy_and_two_degree_closed_forms(t):
+    assert documents.t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-13)
+    assert documents.t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)), abs=1e-13)
+
+
+@pytest.mark.parametrize("p, df", [(0.0, 3), (1.0, 3), (1.5, 3), (-0.1, 3), (0.5, 0), (0.975, -1)])
+def test_t_quantile_refuses_p_outside_the_open_interval_and_df_below_one(p, df):
+    with pytest.raises(ValueError, match=rf"t_quantile needs 0 < p < 1 and df >= 1, got p={p}, df={df}"):
+        t_quantile(p, df)
+
+
+def test_integers_and_large_values_are_read_in_float64():
+    low, high = t_interval([1, 2, 3])  # integers: mean 2, sd 1
+    assert (low, high) == pytest.approx((2 - 4.3026527 / math.sqrt(3), 2 + 4.3026527 / math.sqrt(3)), abs=1e-6)
+    big = [1e8 + 1, 1e8 + 2, 1e8 + 3]  # float32 would round these to 1e8 and the interval to a point
+    low, high = t_interval(big)
+    assert high - low == pytest.approx(2 * 4.3026527 / math.sqrt(3), abs=1e-5)
+    assert t_interval([1.0, 2.0]) == pytest.approx((1.5 - 12.7062047 / 2, 1.5 + 12.7062047 / 2), abs=1e-6)
+    assert sign_flip_p([1, 2, 3]) == pytest.approx(2 / 8)
+    assert sign_flip_p([1e8 + 1, -(1e8 + 2), 1e8 + 3]) == pytest.approx(sign_flip_p([1.0, -2.0, 3.0]))
+
+
+def test_sixteen_documents_are_still_exact_and_seventeen_draw_reproducibly():
+    assert sign_flip_p([1.0] * 16) == 2 / 2 ** 16  # exact: only the two all-same patterns
+    d = torch.linspace(-0.3, 1.0, 17, dtype=torch.float64)
+    patterns = torch.arange(1 << 17)[:, None].bitwise_right_shift(torch.arange(17)).bitwise_and(1)
+    exact = (((1 - 2 * patterns).double() * d).mean(1).abs() >= d.mean().abs() - 1e-12).double().mean().item()
+    drawn = sign_flip_p(d)
+    assert drawn == sign_flip_p(d.tolist())  # seeded: the same p every call
+    assert drawn == pytest.approx(exact, abs=3 * math.sqrt(exact / documents.DRAWS))
+    signs = (torch.randint(0, 2, (documents.DRAWS, 17), generator=torch.Generator().manual_seed(documents.SEED))
+             * 2 - 1).double()
+    extreme = int(((signs * d).mean(1).abs() >= d.mean().abs() - 1e-12).sum())
+    assert drawn == (1 + extreme) / (1 + documents.DRAWS)  # the observed pattern counted once
+
+
+def test_holm_caps_at_one_and_paired_counts_and_checks_its_documents():
+    assert holm({"a": 0.6, "b": 0.7}) == {"a": 1.0, "b": 1.0}
+    assert paired([1.0, 2.0, 4.0], [0.0, 0.0, 1.0], ["x", "y", "z"])["n"] == 3
+    with pytest.raises(ValueError, match="one value per document"):
+        paired([1.0, 2.0], [3.0, 4.0], ["only one"])
+
+
+def test_a_verdict_reads_zero_not_one_and_names_the_family_size():
+    near_one = {"mean": 1.0, "low": 0.9, "high": 1.1, "p": 2 / 2 ** 12,
+                "per_document": {str(i): 1.0 + 0.05 * (-1) ** i for i in range(12)}}
+    out = correct({"a − b": near_one})["a − b"]
+    assert out["corrected"][0] < 1.0 < out["corrected"][1] and out["verdict"] is True and out["comparisons"] == 1
+
+
+def test_wilson_for_one_answer_and_never_past_one():
+    z = 1.959963984540054
+    assert wilson(1, 1) == pytest.approx((1 / (1 + z * z), 1.0), abs=1e-12)
+    assert wilson(0, 1) == pytest.approx((0.0, z * z / (1 + z * z)), abs=1e-12)
+    assert all(wilson(n, n)[1] <= 1.0 and wilson(0, n)[0] >= 0.0 for n in range(1, 200))

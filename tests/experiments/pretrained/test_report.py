@@ -1,6 +1,8 @@
 """The numbers extend --hf's report computes, by hand: which split a choice reads, the sign of a difference,
 that pairs stay pairs, and what a verdict needs."""
 
+import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -29,8 +31,10 @@ def results(monkeypatch):
         "yarn": _row("yarn", "sdpa", [2.5, 2.6, 2.7, 2.5, 2.6, 2.7], [2, 2, 1, 2, 2, 1], [2.9, 2.9, 2.9, 2.9]),
         "self-extend": _row("none", "self-extend", [2.4, 2.5, 2.6, 2.4, 2.5, 2.6], [3, 3, 4, 3, 3, 4], []),
         # best on test, worst on dev: the export must follow dev
-        "yarn+pose": _row("yarn", "sdpa", [2.0, 2.0, 2.0, 2.0, 2.0, 2.0], [2] * 6, [3.5, 3.5, 3.5, 3.5]),
-        "yarn+control": _row("yarn", "sdpa", [2.2, 2.2, 2.2, 2.2, 2.2, 2.2], [2] * 6, [2.5, 2.6, 2.4, 2.5]),
+        "yarn+pose": {**_row("yarn", "sdpa", [2.0, 2.0, 2.0, 2.0, 2.0, 2.0], [2] * 6, [3.5, 3.5, 3.5, 3.5]),
+                      "finetune": "pose"},
+        "yarn+control": {**_row("yarn", "sdpa", [2.2, 2.2, 2.2, 2.2, 2.2, 2.2], [2] * 6, [2.5, 2.6, 2.4, 2.5]),
+                         "finetune": "control"},
     }
     control = {"test": [{"past": p} for p in [2.6, 2.7, 2.6, 2.8, 2.6, 2.8]]}
     in_context = {"test": [[{"band": b, "correct": True, "log_prob": -0.1} for b in range(4)]] * 6,
@@ -187,3 +191,85 @@ def test_task_questions_are_counted_apart_from_the_keys_and_compared_per_documen
     assert report.verdicts({"comparisons": {"variable-tracking found: yarn − none": clear}}) == [
         "- variable-tracking found: yarn − none: +0.500 [+0.400, +0.600]; corrected [+0.300, +0.700], Holm p 0.01 "
         "— yarn finds more variable-tracking answers."]
+
+
+def test_row_cells_are_document_means_with_t_intervals_and_band_log_probs(monkeypatch):
+    from posenc.experiments.documents import t_interval
+
+    got = results(monkeypatch)
+    none = got["rows"]["none"]["past"]
+    values = [3.0, 3.2, 3.1, 3.3, 3.0, 3.4]
+    assert none["mean"] == pytest.approx(19.0 / 6) and (none["low"], none["high"]) == pytest.approx(t_interval(values))
+    assert got["rows"]["yarn"]["keys"]["log_prob_by_band"] == pytest.approx([-1.0] * 4)
+    assert got["control"]["past"]["mean"] == pytest.approx(16.1 / 6)
+    # what the report says of the run besides its rows
+    assert got["self_extend_group"] == 3 and got["factor"] == 2.0 and got["original_context"] == 512
+    assert got["control"]["stride"] == 128 and got["control"]["context"] == [512 - 128 + 1, 512]
+    assert got["finetune"] == {} and got["wall_time_s"] == 1.0 and got["stages_s"] == {"stage": 1.0}
+    assert got["documents"] == {"test": FILES, "dev": FILES[:4]}
+    assert got["best_rope_parameters"] == got["rows"]["yarn+control"]["rope_parameters"]
+
+
+def _collect(measured):
+    config = PretrainedConfig.from_preset("smoke", finetune="none", methods="none,yarn", keys_per_band=1)
+    windows = [{"file": f} for f in FILES]
+    control = {"test": [{"past": 2.6}] * 6}
+    in_context = {"test": [[{"band": 0, "correct": True, "log_prob": -0.1}]] * 6,
+                  "dev": [[{"band": 0, "correct": True, "log_prob": -0.1}]] * 4}
+    model = SimpleNamespace(config=SimpleNamespace(model_type="llama"))
+    return report.collect(config, model, 512, 2.0, None, {"source": "test", "sha256": "0"}, windows, windows[:4],
+                          measured, control, in_context, {}, {"stage": 1.0})
+
+
+def test_two_exportable_rows_are_chosen_between_one_is_taken_and_none_leaves_nothing_to_export():
+    none = _row("none", "sdpa", [3.0] * 6, [2] * 6, [])
+    two = _collect({"none": none, "yarn": _row("yarn", "sdpa", [2.5] * 6, [2] * 6, [2.9] * 4),
+                    "ntk": {**_row("ntk", "sdpa", [2.7] * 6, [2] * 6, [2.4] * 4), "rope_parameters": {"t": 1}}})
+    assert two["best_row"] == "ntk" and two["best_rope_parameters"] == {"t": 1}  # dev 2.4 against 2.9
+    one = _collect({"none": none, "yarn": _row("yarn", "sdpa", [2.5] * 6, [2] * 6, [])})
+    assert one["best_row"] == "yarn" and one["chosen_by"] == "the only row that can be exported"
+    nothing = _collect({"none": none, "self-extend": _row("none", "self-extend", [2.4] * 6, [3] * 6, [])})
+    assert nothing["best_row"] is None and nothing["best_rope_parameters"] is None
+
+
+def test_string_and_dca_are_compared_with_the_scaling_on_loss_and_with_none_on_keys():
+    rows = {"none": _row("none", "sdpa", [3.0, 3.1, 3.2, 3.0, 3.1, 3.2], [1] * 6, []),
+            "yarn": _row("yarn", "sdpa", [2.5] * 6, [2] * 6, []),
+            "string": _row("none", "string", [2.6, 2.5, 2.6, 2.5, 2.6, 2.5], [3] * 6, []),
+            "dca": _row("none", "dca", [2.4, 2.4, 2.5, 2.4, 2.4, 2.5], [4, 4, 3, 4, 4, 3], [])}
+    family = _collect(rows)["comparisons"]
+    assert sorted(family) == sorted(
+        [f"loss past: {name} − context control" for name in rows]
+        + ["loss past: string − yarn", "loss past: dca − yarn", "keys found: yarn − none",
+           "keys found: string − none", "keys found: dca − none"])
+    assert list(family["loss past: string − yarn"]["per_document"].values()) == pytest.approx([0.1, 0, 0.1, 0, 0.1, 0])
+    assert list(family["keys found: dca − none"]["per_document"].values()) == pytest.approx([0.75, 0.75, 0.5] * 2)
+
+
+def test_the_rendered_report_of_the_hand_worked_run_is_the_one_read_line_by_line(monkeypatch, tmp_path):
+    """Every table and sentence of results.md for the hand-worked run above, checked by reading it against the
+    numbers the tests above compute (tests/experiments/pretrained/hand_worked_report.md)."""
+    got = results(monkeypatch)
+    got.update(peak_rss_gib=1.25, device="cpu", provenance={"posenc": "0", "torch": "2", "python": "3",
+                                                             "commit": "abc", "cpu": "x"})
+    want = (Path(__file__).parent / "hand_worked_report.md").read_text()
+    assert report.markdown(got) == want
+    header, body = report.main_rows(got, compact=True)
+    assert header == ["row", "first 32", "past 512", "− context control [raw 95%]", "corrected (m = 12)", "Holm p",
+                      "keys found @ 1,024 [95%]"]
+    assert [line[0] for line in body] == ["none", "yarn", "self-extend", "yarn + PoSE (6 steps)",
+                                          "yarn + control (same tokens, plain ids)",
+                                          "context control (re-reading: 385–512 tokens)",
+                                          "none, keys in the first 256 tokens (in context)"]
+    full = {**got["rows"]["yarn"], "finetune": "full"}
+    assert report.row_label("yarn+full", full, got) == "yarn + full-length fine-tune (6 steps)"
+    terminal = report.terminal_table(got)
+    assert terminal.startswith(report.title(got)) and "yarn+pose − yarn+control" in terminal
+    assert "-0.200 [-0.200, -0.200]; corrected [-0.200, -0.200], Holm p 0.375" in terminal
+    report.write_all(got, tmp_path)
+    assert (tmp_path / "results.md").read_text() == want
+    assert json.loads((tmp_path / "results.json").read_text())["best_row"] == "yarn+control"
+    assert json.loads((tmp_path / "rope_parameters.json").read_text()) == {
+        "rope_parameters": {}, "metadata": {"row": "yarn+control", "chosen_by": got["chosen_by"], "model": "tiny"}}
+    assert (tmp_path / "loss_by_position.png").stat().st_size > 0 and (tmp_path / "retrieval.png").exists()
+    assert not (tmp_path / "finetune_curve.png").exists()  # no fine-tune record in this run
