@@ -118,3 +118,15 @@ def test_each_bound_holds_at_its_edge():
     assert smallest_group(64, 100, 63) == 50  # a window one below the context: 99 // 50 + 63 − 63 // 50 = 63
     with pytest.raises(ValueError, match=r"self-extend window \(64\) must be below the model's context \(64\)"):
         smallest_group(64, 100, 64)
+
+
+@pytest.mark.parametrize("which", ["q_positions", "k_positions"])
+def test_positions_of_the_wrong_length_or_batch_name_themselves(which):
+    q, k, v = qkv()
+    rope = build("rope", head_dim=DH)
+    with pytest.raises(ValueError, match=rf"^{which} must have shape \({T},\) or \(1, {T}\) to match the tensors, "
+                                         rf"got \(1, {T - 1}\)$"):
+        self_extend_attention(q, k, v, rope, 5, 2, **{which: torch.arange(T - 1)})
+    with pytest.raises(ValueError, match=rf"^{which} must have shape \({T},\) or \(1, {T}\) to match the tensors, "
+                                         rf"got \(3, {T}\)$"):
+        self_extend_attention(q, k, v, rope, 5, 2, **{which: torch.arange(T).expand(3, -1)})

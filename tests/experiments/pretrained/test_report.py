@@ -273,3 +273,49 @@ def test_the_rendered_report_of_the_hand_worked_run_is_the_one_read_line_by_line
         "rope_parameters": {}, "metadata": {"row": "yarn+control", "chosen_by": got["chosen_by"], "model": "tiny"}}
     assert (tmp_path / "loss_by_position.png").stat().st_size > 0 and (tmp_path / "retrieval.png").exists()
     assert not (tmp_path / "finetune_curve.png").exists()  # no fine-tune record in this run
+
+
+def test_each_kind_of_verdict_is_worded_by_its_sign_and_marked_yes():
+    def clear(mean):
+        return {"mean": mean, "low": mean - 0.1, "high": mean + 0.1, "corrected": [mean - 0.2, mean + 0.2],
+                "p": 0.001, "p_holm": 0.004, "verdict": True}
+    family = {"loss past: yarn+pose − yarn": clear(-0.5), "loss past: string − yarn": clear(0.5),
+              "keys found: self-extend − none": clear(0.3), "keys found: self-extend − yarn": clear(-0.3),
+              "multi-value found: yarn − none": clear(-0.4)}
+    tail = "corrected [{:+.3f}, {:+.3f}], Holm p 0.004 — "
+    assert report.verdicts({"comparisons": family}) == [
+        "- loss past: yarn+pose − yarn: -0.500 [-0.600, -0.400]; " + tail.format(-0.7, -0.3) + "yarn+pose is lower "
+        "(better).",
+        "- loss past: string − yarn: +0.500 [+0.400, +0.600]; " + tail.format(0.3, 0.7) + "string is higher (worse).",
+        "- keys found: self-extend − none: +0.300 [+0.200, +0.400]; " + tail.format(0.1, 0.5) + "self-extend finds "
+        "more keys.",
+        "- keys found: self-extend − yarn: -0.300 [-0.400, -0.200]; " + tail.format(-0.5, -0.1) + "self-extend finds "
+        "fewer keys.",
+        "- multi-value found: yarn − none: -0.400 [-0.500, -0.300]; " + tail.format(-0.6, -0.2) + "yarn finds fewer "
+        "multi-value answers."]
+    _, body = report.comparison_rows({"comparisons": family})
+    assert body[0] == ["loss past: yarn+pose − yarn", "-0.500 [-0.600, -0.400]", "[-0.700, -0.300]", "0.0010",
+                       "0.0040", "yes"]
+
+
+def test_the_markdown_names_its_optional_sections_and_prints_the_exported_dict(monkeypatch):
+    got = results(monkeypatch)
+    got["best_rope_parameters"] = {"rope_type": "yarn", "factor": 2.0}
+    got.update(peak_rss_gib=1.0, device="cpu", provenance={"posenc": "0", "torch": "2", "python": "3", "cpu": "x"},
+               retrieval_format="remember", calibration={"length": 256, "chosen_by": "most keys", "formats": {
+                   "remember": {**report.keys_cell([{"band": 0, "correct": True, "log_prob": -0.5}], 4),
+                                "log_prob": -0.5}}})
+    text = report.markdown(got)
+    assert '```json\n{\n  "rope_type": "yarn",\n  "factor": 2.0\n}\n```' in text
+    assert "\n\n## Retrieval formats, calibrated on dev (most keys)\n\n| format |" in text
+    assert text.startswith(f"# {report.title(got)}\n\n| row |")  # the optional sections add, never replace
+    got["config"]["retrieval_tasks"] = ["multi-value"]
+    got["config"]["task_size"] = 2
+    cell = {**report.keys_cell([{"band": 0, "correct": False, "log_prob": -1.0}], 4), "words": 0.5}
+    for row in got["rows"].values():
+        row["tasks"] = {"multi-value": cell}
+    got["in_context"]["test_tasks"] = {"multi-value": cell}
+    text = report.markdown(got)
+    assert ("\n\n## RULER's multi-value and variable-tracking questions, planted beside the keys (exact lists, any "
+            "order)\n\n| row | multi-value (lists of 2) @ 1,024 [95%] |") in text
+    assert text.startswith(f"# {report.title(got)}\n\n| row |")
