@@ -81,6 +81,45 @@ def test_every_comparison_carries_its_documents_and_the_run_wide_correction(smok
     assert list(none["per_document"].values()) == pytest.approx(want)
 
 
+def test_each_documents_row_and_control_are_measured_on_that_document_and_the_curve_on_dev(smoke):
+    """Recomputed here from the documents alone, on the first and last test documents: the unscaled row's loss
+    (first tokens, inside and past the context) and the control's (read in another order, it would pair with
+    another document's row; reading less than the context, it would score higher); Self-Extend's row at the run's
+    group; the in-context keys at half the context; and the fine-tune curve's step 0 on the first dev document."""
+    from posenc.experiments.pretrained import keys, stages
+
+    _, results = smoke
+    config = PretrainedConfig.from_preset("smoke")
+    model, tokens = stages.load_model(config)
+    model.set_attn_implementation("sdpa")
+    original, test = results["original_context"], long_documents(config, tokens, "test", 4, config.to)
+    for i in (0, 3):
+        haystack = keys.haystack(tokens, test[i]["ids"], config.to, config, i, results["retrieval_format"])
+        ids, text = torch.tensor(haystack.ids), haystack.scored()  # text: the targets that are not a needle's
+        control = sliding_losses(model, ids, original, config.control_stride, original - 1, config.chunk)
+        assert control[text[original - 1 :]].mean().item() == pytest.approx(results["control"]["test"][i]["past"],
+                                                                            abs=1e-5)
+        losses, row = position_losses(model, ids, config.chunk), results["rows"]["none"]["test"][i]
+        for key, span in (("first", slice(0, config.first_tokens)), ("inside", slice(0, original - 1)),
+                          ("past", slice(original - 1, None))):
+            assert losses[span][text[span]].mean().item() == pytest.approx(row[key], abs=1e-5), key
+    stages.use_self_extend(model, config.self_extend_window, results["self_extend_group"])
+    losses = position_losses(model, torch.tensor(haystack.ids), config.chunk)  # the last document's, grouped
+    assert losses[original - 1 :][text[original - 1 :]].mean().item() == pytest.approx(
+        results["rows"]["self-extend"]["test"][3]["past"], abs=1e-5)
+    stages.use_attention(model, "sdpa")
+    half = results["in_context"]["length"]  # the in-context baseline: keys in the first half of the context
+    planted = keys.haystack(tokens, test[1]["ids"][:half], half, config, 1, results["retrieval_format"])
+    asked = retrieval.retrieve(model, planted, tokens.encode, tokens.decode)
+    assert [k["log_prob"] for k in asked] == pytest.approx([k["log_prob"] for k in results["in_context"]["test"][1]],
+                                                           abs=1e-5)
+    hf.apply_scaling(model, results["rows"]["yarn"]["rope_parameters"])
+    dev = long_documents(config, tokens, "dev", 1, config.to)[0]["ids"]
+    before_training = position_losses(model, dev, config.chunk)[original - 1 :].mean().item()
+    for name in ("yarn+pose", "yarn+control"):
+        assert results["finetune"][name]["curve"]["0"] == pytest.approx(before_training, abs=1e-5)
+
+
 def test_test_and_dev_documents_differ_each_window_inside_one_document(smoke):
     _, results = smoke
     test, dev = set(results["documents"]["test"]), set(results["documents"]["dev"])
