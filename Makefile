@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: run test extend bench mutate clean
+.PHONY: run test extend bench mutate hand-mutants clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -42,6 +42,11 @@ bench: $(VENV)/.installed
 mutate: $(VENV)/.installed-test
 	$(PIP) install "mutmut>=3,<4"
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(VENV)/bin/mutmut run $(ARGS); $(VENV)/bin/mutmut results
+
+# Hand-made wrong versions of extend --hf's stages (tests/hand_mutants.py), where mutmut is too slow: each must
+# fail tests/experiments/pretrained/test_pretrained.py. Not part of CI; about 10 minutes on 2 cores.
+hand-mutants: $(VENV)/.installed-test
+	$(VENV)/bin/python -m tests.hand_mutants
 
 clean:
 	rm -rf $(VENV) runs mutants

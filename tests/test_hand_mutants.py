@@ -1,0 +1,26 @@
+"""The hand-made mutants of ``make hand-mutants`` still apply to the code as it is (each text occurs once), and
+applying one changes exactly that text."""
+
+from pathlib import Path
+
+import pytest
+
+from tests import hand_mutants
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+@pytest.mark.parametrize("mutant", hand_mutants.MUTANTS, ids=[m[0] for m in hand_mutants.MUTANTS])
+def test_each_mutant_applies_once(mutant, tmp_path):
+    copy = tmp_path / mutant[1]
+    copy.parent.mkdir(parents=True)
+    copy.write_text((SRC / mutant[1]).read_text())
+    hand_mutants.apply(tmp_path, mutant)
+    assert copy.read_text() == (SRC / mutant[1]).read_text().replace(mutant[2], mutant[3])
+    assert copy.read_text() != (SRC / mutant[1]).read_text()
+
+
+def test_a_text_that_no_longer_occurs_is_refused(tmp_path):
+    (tmp_path / "a.py").write_text("x = 1\n")
+    with pytest.raises(ValueError, match="occurs 0 times, not once"):
+        hand_mutants.apply(tmp_path, ("gone", "a.py", "y = 2", "y = 3"))
