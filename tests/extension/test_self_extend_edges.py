@@ -61,6 +61,8 @@ def test_the_transformers_front_defaults_to_one_over_root_d_and_reads_additive_a
     given, _ = _rotated_attention(None, rq, rk, v, None, scaling=DH ** -0.5, **front)
     default, _ = _rotated_attention(None, rq, rk, v, None, **front)
     torch.testing.assert_close(default, given)
+    halved, _ = _rotated_attention(None, rq, rk, v, None, scaling=0.5 * DH ** -0.5, **front)
+    torch.testing.assert_close(halved, _rotated_attention(None, rq * 0.5, rk, v, None, **front)[0])
     documents = torch.tensor([0] * 9 + [1] * 14)
     allowed = (documents[:, None] == documents[None, :])[None, None]  # packed: no query reads the other document
     additive = torch.zeros(allowed.shape, dtype=torch.float64).masked_fill(~allowed, torch.finfo(torch.float64).min)
