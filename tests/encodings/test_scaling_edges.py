@@ -133,3 +133,19 @@ def test_a_candidate_rope_must_be_given_its_rows_and_uses_the_longrope_factor_pa
     with pytest.raises(ValueError, match=r"^CandidateRoPE scores whole windows: queries and keys must share "
                                          r"positions$"):
         rope.rotate(q, q, positions, positions.clone())
+
+
+def test_the_candidates_and_their_rope_follow_the_models_base():
+    from posenc.extension.longrope import method_factors, seed_candidates
+
+    seeds = seed_candidates(16, 4.0, 64, base=100.0)
+    assert [c.factors for c in seeds] == [method_factors(m, 16, 4.0, 64, 100.0) for m in ("pi", "ntk", "yarn")]
+    assert seeds[2].factors != method_factors("yarn", 16, 4.0, 64)  # YaRN's ramp moves with the base
+    rope = CandidateRoPE(16, factor=4.0, original=64, base=100.0)
+    assert rope.scaling["rope_theta"] == 100.0
+    rope.use([seeds[2]])
+    q = torch.randn(1, 1, 80, 16, dtype=torch.float64)
+    positions = torch.arange(80)[None]
+    exported = RoPE(16, scaling=longrope_parameters(seeds[2].factors, factor=4.0, original=64, base=100.0))
+    torch.testing.assert_close(rope.rotate(q, q, positions, positions)[0],
+                               exported.rotate(q, q, positions, positions)[0])  # past 64: the long factors
