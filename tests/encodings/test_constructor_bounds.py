@@ -1,0 +1,61 @@
+"""Every constructor argument of the classic encodings at its bound: the edge value accepted, one step past it
+refused with a message naming the argument and its range, and the documented defaults."""
+
+import pytest
+
+from posenc.encodings.absolute import Learned, Sinusoidal, sinusoidal_table
+from posenc.encodings.alibi import ALiBi
+from posenc.encodings.relative import Shaw, T5RelativeBias, TransformerXL
+from posenc.encodings.sandwich import Sandwich
+from posenc.encodings.xpos import XPos
+
+CASES = [  # (constructor, arguments at the edge, the argument moved past it, its name, the message's range)
+    (T5RelativeBias, dict(num_heads=1, num_buckets=2, max_distance=1, interpolate_factor=1.0), ("num_heads", 0), ">= 1"),
+    (T5RelativeBias, dict(num_heads=1, num_buckets=2, max_distance=1), ("num_buckets", 1), ">= 2"),
+    (T5RelativeBias, dict(num_heads=1, num_buckets=2, max_distance=1), ("max_distance", 0), ">= 1"),
+    (T5RelativeBias, dict(num_heads=1, interpolate_factor=1.0), ("interpolate_factor", 0.99), ">= 1.0"),
+    (Shaw, dict(head_dim=1, num_heads=1, max_distance=1, interpolate_factor=1.0), ("head_dim", 0), ">= 1"),
+    (Shaw, dict(head_dim=1, num_heads=1), ("num_heads", 0), ">= 1"),
+    (Shaw, dict(head_dim=1, num_heads=1, max_distance=1), ("max_distance", 0), ">= 1"),
+    (Shaw, dict(head_dim=1, num_heads=1, interpolate_factor=1.0), ("interpolate_factor", 0.99), ">= 1.0"),
+    (TransformerXL, dict(head_dim=1, num_heads=1, base=1.01), ("head_dim", 0), ">= 1"),
+    (TransformerXL, dict(head_dim=1, num_heads=1), ("num_heads", 0), ">= 1"),
+    (TransformerXL, dict(head_dim=1, num_heads=1, base=1.01), ("base", 1.0), "> 1.0"),
+    (Sandwich, dict(num_heads=1, sinusoid_dim=2, base=1.01), ("num_heads", 0), ">= 1"),
+    (Sandwich, dict(num_heads=1, sinusoid_dim=2), ("sinusoid_dim", 3), "an even integer >= 2"),
+    (Sandwich, dict(num_heads=1, base=1.01), ("base", 1.0), "> 1.0"),
+    (ALiBi, dict(num_heads=1), ("num_heads", 0), ">= 1"),
+    (XPos, dict(head_dim=2, scale_base=1e-9), ("scale_base", 0.0), "> 0.0"),
+    (Sinusoidal, dict(dim=2, base=1.01, scale=1e-9), ("dim", 3), "an even integer >= 2"),
+    (Sinusoidal, dict(dim=2, base=1.01), ("base", 1.0), "> 1.0"),
+    (Sinusoidal, dict(dim=2, scale=1e-9), ("scale", 0.0), "> 0.0"),
+    (Learned, dict(max_positions=1, dim=1), ("max_positions", 0), ">= 1"),
+    (Learned, dict(max_positions=1, dim=1), ("dim", 0), ">= 1"),
+]
+
+
+@pytest.mark.parametrize("build, edge, past, bound", CASES, ids=lambda c: c if isinstance(c, str) else None)
+def test_each_argument_is_accepted_at_its_edge_and_refused_past_it_by_name(build, edge, past, bound):
+    build(**edge)
+    name, value = past
+    with pytest.raises(ValueError, match=rf"^{name} must be (a number |an integer )?{bound}, got {value!r}$"):
+        build(**{**edge, name: value})
+
+
+def test_the_documented_defaults():
+    t5 = T5RelativeBias(2)
+    assert (t5.num_buckets, t5.max_distance, t5.bidirectional, t5.interpolate_factor) == (32, 128, False, 1.0)
+    shaw = Shaw(4, 2)
+    assert (shaw.max_distance, shaw.interpolate_factor, tuple(shaw.key_table.shape)) == (16, 1.0, (33, 4))
+    assert TransformerXL(4, 2).base == 10000.0
+    sandwich = Sandwich(2)
+    assert (sandwich.dim, sandwich.base) == (128, 10000.0)
+    assert ALiBi(2).symmetric is False
+    sinusoidal = Sinusoidal(4)
+    assert (sinusoidal.base, sinusoidal.scale) == (10000.0, 1.0)
+    learned = Learned(8, 4)
+    assert learned.beyond == "error" and 0.01 < learned.table.detach().std().item() < 0.04  # init_std 0.02
+    with pytest.raises(ValueError, match=r"^beyond must be one of \['error', 'extend', 'interpolate'\], got 'wrap'$"):
+        Learned(8, 4, beyond="wrap")
+    with pytest.raises(ValueError, match=r"^dim must be an even integer >= 2, got 3$"):
+        sinusoidal_table(4, 3)
