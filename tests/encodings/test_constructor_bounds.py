@@ -1,7 +1,11 @@
 """Every constructor argument of the classic encodings at its bound: the edge value accepted, one step past it
-refused with a message naming the argument and its range, and the documented defaults."""
+refused with a message naming the argument and its range; the documented defaults; Sandwich's bias by its formula
+and a learned table's rows as they are added."""
+
+import math
 
 import pytest
+import torch
 
 from posenc.encodings.absolute import Learned, Sinusoidal, sinusoidal_table
 from posenc.encodings.alibi import ALiBi
@@ -59,3 +63,30 @@ def test_the_documented_defaults():
         Learned(8, 4, beyond="wrap")
     with pytest.raises(ValueError, match=r"^dim must be an even integer >= 2, got 3$"):
         sinusoidal_table(4, 3)
+
+
+def test_sandwich_bias_is_zero_at_offset_zero_and_its_formula_elsewhere():
+    sandwich = Sandwich(4, sinusoid_dim=6, base=100.0)
+    offsets, heads = torch.arange(0, 9)[None, :], torch.arange(4)[:, None]
+    got = sandwich.bias_at(offsets, heads, torch.float64)
+    for h in range(4):
+        for d in range(9):
+            total = sum(math.cos(d * 100.0 ** (-2 * k / 6)) for k in range(1, 4)) - 3  # Σ_k cos(d ω_k) − d/2
+            assert got[h, d].item() == pytest.approx(total / (8 * (h + 1) / 4), abs=1e-12)
+    assert got[:, 0].abs().max() == 0  # the bias of a token on itself
+    dense = sandwich.score_bias(torch.arange(9), torch.arange(9), torch.float64)[0]
+    torch.testing.assert_close(dense[:, 8, :].flip(-1), got)  # query 8 reads keys 8..0 at offsets 0..8
+
+
+def test_learned_embed_adds_the_row_of_each_position_and_grows_past_its_table_only_when_asked():
+    learned = Learned(4, 3, beyond="extend")
+    x = torch.randn(2, 3, 3)
+    positions = torch.tensor([[0, 2, 3]])
+    torch.testing.assert_close(learned.embed(x, positions), x + learned.table.detach()[positions])
+    assert learned.embed(x, positions, seq_len=4).shape == (2, 3, 3) and learned.table.shape[0] == 4
+    learned.embed(x, torch.tensor([[0, 1, 4]]))  # position 4 needs a fifth row
+    assert learned.table.shape[0] == 5
+    with pytest.raises(ValueError, match=r"^position 4 is beyond the learned table: positions must be < "
+                                         r"max_positions=4"):
+        Learned(4, 3).embed(x, torch.tensor([[0, 1, 4]]))
+    assert Learned(4, 3).rows(torch.tensor([], dtype=torch.long)).shape == (0, 3)
