@@ -101,3 +101,19 @@ def test_xpos_scores_are_rope_scores_times_the_decay_of_the_offset():
     assert XPos(DH).scale_base == 512.0
     with pytest.raises(ValueError, match="^scale_base must be a number > 0.0"):
         XPos(DH, scale_base=0)
+
+
+def test_xpos_keeps_its_layout_and_base_and_each_row_its_own_origin_far_from_zero():
+    xpos = XPos(DH, layout="interleaved")
+    assert xpos.layout == "interleaved" and xpos.scaling["rope_theta"] == 10000.0
+    q, k = torch.randn(2, 1, T, DH, dtype=torch.float64), torch.randn(2, 1, T, DH, dtype=torch.float64)
+    near, far = torch.arange(T), torch.arange(2 ** 20, 2 ** 20 + T)  # ζ^(2^20/512) underflows float64
+    both = torch.stack([near, far])
+    rq, rk = xpos.rotate(q, k, both, both)
+    assert torch.isfinite(rq).all() and torch.isfinite(rk).all()
+    for row, positions in enumerate((near, far)):
+        alone_q, alone_k = xpos.rotate(q[row : row + 1], k[row : row + 1], positions[None], positions[None])
+        torch.testing.assert_close(rq[row : row + 1] @ rk[row : row + 1].transpose(-1, -2),
+                                   alone_q @ alone_k.transpose(-1, -2))
+    half = XPos(DH).rotate(q, k, both, both)[0]
+    assert (half - rq).abs().max() > 1e-3  # the layouts pair different channels
