@@ -63,7 +63,7 @@ def test_t5_bias_at_interpolated_offsets_equals_the_loop():
                 assert got[0, h, i, j].item() == pytest.approx(want.item(), abs=1e-12)
 
 
-def test_t5_buckets_by_hand_at_the_exact_edge_and_the_bounds_named():
+def test_t5_buckets_by_hand_at_the_exact_edge_and_their_bounds_named():
     # causal, 8 buckets: distances 0..3 exact; 4 and beyond logarithmic up to 16, then the last bucket
     distance = torch.arange(0, 40)
     got = t5_bucket(-distance, bidirectional=False, num_buckets=8, max_distance=16)
@@ -73,9 +73,6 @@ def test_t5_buckets_by_hand_at_the_exact_edge_and_the_bounds_named():
     for name, kwargs in (("num_buckets", dict(num_buckets=1)), ("max_distance", dict(max_distance=0))):
         with pytest.raises(ValueError, match=f"^{name} must be an integer >= {1 if name == 'max_distance' else 2}"):
             t5_bucket(distance, bidirectional=False, **kwargs)
-    t5 = T5RelativeBias(HEADS)
-    assert (t5.num_buckets, t5.max_distance, t5.bidirectional, t5.interpolate_factor) == (32, 128, False, 1.0)
-    assert T5RelativeBias(HEADS, num_buckets=2, max_distance=1).num_buckets == 2
 
 
 def test_xpos_scores_are_rope_scores_times_the_decay_of_the_offset():
@@ -99,8 +96,6 @@ def test_xpos_scores_are_rope_scores_times_the_decay_of_the_offset():
             assert got[i, j].item() == pytest.approx(float(want), rel=1e-9, abs=1e-12)
     assert torch.allclose(xpos.decay(), torch.tensor(zeta, dtype=torch.float64))
     assert XPos(DH).scale_base == 512.0
-    with pytest.raises(ValueError, match="^scale_base must be a number > 0.0"):
-        XPos(DH, scale_base=0)
 
 
 def test_xpos_keeps_its_layout_and_base_and_each_row_its_own_origin_far_from_zero():

@@ -13,20 +13,12 @@ from posenc.extension.self_extend import (_rotated_attention, check_self_extend,
                                           self_extend_attention, smallest_group, use_attention, use_self_extend,
                                           use_two_positions)
 from posenc.kernels.two_scores import two_score_attention
-
-T, DH = 23, 8
-
-
-def qkv(length=T, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(1, 2, length, DH, generator=g, dtype=torch.float64),
-            torch.randn(1, 1, length, DH, generator=g, dtype=torch.float64),
-            torch.randn(1, 1, length, DH, generator=g, dtype=torch.float64))
+from tests.extension.test_self_extend import DH, T, qkv
 
 
 def test_explicit_positions_and_a_mask_are_read_a_token_in_front_masked_away_is_a_shift_by_one():
     """Tokens at positions 1..T equal the same tokens behind a dummy at 0 that no query may read."""
-    q, k, v = qkv(T + 1)
+    q, k, v = qkv(length=T + 1)
     rope = build("rope", head_dim=DH)
     mask = torch.ones(1, 1, T + 1, T + 1, dtype=torch.bool)
     mask[..., 0] = False

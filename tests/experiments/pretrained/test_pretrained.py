@@ -86,11 +86,13 @@ def test_each_documents_row_and_control_are_measured_on_that_document_and_the_cu
     (first tokens, inside and past the context) and the control's (read in another order, it would pair with
     another document's row; reading less than the context, it would score higher); Self-Extend's row at the run's
     group; the in-context keys at half the context; and the fine-tune curve's step 0 on the first dev document."""
-    from posenc.experiments.pretrained import keys, stages
+    from posenc.experiments.pretrained import keys
+    from posenc.experiments.pretrained.measure import load_model
+    from posenc.extension.self_extend import use_attention, use_self_extend
 
     _, results = smoke
     config = PretrainedConfig.from_preset("smoke")
-    model, tokens = stages.load_model(config)
+    model, tokens = load_model(config)
     model.set_attn_implementation("sdpa")
     original, test = results["original_context"], long_documents(config, tokens, "test", 4, config.to)
     for i in (0, 3):
@@ -103,11 +105,11 @@ def test_each_documents_row_and_control_are_measured_on_that_document_and_the_cu
         for key, span in (("first", slice(0, config.first_tokens)), ("inside", slice(0, original - 1)),
                           ("past", slice(original - 1, None))):
             assert losses[span][text[span]].mean().item() == pytest.approx(row[key], abs=1e-5), key
-    stages.use_self_extend(model, config.self_extend_window, results["self_extend_group"])
+    use_self_extend(model, config.self_extend_window, results["self_extend_group"])
     losses = position_losses(model, torch.tensor(haystack.ids), config.chunk)  # the last document's, grouped
     assert losses[original - 1 :][text[original - 1 :]].mean().item() == pytest.approx(
         results["rows"]["self-extend"]["test"][3]["past"], abs=1e-5)
-    stages.use_attention(model, "sdpa")
+    use_attention(model, "sdpa")
     half = results["in_context"]["length"]  # the in-context baseline: keys in the first half of the context
     planted = keys.haystack(tokens, test[1]["ids"][:half], half, config, 1, results["retrieval_format"])
     asked = retrieval.retrieve(model, planted, tokens.encode, tokens.decode)
