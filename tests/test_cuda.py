@@ -120,7 +120,8 @@ def test_forms_are_timed_on_the_gpu_and_remembered_under_its_name():
     encoding = _encoding("t5").to(CUDA)
     q, k, v = (torch.randn(2, 4, 1024, 32, device=CUDA, requires_grad=True) for _ in range(3))
     attention(q, k, v, encoding, backend="sdpa").sum().backward()
-    (key, form), = [(key, form) for key, form in dispatch.chosen().items() if " T5RelativeBias " in f" {key} "]
+    key = dispatch.shape_key("T5RelativeBias", q, k, v, causal=True, needs_grad=True)
+    form = dispatch.chosen()[key]  # other tests in this process leave T5's choices for other shapes beside it
     assert key.startswith(torch.cuda.get_device_name()) and " train " in key and form in ("flex", "mask")
     entry = dispatch.storage.read_json(dispatch.cache_path())[key]
     assert set(entry["ms"]) == {"flex", "mask"} and entry["form"] == min(entry["ms"], key=entry["ms"].get)

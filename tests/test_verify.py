@@ -57,3 +57,17 @@ def test_cli_verify_writes_json_and_exit_code(tmp_path, capsys):
     assert "dog bites man" in out and "0 failed" in out
     saved = json.loads((tmp_path / "v.json").read_text())
     assert saved["dtype"] == "float32" and len(saved["rows"]) > 40
+
+
+def test_every_device_and_dtype_checks_the_cpu_float32_draws():
+    """verify's inputs and parameters are drawn on the CPU in float32, then moved: in float64 they are the float32
+    draws exactly, so a device's own generator cannot hand one device weaker inputs (Kerple's r1 once all clamped
+    on an H200)."""
+    from posenc.verify import _encoding, _qkv
+
+    torch.manual_seed(5)
+    narrow = (*_qkv("cpu", torch.float32), *_encoding("kerple", "cpu", torch.float32).parameters())
+    torch.manual_seed(5)
+    wide = (*_qkv("cpu", torch.float64), *_encoding("kerple", "cpu", torch.float64).parameters())
+    for a, b in zip(narrow, wide, strict=True):
+        assert b.dtype == torch.float64 and torch.equal(a.double(), b)

@@ -71,23 +71,29 @@ def _differs(check, encoding, error, detail="") -> Check:
     return Check(check, encoding, float(error), DIFFERS, bool(error > DIFFERS), detail + " (must exceed)")
 
 
+def _draw(*shape: int, device, dtype) -> torch.Tensor:
+    """Standard normal draws made on the CPU in float32, then moved: every device and dtype checks the same
+    numbers (a GPU's own generator once drew Kerple parameters that all clamped to its floor)."""
+    return torch.randn(*shape).to(device=device, dtype=dtype)
+
+
 def _encoding(name: str, device, dtype):
-    enc = build_for_model(name, sizes=SIZES, **NARROWER.get(name, {})).to(device=device, dtype=dtype)
+    enc = build_for_model(name, sizes=SIZES, **NARROWER.get(name, {}))
     with torch.no_grad():
         for parameter in enc.parameters():
-            parameter.normal_(0, 0.5)  # trained tables are not near zero; neither are these
-    return enc
+            parameter.normal_(0, 0.5)  # trained tables are not near zero; neither are these (drawn on the CPU)
+    return enc.to(device=device, dtype=dtype)
 
 
 def _qkv(device, dtype, batch=2, q_len=LENGTH, k_len=LENGTH):
-    return tuple(torch.randn(batch, HEADS, t, HEAD_DIM, device=device, dtype=dtype) for t in (q_len, k_len, k_len))
+    return tuple(_draw(batch, HEADS, t, HEAD_DIM, device=device, dtype=dtype) for t in (q_len, k_len, k_len))
 
 
 @torch.no_grad()
 def check_permutation(device, dtype) -> list[Check]:
     """Seed 004 Part I: attention without positions is permutation-equivariant; with them it is not."""
     rows, tol = [], tolerance(dtype, LENGTH)
-    perm = torch.randperm(LENGTH, device=device)
+    perm = torch.randperm(LENGTH).to(device)
     for name in ATTENTION_ENCODINGS:
         enc = _encoding(name, device, dtype)
         q, k, v = _qkv(device, dtype)
@@ -104,8 +110,8 @@ def check_permutation(device, dtype) -> list[Check]:
 def check_dog_bites_man(device, dtype) -> list[Check]:
     """Same three words in two orders: same outputs up to permutation only without an encoding."""
     rows, tol = [], tolerance(dtype, 3)
-    words = torch.randn(3, HEADS * HEAD_DIM, device=device, dtype=dtype)  # dog, bites, man
-    projections = [torch.randn(HEADS * HEAD_DIM, HEADS * HEAD_DIM, device=device, dtype=dtype) / 8 for _ in range(3)]
+    words = _draw(3, HEADS * HEAD_DIM, device=device, dtype=dtype)  # dog, bites, man
+    projections = [_draw(HEADS * HEAD_DIM, HEADS * HEAD_DIM, device=device, dtype=dtype) / 8 for _ in range(3)]
     sizes = {"dim": HEADS * HEAD_DIM, "max_positions": 3, "init_std": 1.0}
     encodings = {name: _encoding(name, device, dtype) for name in ATTENTION_ENCODINGS}
     for name in ("sinusoidal", "learned"):  # input-door encodings
@@ -213,7 +219,7 @@ def check_gradients(device, dtype) -> list[Check]:
             continue
         reference_encoding = copy.deepcopy(enc).double()
         reference_inputs = [t.detach().double().requires_grad_() for t in (q, k, v)]
-        upstream = torch.randn(q.shape, device=device, dtype=torch.float64)
+        upstream = torch.randn(q.shape, dtype=torch.float64).to(device)
         got = _gradients(attention(q, k, v, enc, backend="sdpa"), [q, k, v, *enc.parameters()], upstream)
         expected = _gradients(attention(*reference_inputs, reference_encoding, backend="eager"),
                               [*reference_inputs, *reference_encoding.parameters()], upstream)
