@@ -4,7 +4,8 @@
 # 1. tests/test_cuda.py (Triton RoPE, every backend and form forward and backward against float64 on the CPU, forms
 #    timed on the GPU, the tiny LM); 2. `posenc bench` in bf16 on the auto backend (its forms timed at first use)
 #    for the bias encodings; 3. the same training step with FlexAttention forced; 4. RoPE apply, the Triton kernel
-#    among the contenders; 5. `posenc verify --device cuda`.
+#    among the contenders, then its device time apart from its launch (gpu_rope_probe.py); 5. `posenc verify
+#    --device cuda`.
 # It uses the machine's own torch/Triton/transformers and this checkout's source (no install); the CPU kernels stay
 # off, since the CPU only computes the float64 references here. One log and the tables' files land in OUT_DIR.
 set -u
@@ -38,5 +39,6 @@ step bench-flex 70 python3 -m posenc bench --device cuda --dtype bfloat16 --tabl
     --json "$out/bench-cuda-flex.json" --markdown "$out/bench-cuda-flex.md"
 step rope 40 python3 -m posenc bench --device cuda --dtype bfloat16 --tables rope --rounds 20 \
     --json "$out/bench-cuda-rope.json"
+step rope-launch 30 python3 benchmarks/gpu_rope_probe.py
 step verify 70 python3 -m posenc verify --device cuda --json "$out/verify-cuda.json"
 grep -a "^== \|passed\|failed" "$log"

@@ -39,6 +39,13 @@ CHECK = textwrap.dedent(
                     assert a.dtype == b.dtype and a.shape == b.shape
                     torch.testing.assert_close(a.float(), b.float(), rtol=tolerance, atol=tolerance)
                 cases += 1
+    # positions spanning several tiles of 64, the last one partial; fewer key than query heads
+    q_cos, q_sin = rope_cos_sin(torch.arange(130)[None] * 7, inv_freq)
+    q, k = torch.randn(2, 4, 130, 10), torch.randn(2, 2, 130, 10)
+    for a, b in zip(rope_qk_triton(q, k, q_cos, q_sin, q_cos, q_sin), (rotate_pairs(q, q_cos, q_sin),
+                                                                         rotate_pairs(k, q_cos, q_sin))):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    cases += 1
     print("cases", cases)
     """
 )
@@ -49,4 +56,4 @@ def test_triton_kernel_equals_the_reference_in_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     result = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "cases 8" in result.stdout
+    assert "cases 9" in result.stdout
