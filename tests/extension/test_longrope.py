@@ -2,8 +2,8 @@ import pytest
 import torch
 
 import posenc
-from posenc.extension.longrope import (CandidateRoPE, lm_objective, longrope_parameters, method_factors,
-                                         seed_candidates)
+from posenc.extension.longrope import (CandidateRoPE, default_max_factor, lm_objective, longrope_parameters,
+                                         method_factors, seed_candidates)
 from posenc.extension.search import Candidate
 from posenc.lm.model import LanguageModel, ModelConfig
 from tests.encodings.test_scaling import HEAD_DIM, transformers_frequencies
@@ -79,3 +79,20 @@ def test_the_objective_needs_a_rope_model():
     model = LanguageModel(ModelConfig(encoding="alibi", dim=32, num_layers=1, num_heads=2))
     with pytest.raises(ValueError, match="needs a RoPE model, got ALiBi"):
         lm_objective(model, torch.zeros(1, 9, dtype=torch.long), factor=2.0, original=4)
+
+
+def test_method_factors_follow_the_models_base_and_are_rounded_to_six_decimals():
+    """YaRN's ramp reads each wavelength against the context, so its factors move with the base; every factor is
+    rounded to 6 decimals (float32's own noise), then made non-decreasing."""
+    for base in (10000.0, 500000.0):
+        factors = method_factors("yarn", HEAD_DIM, 4.0, 256, base=base)
+        plain = posenc.rope_frequencies(HEAD_DIM, {"rope_theta": base})[0].double()
+        scaled = posenc.rope_frequencies(HEAD_DIM, {"rope_type": "yarn", "rope_theta": base, "factor": 4.0,
+                                                    "original_max_position_embeddings": 256})[0].double()
+        assert list(factors) == [round(r, 6) for r in (plain / scaled).tolist()], base
+    assert method_factors("yarn", HEAD_DIM, 4.0, 256) != method_factors("yarn", HEAD_DIM, 4.0, 256, base=500000.0)
+
+
+@pytest.mark.parametrize("factor, bound", [(2.0, 2.5), (1.5, 1.87), (1.3, 1.62), (4.0, 5.0)])
+def test_the_default_bound_on_a_factor_is_the_papers_one_and_a_quarter_rounded_down(factor, bound):
+    assert default_max_factor(factor) == bound
