@@ -2,7 +2,7 @@
 # The GPU checks and tables in one call of a lent machine, each step time-boxed so a slow one cannot eat the rest.
 #   bash benchmarks/gpu.sh OUT_DIR
 # 1. tests/test_cuda.py (Triton RoPE, every backend and form forward and backward against float64 on the CPU, forms
-#    timed on the GPU, the tiny LM); 2. `posenc bench` in bf16 on the auto backend (its forms timed at first use)
+#    timed on the GPU, the tiny LM, extend --hf against the CPU); 2. `posenc bench` in bf16 on the auto backend (its forms timed at first use)
 #    for the bias encodings; 3. the same training step with FlexAttention forced; 4. RoPE apply, the Triton kernel
 #    among the contenders, then its device time apart from its launch (gpu_rope_probe.py); 5. `posenc verify
 #    --device cuda`.
@@ -30,7 +30,7 @@ step() {  # step NAME SECONDS COMMAND...: run it time-boxed, then its exit, time
 torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__)"
   git log -1 --format='commit %H' 2>/dev/null; } > "$log" 2>&1
 
-step tests 100 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_cuda.py
+step tests 160 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_cuda.py
 step bench-auto 130 python3 -m posenc bench --device cuda --dtype bfloat16 --tables training,memory,attention \
     --encodings $biases --train-shapes $shapes --lengths 1024,4096 --rounds 10 \
     --json "$out/bench-cuda-auto.json" --markdown "$out/bench-cuda-auto.md"

@@ -1,5 +1,5 @@
 """The CUDA paths against float64 CPU references: the Triton RoPE kernel, every attention backend forward and
-backward (FlexAttention compiled, with its backward), and the tiny LM's loss and gradients.
+backward (FlexAttention compiled, with its backward), the tiny LM's loss and gradients, and ``extend --hf``.
 
 Skipped without a GPU (CI has none); `benchmarks/gpu.sh` runs this file on a lent one.
 """
@@ -147,3 +147,26 @@ def test_language_model_loss_and_gradients_on_cuda_equal_the_cpu(name):
     assert abs(loss.item() - loss64.item()) < 1e-4
     # every parameter's gradient in one vector: relative to the model's largest gradient
     assert _relative_error(torch.cat([g.flatten() for g in grads]), torch.cat([g.flatten() for g in grads64])) < 1e-3
+
+
+def test_extend_hf_on_cuda_gives_the_cpus_numbers(tmp_path):
+    """``posenc extend --hf`` on the smoke preset's tiny Llama, zero-shot rows through both attention registries
+    (Self-Extend, STRING, DCA) and the context control: every document's loss and every planted key's
+    log-probability on CUDA equal the CPU's (float32 both; argmax answers of a random model can flip on a tie, so
+    they are not compared)."""
+    from posenc.experiments.pretrained import PretrainedConfig, run
+
+    config = PretrainedConfig.from_preset("smoke", methods=("none", "yarn", "self-extend", "string", "dca"),
+                                          finetune="none", retrieval_format="made-up-twice")
+    on = {device: run(config, tmp_path / device, device=device, log=lambda *_: None) for device in ("cpu", "cuda")}
+    assert on["cuda"]["device"] == torch.cuda.get_device_name()
+    rows = on["cpu"]["rows"]
+    assert set(on["cuda"]["rows"]) == set(rows) == {"none", "yarn", "self-extend", "string", "dca"}
+    for name, row in rows.items():
+        for cpu, cuda in zip(row["test"], on["cuda"]["rows"][name]["test"], strict=True):
+            for part in ("first", "inside", "past"):
+                assert cuda[part] == pytest.approx(cpu[part], abs=1e-4), (name, part)
+            cpu_keys = [key["log_prob"] for key in cpu["retrieval"]]
+            assert [key["log_prob"] for key in cuda["retrieval"]] == pytest.approx(cpu_keys, abs=1e-3), name
+    past = {device: [document["past"] for document in on[device]["control"]["test"]] for device in on}
+    assert past["cuda"] == pytest.approx(past["cpu"], abs=1e-4)
