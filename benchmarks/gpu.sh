@@ -2,10 +2,10 @@
 # The GPU checks and tables in one call of a lent machine, each step time-boxed so a slow one cannot eat the rest.
 #   bash benchmarks/gpu.sh OUT_DIR
 # 1. tests/test_cuda.py (Triton RoPE, every backend and form forward and backward against float64 on the CPU, forms
-#    timed on the GPU, the tiny LM, extend --hf against the CPU); 2. `posenc bench` in bf16 on the auto backend (its forms timed at first use)
-#    for the bias encodings; 3. the same training step with FlexAttention forced; 4. RoPE apply, the Triton kernel
-#    among the contenders, then its device time apart from its launch (gpu_rope_probe.py); 5. `posenc verify
-#    --device cuda`.
+#    timed on the GPU, the tiny LM, extend --hf against the CPU); 2. `posenc bench` in bf16 on the auto backend (its
+#    forms timed at first use) for the bias encodings; 3. the same training step with FlexAttention forced; 4. RoPE
+#    apply, the Triton kernel among the contenders, then its device time apart from its launch (gpu_rope_probe.py);
+#    5. `posenc verify --device cuda`.
 # It uses the machine's own torch/Triton/transformers and this checkout's source (no install); the CPU kernels stay
 # off, since the CPU only computes the float64 references here. One log and the tables' files land in OUT_DIR.
 set -u
