@@ -3,7 +3,7 @@
 # working tree per call: the model (98 MB of GGUF, 90 MB as xz) goes over in two parts, so in two calls made
 # back to back while the machine is still warm.
 #   here:              bash benchmarks/gpu_extend.sh pack        # fills .gpu/ (git-ignored): wheels, data, model parts
-#   device, call 1:    bash benchmarks/gpu_extend.sh setup OUT   # carry .gpu/part1: installs, the tiny smoke on CUDA
+#   device, call 1:    bash benchmarks/gpu_extend.sh setup OUT   # carry .gpu/part1: installs, the smoke on CUDA = CPU
 #   device, call 2:    bash benchmarks/gpu_extend.sh run OUT RUN... # carry .gpu/part2: joins the model, each RUN
 # A RUN is NAME:SECONDS:FLAGS, quoted whole: "d15:300:--methods none,yarn --to 12288".
 # transformers is carried at the version pyproject pins (the machine's own is older); everything else is the
@@ -40,9 +40,9 @@ setup)
     { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
       python3 -c "import platform, torch, transformers; print('python', platform.python_version(), 'torch',
 torch.__version__, 'transformers', transformers.__version__, transformers.__file__)"; } > "$out/setup.log" 2>&1
-    timeout 200 python3 -m posenc extend --hf tiny --preset smoke --device $device --out "$work/smoke" \
-        --methods none,yarn,ntk,dynamic,self-extend,string >> "$out/setup.log" 2>&1
-    echo "smoke: exit $?" >> "$out/setup.log"
+    # the smoke preset through the API on the CPU and on CUDA, every document's loss and key compared
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py -k extend_hf >> "$out/setup.log" 2>&1
+    echo "extend --hf on CUDA against the CPU: exit $?" >> "$out/setup.log"
     tail -4 "$out/setup.log"
     ;;
 run)
