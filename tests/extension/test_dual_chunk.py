@@ -7,8 +7,8 @@ import torch
 
 from posenc import attention, build
 from posenc.encodings.rotary import apply_rope
-from posenc.extension.dual_chunk import (_rotated_attention, chunk_positions, default_sizes, dual_chunk_attention,
-                                         use_dual_chunk)
+from posenc.extension.dual_chunk import (_rotated_attention, chunk_positions, chunked_attention, default_sizes,
+                                         dual_chunk_attention, use_dual_chunk)
 from posenc.kernels.piecewise import piecewise_attention
 from tests.helpers import assert_swapped_attention_decodes_as_the_full_pass, grouped_qkv
 from tests.oracles import position_map_attention_loop
@@ -154,3 +154,52 @@ def test_the_transformers_front_keeps_a_padding_mask_bool_or_additive():
     unmasked, _ = _rotated_attention(None, q, k, v, None, inv_freq=inv_freq, chunk_size=10, local=2)
     torch.testing.assert_close(by_bool, by_add, rtol=0, atol=0)
     assert (by_bool[:, 5:] - unmasked[:, 5:]).abs().max() > 1e-3  # the padded keys were left out
+
+
+@pytest.mark.parametrize("q_length, k_length, chunk_size, local, block", [
+    (31, 31, 10, 2, 512), (31, 31, 10, 2, 3), (31, 31, 8, 0, 5), (5, 31, 10, 3, 512), (1, 31, 12, 5, 2),
+    (9, 40, 40, 4, 4), (17, 17, 40, 4, 512)])
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-cpu-calls", "one-softmax"])
+def test_the_spans_equal_the_map_per_pair(q_length, k_length, chunk_size, local, block, fused, monkeypatch):
+    """chunked_attention (three key spans per block of one chunk's queries) against piecewise_attention with
+    chunk_positions' map: prefill and decoding (queries the last Tq), blocks that end inside a chunk and chunks that
+    end inside a block, one chunk only, grouped heads; distinct query copies, so a span read with the wrong copy
+    or a key in the wrong span shows. Both forms: the CPU's fused calls merged by log-sum-exp, and the one
+    softmax other devices run."""
+    from posenc.extension import dual_chunk
+
+    if not fused:
+        monkeypatch.setattr(dual_chunk, "_FLASH", "no such kernel")
+    generator = torch.Generator().manual_seed(q_length * 100 + block)
+    queries = [torch.randn(2, 4, q_length, DH, dtype=torch.float64, generator=generator) for _ in range(3)]
+    k, v = (torch.randn(2, 2, k_length, DH, dtype=torch.float64, generator=generator) for _ in range(2))
+    q_pos, k_pos = torch.arange(k_length - q_length, k_length)[None], torch.arange(k_length)[None]
+    choice = chunk_positions(q_pos, k_pos, chunk_size, local)[2]
+    want = piecewise_attention(queries, k, v, choice, scale=0.3)
+    got = chunked_attention(queries, k, v, chunk_size - local, scale=0.3, block=block)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_a_plain_causal_mask_and_none_take_the_spans_and_padding_the_map(monkeypatch):
+    """transformers hands a causal mask (or none): the spans serve it; a padding mask goes through the map per pair,
+    which honours it. Both give the loop's numbers where they overlap."""
+    from posenc.extension import dual_chunk
+
+    q, k, v = qkv()
+    inv_freq = build("rope", head_dim=DH).frequencies()[0]
+    positions = torch.arange(T)[None]
+    q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+    taken = []
+    monkeypatch.setattr(dual_chunk, "chunked_attention",
+                        lambda *a, **kw: taken.append("spans") or chunked_attention(*a, **kw))
+    causal = torch.ones(1, 1, T, T + 6, dtype=torch.bool).tril()  # longer than the keys, as a cache's mask can be
+    outputs = [_rotated_attention(None, q, k, v, mask, inv_freq=inv_freq, chunk_size=10, local=2)[0]
+               for mask in (None, causal, torch.zeros(1, 1, T, T).masked_fill(~causal[..., :T], -1e9))]
+    assert taken == ["spans"] * 3
+    padded = causal[..., :T].clone()
+    padded[..., :2] = False
+    padded[..., :2, :] = True
+    got = _rotated_attention(None, q, k, v, padded, inv_freq=inv_freq, chunk_size=10, local=2)[0]
+    assert taken == ["spans"] * 3 and (got[:, 2:] - outputs[0][:, 2:]).abs().max() > 1e-3  # padding changed rows
+    for out in outputs[1:]:
+        torch.testing.assert_close(out, outputs[0])
