@@ -166,10 +166,10 @@ def test_the_spans_equal_the_map_per_pair(q_length, k_length, chunk_size, local,
     end inside a block, one chunk only, grouped heads; distinct query copies, so a span read with the wrong copy
     or a key in the wrong span shows. Both forms: the CPU's fused calls merged by log-sum-exp, and the one
     softmax other devices run."""
-    from posenc.extension import dual_chunk
+    from posenc.kernels import cpu_flash
 
     if not fused:
-        monkeypatch.setattr(dual_chunk, "_FLASH", "no such kernel")
+        monkeypatch.setattr(cpu_flash, "NAME", "no such kernel")
     generator = torch.Generator().manual_seed(q_length * 100 + block)
     queries = [torch.randn(2, 4, q_length, DH, dtype=torch.float64, generator=generator) for _ in range(3)]
     k, v = (torch.randn(2, 2, k_length, DH, dtype=torch.float64, generator=generator) for _ in range(2))

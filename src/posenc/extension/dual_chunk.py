@@ -24,12 +24,12 @@ from torch import Tensor
 
 from .. import checks
 from ..encodings.rotary import RoPE, apply_rope
+from ..kernels import cpu_flash
 from ..kernels.piecewise import piecewise_attention
 from ..positions import default_positions
 from .self_extend import use_attention
 
 INTRA, SUCCESSIVE, INTER = 0, 1, 2
-_FLASH = "_scaled_dot_product_flash_attention_for_cpu"  # SDPA's CPU kernel, which also returns log-sum-exp
 
 
 def default_sizes(original: int) -> tuple[int, int]:
@@ -103,7 +103,7 @@ def chunked_attention(queries: list[Tensor], k: Tensor, v: Tensor, chunk_len: in
     heads, length, total = intra.shape[1], intra.shape[2], k.shape[2]
     compute = torch.float64 if intra.dtype == torch.float64 else torch.float32
     keys, values = (t.to(compute).repeat_interleave(heads // k.shape[1], dim=1) for t in (k, v))
-    fused = intra.device.type == "cpu" and hasattr(torch.ops.aten, _FLASH)
+    fused = cpu_flash.available(intra)
     first = total - length  # the first query's position
     outputs, start = [], 0
     while start < length:
@@ -128,21 +128,20 @@ def chunked_attention(queries: list[Tensor], k: Tensor, v: Tensor, chunk_len: in
 def _merged_calls(spans: list, keys: Tensor, values: Tensor, later: Tensor, scale: float) -> Tensor:
     """One fused CPU attention call per non-empty span (the last, intra, masked by ``later``), merged by their
     log-sum-exps into the softmax over all three: (B, H, rows, Dv)."""
-    flash = getattr(torch.ops.aten, _FLASH)
     intra_bias = torch.zeros(later.shape, dtype=keys.dtype, device=keys.device).masked_fill(later, float("-inf"))
-    parts = [flash(q, keys[:, :, a:b], values[:, :, a:b], attn_mask=intra_bias if index == 2 else None, scale=scale)
+    parts = [cpu_flash.forward(q, keys[:, :, a:b], values[:, :, a:b], attn_mask=intra_bias if index == 2 else None,
+                               scale=scale)
              for index, (q, a, b) in enumerate(spans) if b > a]
     top = torch.stack([lse for _, lse in parts]).amax(0)
     weights = [(lse - top).exp().unsqueeze(-1) for _, lse in parts]
     return sum(out * weight for (out, _), weight in zip(parts, weights, strict=True)) / sum(weights)
 
 
-def _plain_causal(attention_mask: Tensor | None, q_length: int, k_length: int) -> bool:
-    """Whether transformers' mask (None, bool, or additive: 0 where allowed) allows exactly each query its own and
-    every earlier key, the queries being the last ``q_length`` of ``k_length``."""
-    if attention_mask is None:
+def _plain_causal(allowed: Tensor | None, q_length: int, k_length: int) -> bool:
+    """Whether ``allowed`` (None, or bool (B or 1, 1, Tq, Tk)) lets exactly each query see its own and every earlier
+    key, the queries being the last ``q_length`` of ``k_length``."""
+    if allowed is None:
         return True
-    allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
     causal = torch.ones(q_length, k_length, dtype=torch.bool, device=allowed.device).tril(k_length - q_length)
     return bool((allowed == causal).all())
 
@@ -156,18 +155,19 @@ def _rotated_attention(module, query: Tensor, key: Tensor, value: Tensor, attent
     if position_ids is not None and not bool((position_ids.to(q_pos.device) == q_pos).all()):
         raise ValueError("dual chunk attention in a transformers model needs each row's positions to be 0..T−1 "
                          "(one unpadded sequence per row, keys cached in order)")
-    if attention_mask is not None:  # a mask may span a longer cache than the keys given (as sdpa reads it)
+    allowed = None
+    if attention_mask is not None:  # bool, or additive (0 where allowed); it may span a longer cache than the keys
         attention_mask = attention_mask[..., : key.shape[2]]
+        allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
     chunk_len = chunk_size - local
     inv_freq = inv_freq.to(query.device)
     queries = [apply_rope(query, at - q_pos, inv_freq) for at in query_places(q_pos, chunk_size, local)]
     keys = apply_rope(key, k_pos % chunk_len - k_pos, inv_freq)
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-    if _plain_causal(attention_mask, query.shape[2], key.shape[2]):
+    if _plain_causal(allowed, query.shape[2], key.shape[2]):
         out = chunked_attention(queries, keys, value, chunk_len, scale=scale)
     else:  # padding: the map per pair, less what the mask forbids
         choice = chunk_positions(q_pos, k_pos, chunk_size, local)[2]
-        allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
         out = piecewise_attention(queries, keys, value, choice.masked_fill(~allowed, -1), scale=scale)
     return out.transpose(1, 2).contiguous(), None
 

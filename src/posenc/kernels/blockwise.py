@@ -27,8 +27,8 @@ import torch
 from torch import Tensor
 
 from .. import checks
+from . import cpu_flash
 
-_FLASH = "_scaled_dot_product_flash_attention_for_cpu"
 #: keys from which a causal float mask runs faster through this kernel (SDPA's CPU flash kernel told the mask
 #: is causal, so it skips the upper triangle) than through ``scaled_dot_product_attention``, which cannot be
 #: told both: ALiBi's mask at 512 keys 1.09 vs 1.06× causal attention, at 1,024 1.11 vs 1.43, at 2,048 1.12 vs
@@ -38,7 +38,7 @@ CPU_CAUSAL_MASK_FROM_KEYS = 1024
 
 def available(q: Tensor) -> bool:
     """Whether this kernel runs on q's device with this torch (CPU, with SDPA's flash kernel)."""
-    return q.device.type == "cpu" and hasattr(torch.ops.aten, _FLASH)
+    return cpu_flash.available(q)
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ class _BlockwiseAttention(torch.autograd.Function):
         # with no gradient for the bias, the fused kernel's own backward serves (it skips the upper triangle too)
         ctx.fused_backward = fused and q_shift is None and not ctx.needs_input_grad[3]
         if fused:
-            out, lse = getattr(torch.ops.aten, _FLASH)(shifted, k, v, is_causal=causal, attn_mask=mask, scale=scale)
+            out, lse = cpu_flash.forward(shifted, k, v, is_causal=causal, attn_mask=mask, scale=scale)
         else:
             q_, k_, v_, q_channels_, k_channels_ = _cast(compute, shifted, k, v, q_channels, k_channels)
             scores = _Scores(q_, k_, mask, q_channels_, k_channels_, scale, causal, build, _cast(compute, *build_inputs))
@@ -146,7 +146,7 @@ class _BlockwiseAttention(torch.autograd.Function):
         compute = compute_dtype(saved[0].dtype)
         if ctx.fused_backward:
             q, k, v, bias, out, lse = saved[0], saved[1], saved[2], saved[3], saved[7], saved[8]
-            grads = getattr(torch.ops.aten, _FLASH + "_backward")(
+            grads = getattr(torch.ops.aten, cpu_flash.NAME + "_backward")(
                 grad_out.contiguous(), q, k, v, out, lse, 0.0, ctx.causal,
                 attn_mask=None if bias is None else bias.to(compute), scale=ctx.scale)
             return (*grads, *(None,) * (8 + len(saved) - 9))

@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import cpu_flash
+
 
 def two_score_attention(q_near: Tensor, k_near: Tensor, q_far: Tensor, k_far: Tensor, v: Tensor,
                         q_positions: Tensor, k_positions: Tensor, window: int, *, scale: float,
@@ -34,7 +36,7 @@ def two_score_attention(q_near: Tensor, k_near: Tensor, q_far: Tensor, k_far: Te
     """
     compute = torch.float64 if q_near.dtype == torch.float64 else torch.float32
     offset = _contiguous_offset(q_positions, k_positions, q_near.shape[2], k_near.shape[2])
-    if mask is None and offset is not None and q_near.device.type == "cpu" and hasattr(torch.ops.aten, _FLASH):
+    if mask is None and offset is not None and cpu_flash.available(q_near):
         return _two_fused_calls(q_near, k_near, q_far, k_far, v, offset, window, scale, block, compute)
     repeats = q_near.shape[1] // k_near.shape[1]
     k_near, k_far, values = (t.to(compute).repeat_interleave(repeats, dim=1) for t in (k_near, k_far, v))
@@ -53,9 +55,6 @@ def two_score_attention(q_near: Tensor, k_near: Tensor, q_far: Tensor, k_far: Te
     return torch.cat(outputs, dim=2).to(q_near.dtype)
 
 
-_FLASH = "_scaled_dot_product_flash_attention_for_cpu"  # SDPA's CPU kernel, which also returns log-sum-exp
-
-
 def _contiguous_offset(q_positions: Tensor, k_positions: Tensor, q_len: int, k_len: int) -> int | None:
     """The first query's position when keys sit at 0..Tk−1 and queries at the last Tq of them (one row)."""
     if q_positions.shape[0] != 1 or k_positions.shape[0] != 1 or q_len > k_len:
@@ -67,7 +66,6 @@ def _contiguous_offset(q_positions: Tensor, k_positions: Tensor, q_len: int, k_l
 
 
 def _two_fused_calls(q_near, k_near, q_far, k_far, v, offset, window, scale, block, compute) -> Tensor:
-    flash = getattr(torch.ops.aten, _FLASH)
     repeats = q_near.shape[1] // k_near.shape[1]
     q_near, q_far = q_near.to(compute), q_far.to(compute)
     k_near, k_far, values = (t.to(compute).repeat_interleave(repeats, dim=1) for t in (k_near, k_far, v))
@@ -79,13 +77,13 @@ def _two_fused_calls(q_near, k_near, q_far, k_far, v, offset, window, scale, blo
         near_from = max(0, first - window + 1)
         near_keys = torch.arange(near_from, last, device=q_near.device)[None]
         near_allowed = (query - near_keys < window) & (query >= near_keys)
-        out, lse = flash(q_near[:, :, start:end], k_near[:, :, near_from:last], values[:, :, near_from:last],
-                         attn_mask=_bias(near_allowed, compute), scale=scale)
+        out, lse = cpu_flash.forward(q_near[:, :, start:end], k_near[:, :, near_from:last],
+                                     values[:, :, near_from:last], attn_mask=_bias(near_allowed, compute), scale=scale)
         far_to = max(0, last - window)  # keys before this can be window or more behind some query of the block
         if far_to:
             far_allowed = query - torch.arange(far_to, device=q_near.device)[None] >= window
-            far_out, far_lse = flash(q_far[:, :, start:end], k_far[:, :, :far_to], values[:, :, :far_to],
-                                     attn_mask=_bias(far_allowed, compute), scale=scale)
+            far_out, far_lse = cpu_flash.forward(q_far[:, :, start:end], k_far[:, :, :far_to], values[:, :, :far_to],
+                                                 attn_mask=_bias(far_allowed, compute), scale=scale)
             far_lse = torch.where(far_allowed.any(-1), far_lse, float("-inf"))  # rows with no far key
             top = torch.maximum(lse, far_lse)
             near_weight, far_weight = (lse - top).exp().unsqueeze(-1), (far_lse - top).exp().unsqueeze(-1)
