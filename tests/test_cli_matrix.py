@@ -29,9 +29,9 @@ RUNS = {
     "extrapolate --task recall": ["extrapolate", "--task", "recall", *SMALL, "--encodings", "rope", "--train-length",
                                   "8", "--eval-factors", "1,2", "--out", "OUT"],
     "extend": ["extend", "--preset", "smoke", "--run", "RUN", "--factor", "2", "--methods", "pi,longrope",
-               "--finetune-steps", "2", "--finetune-batch", "2", "--finetune-lrs", "1e-3,3e-3", "--seeds", "1",
-               "--search-population", "4", "--search-generations", "1", "--search-windows", "1", "--sweep-windows",
-               "2", "--curve-windows", "2", "--eval-stride", "16", "--device", "cpu", "--out", "OUT"],
+               "--finetune-steps", "2", "--finetune-batch", "2", "--finetune-lrs", "1e-3,3e-3", "--finetune-widenings",
+               "0", "--seeds", "1", "--search-population", "4", "--search-generations", "1", "--search-windows", "1",
+               "--sweep-windows", "2", "--curve-windows", "2", "--eval-stride", "16", "--device", "cpu", "--out", "OUT"],
     "extend --from-scratch": ["extend", "--preset", "smoke", "--from-scratch", "--text", str(TEXT), "--methods", "ntk",
                               "--finetune-steps", "1", "--out", "OUT"],
     "extend --hf": ["extend", "--hf", "tiny", "--preset", "smoke", "--to", "1024", "--methods", "none,yarn",
@@ -127,6 +127,7 @@ def _check_recall(out, run, printed):
 def _check_extend(out, run, printed):
     results = _json(out / "results.json")
     assert results["config"]["factor"] == 2 and results["config"]["finetune_lrs"] == [1e-3, 3e-3]
+    assert all(list(sweep["dev_bits"]) == ["0.001", "0.003"] for sweep in results["sweep"].values())  # no widening
     assert (out / "rope_parameters.json").exists()
 
 

@@ -112,6 +112,9 @@ def _add_extend(commands) -> None:
     p.add_argument("--finetune-lrs", type=_positive_floats,
                    help="fine-tuning peak learning rates to sweep; each row keeps the one best on dev windows "
                         "(default 1e-4,3e-4,1e-3; one rate: no sweep)")
+    p.add_argument("--finetune-widenings", type=int,
+                   help="rates a row may add, one grid step at a time, past the grid's edge while its best rate "
+                        "sits there (default 2; 0: the grid as given)")
     p.add_argument("--seeds", type=int, help="repeat base models, search and fine-tuning with this many seeds "
                                              "(default 1)")
     p.add_argument("--search-population", type=int, help="LongRoPE search: candidates per generation (>= 4)")
@@ -166,8 +169,8 @@ _HF_ONLY = ("to", "corpus", "documents", "dev_documents", "keys_per_band", "retr
             "task_questions", "task_size", "control_stride",
             "finetune", "finetune_method", "finetune_window", "pose_chunks", "finetune_lr", "lora",
             "self_extend_window", "self_extend_group", "string_shift", "string_local", "export")
-_OWN_MODEL_ONLY = ("run_dir", "factor", "finetune_lrs", "from_scratch", "eval_stride", "seeds", "sweep_windows",
-                   "curve_windows", "search_windows")
+_OWN_MODEL_ONLY = ("run_dir", "factor", "finetune_lrs", "finetune_widenings", "from_scratch", "eval_stride", "seeds",
+                   "sweep_windows", "curve_windows", "search_windows")
 
 
 def _flags_given(args, names: tuple[str, ...]) -> list[str]:
@@ -184,9 +187,9 @@ def _run_extend(args) -> int:
     from .experiments.extend import ExtendConfig, run
 
     overrides = {k: getattr(args, k) for k in (
-        "factor", "methods", "finetune_steps", "finetune_batch", "finetune_lrs", "search_population",
-        "search_generations", "search_windows", "sweep_windows", "curve_windows", "seeds", "from_scratch",
-        "eval_stride")}
+        "factor", "methods", "finetune_steps", "finetune_batch", "finetune_lrs", "finetune_widenings",
+        "search_population", "search_generations", "search_windows", "sweep_windows", "curve_windows", "seeds",
+        "from_scratch", "eval_stride")}
     config = ExtendConfig.from_preset(args.preset, **overrides)
     if args.resume and args.out is None:
         raise ValueError("--resume needs --out: the run directory to continue")

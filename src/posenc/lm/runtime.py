@@ -56,6 +56,15 @@ class Runtime:
         if self.world_size > 1:
             dist.barrier()
 
+    def broadcast_float(self, value: float) -> float:
+        """Rank 0's ``value`` on every rank (a choice every rank must follow); ``value`` itself in one process."""
+        if self.world_size == 1:
+            return value
+        tensor = torch.tensor([value], dtype=torch.float64,
+                              device=self.device if dist.get_backend() == "nccl" else "cpu")
+        dist.broadcast(tensor, src=0)
+        return tensor.item()
+
 
 def cpu_model() -> str:
     """The CPU's marketing name from /proc/cpuinfo (Linux), else what ``platform`` knows."""

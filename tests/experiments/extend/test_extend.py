@@ -101,10 +101,16 @@ def test_each_rate_is_swept_and_the_best_on_dev_is_kept(smoke):
     out, results = smoke
     for name in FINE_TUNED:
         sweep = results["sweep"][name]
-        assert list(sweep["dev_bits"]) == ["0.0003", "0.002"]
-        assert sweep["chosen"] == [float(min(sweep["dev_bits"], key=sweep["dev_bits"].get))]
+        grid = {lr: sweep["dev_bits"][lr] for lr in ("0.0003", "0.002")}
+        # two rates: the better one is an edge, so the smoke preset's one widening adds a rate a step past it
+        beyond = "4.5e-05" if grid["0.0003"] <= grid["0.002"] else "0.0133333"
+        assert list(sweep["dev_bits"]) == sorted([*grid, beyond], key=float)
+        best = min(sweep["dev_bits"], key=sweep["dev_bits"].get)
+        assert sweep["chosen"] == [pytest.approx(float(best), rel=1e-5)]
+        assert sweep["at_edge"] == [best == beyond]
         selection = json.loads((out / "finetune" / name.replace(" ", "-") / "seed0" / "selection.json").read_text())
-        assert selection["lr"] == sweep["chosen"][0]
+        assert selection["lr"] == sweep["chosen"][0] and selection["widened"] == [pytest.approx(float(beyond), rel=1e-5)]
+        assert (out / "finetune" / name.replace(" ", "-") / "seed0" / f"lr{beyond}" / "model.safetensors").exists()
         rows = {row["name"]: row for row in results["rows"]}
         assert rows[name]["learning_rates"] == sweep["chosen"]
 
@@ -221,6 +227,8 @@ def test_a_damaged_checkpoint_in_the_run_is_named(smoke, tmp_path, capsys):
     (["--factor", "5"], "share no evaluation window of a sensible size"),
     (["--seeds", "0"], "--seeds must be an integer >= 1"),
     (["--sweep-windows", "0"], "--sweep-windows must be an integer >= 1"),
+    (["--finetune-widenings", "-1"], "--finetune-widenings must be an integer >= 0"),
+    (["--finetune-lrs", "1e-3,0.001"], "--finetune-lrs must not repeat a rate"),
     (["--factor", "16384"], "corpus too small"),
     (["--to", "1024"], "--to apply to a pretrained model: they need --hf"),
 ])

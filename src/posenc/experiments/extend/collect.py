@@ -96,11 +96,14 @@ def _curves(p: Plan, seeds: dict[int, dict]) -> dict:
 
 
 def _sweep(p: Plan, seeds: dict[int, dict]) -> dict:
-    """{row: {"dev_bits": {rate: mean over seeds}, "chosen": [rate per seed]}}: what chose each row's rate."""
+    """{row: {"dev_bits": {rate: mean over the seeds that scored it}, "chosen": [rate per seed], "at_edge": [per
+    seed]}}: what chose each row's rate. A widened grid can score other rates in other seeds."""
     sweep = {}
     for row in (r for r in p.rows if r.stage == "fine-tuned"):
         chosen = [seeds[s]["selections"][row.name] for s in seeds]
-        rates = chosen[0]["dev_bits"]
-        sweep[row.name] = {"dev_bits": {lr: sum(c["dev_bits"][lr] for c in chosen) / len(chosen) for lr in rates},
-                           "chosen": [c["lr"] for c in chosen], "dev_windows": chosen[0]["dev_windows"]}
+        rates = sorted({lr for c in chosen for lr in c["dev_bits"]}, key=float)
+        scored = {lr: [c["dev_bits"][lr] for c in chosen if lr in c["dev_bits"]] for lr in rates}
+        sweep[row.name] = {"dev_bits": {lr: sum(values) / len(values) for lr, values in scored.items()},
+                           "chosen": [c["lr"] for c in chosen], "at_edge": [c.get("at_edge", False) for c in chosen],
+                           "dev_windows": chosen[0]["dev_windows"]}
     return sweep

@@ -15,13 +15,15 @@ from dataclasses import dataclass
 from ... import checks
 from ...extension.methods import METHODS, parse_methods
 from .. import extrapolate
+from ..rate_grid import check_grid
 from ..presets import preset_values
 
 EXTEND_METHODS = tuple(m for m in METHODS if m != "llama3")  # llama3's bands are set for 8k-token models
 
 PRESETS: dict[str, dict] = {
     # Tests and CI: well under a minute on 2 cores.
-    "smoke": dict(base="smoke", finetune_steps=8, finetune_batch=4, finetune_lrs=(3e-4, 2e-3), finetune_warmup=2,
+    "smoke": dict(base="smoke", finetune_steps=8, finetune_batch=4, finetune_lrs=(3e-4, 2e-3), finetune_widenings=1,
+                  finetune_warmup=2,
                   search_population=6, search_generations=2, search_parents=2, search_windows=2, sweep_windows=4,
                   curve_windows=4),
     # On the 2-core CPU: fine-tuning sees ~13% of the pretraining tokens, at the best of three rates.
@@ -42,6 +44,7 @@ class ExtendConfig:
     finetune_steps: int = 80
     finetune_batch: int = 4
     finetune_lrs: tuple[float, ...] = (1e-4, 3e-4, 1e-3)  # each fine-tuned row keeps the rate best on dev
+    finetune_widenings: int = 2  # rates a row may add past the grid's edge while its best rate sits there
     finetune_warmup: int = 8
     search_population: int = 24
     search_generations: int = 16
@@ -69,10 +72,8 @@ class ExtendConfig:
         parse_methods(self.methods, EXTEND_METHODS)
         checks.positive_int("--finetune-steps", self.finetune_steps, minimum=0)
         checks.positive_int("--finetune-batch", self.finetune_batch)
-        if not self.finetune_lrs:
-            raise ValueError("--finetune-lrs needs at least one learning rate")
-        for lr in self.finetune_lrs:
-            checks.positive_float("--finetune-lrs", lr)
+        check_grid("--finetune-lrs", self.finetune_lrs)
+        checks.positive_int("--finetune-widenings", self.finetune_widenings, minimum=0)
         checks.positive_int("finetune_warmup", self.finetune_warmup, minimum=0)
         checks.positive_int("--search-population", self.search_population, minimum=4)
         checks.positive_int("--search-generations", self.search_generations)
@@ -98,9 +99,9 @@ class ExtendConfig:
 
 
 # Changing any of these changes a result; methods, seeds, --from-scratch and the device may change on --resume.
-RESULT_FIELDS = ("factor", "finetune_steps", "finetune_batch", "finetune_lrs", "finetune_warmup", "search_population",
-                 "search_generations", "search_parents", "search_windows", "sweep_windows", "curve_windows",
-                 "eval_stride")
+RESULT_FIELDS = ("factor", "finetune_steps", "finetune_batch", "finetune_lrs", "finetune_widenings", "finetune_warmup",
+                 "search_population", "search_generations", "search_parents", "search_windows", "sweep_windows",
+                 "curve_windows", "eval_stride")
 
 
 @dataclass(frozen=True)

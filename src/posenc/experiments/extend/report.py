@@ -59,7 +59,9 @@ def markdown(results: dict) -> str:
               f"{config['finetune_batch']} windows × {results['target_length']} tokens = "
               f"{results['finetune_tokens']:,} tokens per fine-tuned row ({share:.0%} of the "
               f"{results['pretraining_tokens']:,} pretraining tokens), from the train split, at the rate of "
-              f"{{{rates}}} that scores best on {config['sweep_windows']} dev windows. Every method runs at factor "
+              f"{{{rates}}} that scores best on {config['sweep_windows']} dev windows (the grid grows by a step past "
+              f"its edge while the best rate sits there, up to {config.get('finetune_widenings', 0)} times). Every "
+              "method runs at factor "
               f"{config['factor']:g} at every length. ALiBi: {results['alibi']}."]
     if results["scratch_tokens"]:
         lines += ["", f"`rope trained at target`: {results['scratch_tokens']:,} tokens at the target length, the "
@@ -70,9 +72,7 @@ def markdown(results: dict) -> str:
     if results["sweep"]:
         lines += ["", f"## Fine-tuning rate, chosen on dev (bits at {results['target_length']} on "
                   f"{config['sweep_windows']} dev windows)", ""]
-        body = [[name] + [f"{v:.3f}" for v in sweep["dev_bits"].values()]
-                + [", ".join(f"{lr:g}" for lr in sweep["chosen"])] for name, sweep in results["sweep"].items()]
-        lines += markdown_table(["row"] + [f"lr {lr:g}" for lr in config["finetune_lrs"]] + ["chosen"], body)
+        lines += markdown_table(*sweep_rows(results["sweep"]))
     if results["curves"]:
         steps = sorted({int(s) for curve in results["curves"].values() for s in curve})
         body = [[name] + [interval_cell(curve[str(s)]["mean"], [curve[str(s)]["low"], curve[str(s)]["high"]],
@@ -97,6 +97,17 @@ def markdown(results: dict) -> str:
     lines += ["", f"Corpus: {corpus['source']} (sha256 `{corpus['sha256'][:16]}`, split {corpus['split']}). "
               f"Device: {results['device']}. " + provenance_line(results["provenance"])]
     return "\n".join(lines) + "\n"
+
+
+def sweep_rows(sweep: dict) -> tuple[list[str], list[list[str]]]:
+    """The rate sweep as a table: a column per rate any row scored (blank where a row did not), and each seed's
+    chosen rate, marked "(edge)" where it is still the grid's smallest or largest."""
+    rates = sorted({lr for row in sweep.values() for lr in row["dev_bits"]}, key=float)
+    body = [[name] + [f"{row['dev_bits'][lr]:.3f}" if lr in row["dev_bits"] else "" for lr in rates]
+            + [", ".join(f"{lr:g}" + (" (edge)" if edge else "")
+                         for lr, edge in zip(row["chosen"], row.get("at_edge", [False] * len(row["chosen"]))))]
+            for name, row in sweep.items()]
+    return ["row"] + [f"lr {lr}" for lr in rates] + ["chosen"], body
 
 
 def _compact_json(value: dict) -> str:

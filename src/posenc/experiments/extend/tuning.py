@@ -16,6 +16,7 @@ from ...lm.evaluate import evaluate
 from ...lm.model import LanguageModel
 from ...lm.runtime import Runtime
 from ...lm.train import TrainConfig, train
+from ..rate_grid import choose_rate, rate_key
 from .config import ExtendRow
 from .plan import Plan
 
@@ -48,10 +49,11 @@ def bits_at_target(model, windows, p: Plan, runtime: Runtime, label: str) -> lis
 
 
 def sweep_row(p: Plan, row: ExtendRow, seed: int, scaling: dict | None, runtime: Runtime, log) -> dict | None:
-    """Fine-tune ``row`` at every rate; on rank 0 choose the rate best on dev and return the selection.
+    """Fine-tune ``row`` at every rate of the grid, widened past an edge while the best rate sits at one
+    (``rate_grid.choose_rate``); on rank 0 return the selection.
 
-    Returns {"lr": chosen, "dev_bits": {rate: bits}, "curves": {rate: {step: {"mean", "window_bits"}}},
-    "wall_time_s"} (None on other ranks)."""
+    Returns {"lr": chosen, "dev_bits": {rate: bits}, "widened": [rates added], "at_edge": bool,
+    "curves": {rate: {step: {"mean", "window_bits"}}}, "wall_time_s"} (None on other ranks)."""
     selection_path = row_folder(p, row, seed) / "selection.json"
     if selection_path.exists():
         return storage.read_json(selection_path)
@@ -61,26 +63,34 @@ def sweep_row(p: Plan, row: ExtendRow, seed: int, scaling: dict | None, runtime:
         bits = bits_at_target(model, curve_windows, p, runtime, f"curve {row.name}")
         return {"mean": sum(bits) / len(bits), "window_bits": bits}
 
-    dev_bits, curves, wall = {}, {}, 0.0
-    for lr in p.config.finetune_lrs:
+    curves, wall = {}, [0.0]
+
+    def dev_bits(lr: float) -> float:
+        """Fine-tune at ``lr`` (every rank) and score it on the dev windows; the choice is made by rank 0, and
+        the other ranks follow it, since every rank sees the same value: rank 0's, broadcast."""
         model = load(p, row, scaling, p.checkpoint(row.trains, seed))
         metrics = finetune(model, p.corpus.train.data, finetune_config(p, lr, seed), rate_folder(p, row, seed, lr),
                            points=curve_points(p.config.finetune_steps), measure=measure, device=runtime.device,
                            autocast_dtype=runtime.autocast_dtype, rank=runtime.rank, world_size=runtime.world_size,
                            label=f"fine-tune {row.name} lr {lr:g} (seed {seed}) @ {p.target}")
-        wall += metrics["wall_time_s"]
+        wall[0] += metrics["wall_time_s"]
+        value = 0.0
         if runtime.rank == 0:
             bits = bits_at_target(model.to(runtime.device), sweep_windows, p, runtime, f"dev {row.name} lr {lr:g}")
-            dev_bits[f"{lr:g}"] = sum(bits) / len(bits)
-            curves[f"{lr:g}"] = metrics["curve"]
+            value = sum(bits) / len(bits)
+            curves[rate_key(lr)] = metrics["curve"]
+        return runtime.broadcast_float(value)
+
+    chosen = choose_rate(p.config.finetune_lrs, dev_bits, p.config.finetune_widenings, "--finetune-lrs")
     if runtime.rank != 0:
         return None
-    chosen = min(dev_bits, key=dev_bits.get)
-    selection = {"lr": float(chosen), "dev_bits": dev_bits, "dev_windows": len(sweep_windows.files),
-                 "curves": curves, "wall_time_s": wall}
+    selection = {"lr": chosen["lr"], "dev_bits": chosen["scores"], "widened": chosen["widened"],
+                 "at_edge": chosen["at_edge"], "dev_windows": len(sweep_windows.files), "curves": curves,
+                 "wall_time_s": wall[0]}
     storage.write_json(selection_path, selection)
     log(f"{row.name} (seed {seed}): dev bits at {p.target} by rate "
-        + ", ".join(f"{lr}: {v:.3f}" for lr, v in dev_bits.items()) + f"; chosen {chosen}")
+        + ", ".join(f"{lr}: {v:.3f}" for lr, v in chosen["scores"].items())
+        + f"; chosen {chosen['lr']:g}" + (" (still at the grid's edge)" if chosen["at_edge"] else ""))
     return selection
 
 
