@@ -25,7 +25,7 @@ RUNS = {
                               "1", "--eval-windows", "1", "--compile", "--out", "OUT"],
     "extrapolate --task copy": ["extrapolate", "--task", "copy", *SMALL, "--encodings", "alibi,rope+randomized",
                                 "--train-length", "8", "--eval-factors", "1,2", "--seeds", "1", "--seed", "1",
-                                "--out", "OUT"],
+                                "--lrs", "1e-3,3e-3", "--lr-widenings", "0", "--out", "OUT"],
     "extrapolate --task recall": ["extrapolate", "--task", "recall", *SMALL, "--encodings", "rope", "--train-length",
                                   "8", "--eval-factors", "1,2", "--out", "OUT"],
     "extend": ["extend", "--preset", "smoke", "--run", "RUN", "--factor", "2", "--methods", "pi,longrope",
@@ -118,6 +118,8 @@ def _check_copy(out, run, printed):
     results = _json(out / "results.json")
     assert results["config"]["task"] == "copy" and results["config"]["seed"] == 1
     assert [row["name"] for row in results["rows"]] == ["alibi", "rope+randomized"]
+    for row in results["rows"]:  # each row chose one of the two rates on dev, nothing added past the grid
+        assert list(row["rate_sweeps"][0]["scores"]) == ["0.001", "0.003"] and row["learning_rates"][0] in (1e-3, 3e-3)
 
 
 def _check_recall(out, run, printed):

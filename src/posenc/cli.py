@@ -42,6 +42,12 @@ def _add_extrapolate(commands) -> None:
     p.add_argument("--steps", type=int, help="training steps")
     p.add_argument("--batch-size", type=int, help="global batch size (split across DDP processes)")
     p.add_argument("--lr", type=float, help="peak learning rate")
+    p.add_argument("--lrs", type=_positive_floats,
+                   help="with --task: peak learning rates to choose from, per row and seed, by the loss on dev "
+                        "sequences at the training length (default: --lr alone)")
+    p.add_argument("--lr-widenings", type=int,
+                   help="with --lrs: rates a row may add, a grid step at a time, past the grid's edge while its "
+                        "best rate sits there (default 2)")
     p.add_argument("--dim", type=int, help="model width")
     p.add_argument("--layers", dest="num_layers", type=int, help="transformer blocks")
     p.add_argument("--heads", dest="num_heads", type=int, help="attention heads")
@@ -57,6 +63,9 @@ def _add_extrapolate(commands) -> None:
 def _run_extrapolate(args) -> int:
     if args.task != "lm":
         return _run_task(args)
+    if args.lrs is not None or args.lr_widenings is not None:
+        raise ValueError("--lrs and --lr-widenings choose a rate per row on --task copy|recall; with --task lm "
+                         "every row trains at --lr")
     from .experiments.extrapolate import ExperimentConfig, run
 
     overrides = {k: getattr(args, k) for k in (
@@ -77,8 +86,8 @@ def _run_task(args) -> int:
         if getattr(args, flag) not in (None, False):
             raise ValueError(f"--{flag.replace('_', '-')} is for --task lm; a synthetic task makes its own sequences")
     overrides = {k: getattr(args, k) for k in (
-        "train_length", "eval_factors", "steps", "batch_size", "lr", "dim", "num_layers", "num_heads", "seeds", "seed",
-        "device")}
+        "train_length", "eval_factors", "steps", "batch_size", "lr", "lrs", "lr_widenings", "dim", "num_layers",
+        "num_heads", "seeds", "seed", "device")}
     if args.encodings not in ("default", "all"):
         overrides["encodings"] = args.encodings
     config = TaskConfig.from_preset(args.task, args.preset, **overrides)

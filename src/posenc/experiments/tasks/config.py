@@ -16,6 +16,7 @@ from ...lm.layouts import LAYOUTS
 from ...lm.model import ModelConfig
 from ...lm.tasks import TASKS, CopyTask, RecallTask
 from ..presets import preset_values
+from ..rate_grid import check_grid
 
 RANDOMIZED = "+randomized"
 TASK_ROWS = ("none", "sinusoidal", "learned", "alibi", "rope", "t5", "kerple", "sandwich", "fire", "xpos", "cope",
@@ -48,6 +49,8 @@ class TaskConfig:
     batch_size: int = 64
     steps: int = 2000
     lr: float = 3e-3
+    lrs: tuple[float, ...] = ()  # a grid: each row and seed trains at each rate and keeps the one best on dev
+    lr_widenings: int = 2  # rates the grid may add past its edge while a row's best rate sits there
     warmup: int = 100
     eval_sequences: int = 256
     eval_factors: tuple[int, ...] = (1, 2, 4, 8)
@@ -60,7 +63,10 @@ class TaskConfig:
     def from_preset(cls, task: str, preset: str, **overrides) -> "TaskConfig":
         checks.choice("preset", preset, tuple(PRESETS))
         presets = {preset: {**PRESETS[preset], **TASK_PRESETS.get((task, preset), {})}}
-        return cls(task=task, preset=preset, **preset_values(presets, preset, overrides))
+        values = preset_values(presets, preset, overrides)
+        if "lrs" in values:
+            values["lrs"] = tuple(values["lrs"])
+        return cls(task=task, preset=preset, **values)
 
     def __post_init__(self):
         checks.choice("task", self.task, tuple(TASKS))
@@ -68,6 +74,9 @@ class TaskConfig:
             checks.positive_int(name, getattr(self, name))
         checks.positive_int("warmup", self.warmup, minimum=0)
         checks.positive_float("lr", self.lr)
+        if self.lrs:
+            check_grid("--lrs", self.lrs)
+        checks.positive_int("--lr-widenings", self.lr_widenings, minimum=0)
         if not self.eval_factors or any(not isinstance(f, int) or f < 1 for f in self.eval_factors):
             raise ValueError(f"eval_factors must be integers >= 1, got {self.eval_factors}")
         checks.choice("device", self.device, ("auto", "cpu", "cuda"))
@@ -113,4 +122,4 @@ class TaskConfig:
                            max_positions=longest if randomized else self.train_length, backend="auto")
 
     def to_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "eval_factors": list(self.eval_factors)}
+        return {**dataclasses.asdict(self), "eval_factors": list(self.eval_factors), "lrs": list(self.lrs)}

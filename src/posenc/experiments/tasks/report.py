@@ -13,7 +13,9 @@ from .. import tables
 
 def table_rows(results: dict) -> tuple[list[str], list[list[str]]]:
     train_length = results["train_length"]
-    header = ["encoding"] + [f"{n // train_length}× ({n})" for n in results["eval_lengths"]] + ["train s"]
+    swept = bool(results["config"].get("lrs"))
+    header = (["encoding"] + [f"{n // train_length}× ({n})" for n in results["eval_lengths"]]
+              + ["lr (dev)"] * swept + ["train s"])
     body = []
     for row in results["rows"]:
         cells = []
@@ -21,8 +23,14 @@ def table_rows(results: dict) -> tuple[list[str], list[list[str]]]:
             cell = row["exact_match"][n]
             cells.append("N/A" if cell is None else tables.interval_cell(cell["mean"], [cell["low"], cell["high"]],
                                                                          cell["seed_std"]))
-        body.append([row["name"]] + cells + [f"{sum(row['train_seconds']) / len(row['train_seconds']):.0f}"])
+        rates = [", ".join(_rate_cell(sweep) for sweep in row["rate_sweeps"])] if swept else []
+        body.append([row["name"]] + cells + rates + [f"{sum(row['train_seconds']) / len(row['train_seconds']):.0f}"])
     return header, body
+
+
+def _rate_cell(sweep: dict) -> str:
+    """A seed's chosen rate, marked "(edge)" where it is still the grid's smallest or largest."""
+    return f"{sweep['lr']:g}" + (" (edge)" if sweep["at_edge"] else "")
 
 
 def caption(results: dict) -> str:

@@ -8,9 +8,13 @@ reads dev, and every reported cell is test. A cell is the mean over the test seq
 interval that resamples sequences (a recall sequence's answers together, never answer by answer), and the
 spread over seeds when there are several.
 
+With a rate grid (``--lrs``), each row and seed trains at every rate of it, widened past its edge while the best
+rate sits there (``rate_grid``), and keeps the rate whose model has the lowest loss on the scored tokens of dev
+sequences at the training length: a choice on dev, in distribution; the lengths past it are what is measured.
+
 Run directory: ``config.json``; ``checkpoints/<row>-seed<k>/`` (last.pt while training,
-model.safetensors + train.json when done); ``evals/<row>-seed<k>.json``. ``--resume`` skips what
-is finished.
+model.safetensors + train.json when done; with ``--lrs`` one ``lr<rate>/`` folder per rate and
+``selection.json``); ``evals/<row>-seed<k>.json``. ``--resume`` skips what is finished.
 """
 
 from __future__ import annotations
@@ -24,9 +28,10 @@ from tqdm.auto import tqdm
 from ... import storage
 from ...lm.model import LanguageModel
 from ...lm.runtime import Runtime, provenance
-from ...lm.tasks import exact_match
+from ...lm.tasks import IGNORE, exact_match
 from ...lm.train import TrainConfig, train
 from .. import intervals
+from ..rate_grid import choose_rate, rate_key
 from . import report
 from .config import TaskConfig
 
@@ -49,7 +54,8 @@ def run(config: TaskConfig, out: Path, *, resume: bool = False, log=print) -> di
     trainings = {}
     for seed in range(config.seed, config.seed + config.seeds):
         for name, encoding, randomized in config.rows:
-            model, trainings[f"{name}-seed{seed}"] = _train_one(config, name, encoding, randomized, seed, out, runtime, log)
+            model, trainings[f"{name}-seed{seed}"] = _train_row(config, name, encoding, randomized, seed, out, runtime,
+                                                                log)
             _evaluate(config, name, model, seed, out, runtime, log)
     results = _collect(config, out, trainings, time.perf_counter() - started)
     report.write_all(results, out)
@@ -67,6 +73,9 @@ def _prepare(out: Path, config: TaskConfig, resume: bool) -> None:
         previous = storage.read_json(pinned)
         fields = ("task", "dim", "num_layers", "num_heads", "train_length", "batch_size", "steps", "lr", "warmup")
         changed = [k for k in fields if previous.get(k) != getattr(config, k)]
+        # a run made before rate grids existed trained at --lr alone
+        changed += [k for k, default in (("lrs", []), ("lr_widenings", 2))
+                    if previous.get(k, default) != config.to_dict()[k]]
         if changed:
             raise ValueError(f"--resume: {out} was trained with a different config (differs in {changed})")
     elif resume:
@@ -75,27 +84,70 @@ def _prepare(out: Path, config: TaskConfig, resume: bool) -> None:
         storage.write_json(pinned, config.to_dict())
 
 
-def _train_one(config: TaskConfig, name, encoding, randomized, seed, out, runtime, log):
+def _train_row(config: TaskConfig, name, encoding, randomized, seed, out, runtime, log):
+    """The row's model for this seed and its training metrics: trained at ``config.lr``, or with a rate grid at
+    the rate chosen on dev (the metrics then carry "lr" and "sweep": the selection, with "sweep_seconds")."""
     folder = out / "checkpoints" / f"{name}-seed{seed}"
+    if not config.lrs:
+        return _train_one(config, name, encoding, randomized, seed, config.lr, folder, runtime, log)
+    selection_path = folder / "selection.json"
+    if not selection_path.exists():
+        seconds = []
+
+        def dev_loss(lr: float) -> float:
+            model, metrics = _train_one(config, name, encoding, randomized, seed, lr, folder / f"lr{rate_key(lr)}",
+                                        runtime, log)
+            seconds.append(metrics["wall_time_s"])
+            return _scored_loss(config, model, DEV_SEED, runtime)
+
+        chosen = choose_rate(config.lrs, dev_loss, config.lr_widenings, "--lrs")
+        storage.write_json(selection_path, {**chosen, "sweep_seconds": sum(seconds)})
+        log(f"{name} (seed {seed}): dev loss at {config.train_length} by rate "
+            + ", ".join(f"{lr}: {v:.4f}" for lr, v in chosen["scores"].items()) + f"; chosen {chosen['lr']:g}"
+            + (" (still at the grid's edge)" if chosen["at_edge"] else ""))
+    selection = storage.read_json(selection_path)
+    model, metrics = _train_one(config, name, encoding, randomized, seed, selection["lr"],
+                                folder / f"lr{rate_key(selection['lr'])}", runtime, log)
+    return model, {**metrics, "lr": selection["lr"], "sweep": selection}
+
+
+def _train_one(config: TaskConfig, name, encoding, randomized, seed, lr, folder, runtime, log):
     torch.manual_seed(seed)
     model = LanguageModel(config.model_config(encoding, randomized))
     if (folder / "train.json").exists() and (folder / "model.safetensors").exists():
-        log(f"{name} (seed {seed}): already trained, skipping")
+        log(f"{name} (seed {seed}, lr {lr:g}): already trained, skipping")
         model.load_state_dict(storage.load_weights(folder / "model.safetensors"))
         return model.to(runtime.device).eval(), storage.read_json(folder / "train.json")
     train_config = TrainConfig(steps=config.steps, batch_size=config.batch_size, length=config.train_length,
-                               lr=config.lr, warmup=config.warmup, checkpoint_every=config.checkpoint_every,
+                               lr=lr, warmup=config.warmup, checkpoint_every=config.checkpoint_every,
                                seed=seed,
                                random_positions=max(config.eval_lengths) if randomized else 0)
     task = config.task_spec
     metrics = train(model, task, train_config, checkpoint=folder / "last.pt", device=runtime.device,
-                    autocast_dtype=runtime.autocast_dtype, label=f"train {name} (seed {seed})",
+                    autocast_dtype=runtime.autocast_dtype, label=f"train {name} (seed {seed}, lr {lr:g})",
                     sample=lambda spec, length, batch, generator: spec.batch(length, batch, generator))
     storage.save_weights(folder / "model.safetensors", model.state_dict())
     storage.write_json(folder / "train.json", metrics)  # written last: its presence means "finished"
     (folder / "last.pt").unlink(missing_ok=True)
-    log(f"{name} (seed {seed}): trained in {metrics['wall_time_s']:.0f}s, final loss {metrics['final_loss']:.3f}")
+    log(f"{name} (seed {seed}, lr {lr:g}): trained in {metrics['wall_time_s']:.0f}s, "
+        f"final loss {metrics['final_loss']:.3f}")
     return model.eval(), metrics
+
+
+@torch.no_grad()
+def _scored_loss(config: TaskConfig, model, split_seed: int, runtime) -> float:
+    """Mean cross-entropy (nats) of the scored tokens of the split's ``eval_sequences`` sequences at the training
+    length: what a rate is chosen by (exact match saturates at 0 or 1, and ties)."""
+    task, length = config.task_spec, config.train_length
+    generator = torch.Generator().manual_seed(split_seed + length)
+    total, count = 0.0, 0
+    for start in range(0, config.eval_sequences, EVAL_BATCH):
+        inputs, targets = task.batch(length, min(EVAL_BATCH, config.eval_sequences - start), generator, full=True)
+        logits = model(inputs.to(runtime.device)).float().cpu()
+        scored = targets != IGNORE
+        total += torch.nn.functional.cross_entropy(logits[scored], targets[scored], reduction="sum").item()
+        count += int(scored.sum())
+    return total / count
 
 
 @torch.no_grad()
@@ -165,7 +217,9 @@ def _collect(config: TaskConfig, out: Path, trainings: dict, wall: float) -> dic
         rows.append({"name": name, "encoding": encoding, "randomized_positions": randomized,
                      "exact_match": _cells(config, [e["exact_match"] for e in evals]),
                      "dev_exact_match": None if None in dev else _means(config, dev),
-                     "train_seconds": [trainings[f"{name}-seed{s}"]["wall_time_s"] for s in seeds]})
+                     "train_seconds": [trainings[f"{name}-seed{s}"]["wall_time_s"] for s in seeds],
+                     "learning_rates": [trainings[f"{name}-seed{s}"].get("lr", config.lr) for s in seeds],
+                     "rate_sweeps": [trainings[f"{name}-seed{s}"]["sweep"] for s in seeds] if config.lrs else None})
     results = {"task": config.task, "task_spec": str(config.task_spec), "train_length": config.train_length,
                "eval_lengths": config.eval_lengths, "seeds": config.seeds, "config": config.to_dict(),
                "rows": rows,

@@ -1,0 +1,114 @@
+"""``--lrs`` on the synthetic tasks: each row and seed trains at every rate (widened past an edge), keeps the rate
+whose model has the lowest dev loss at the training length, and is evaluated with that rate's weights."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from posenc import storage
+from posenc.cli import main
+from posenc.experiments.tasks import TaskConfig, run
+from posenc.experiments.tasks import stages
+from posenc.lm.model import LanguageModel
+from tests.lm.test_tasks import copy_solver
+
+CPU = type("Runtime", (), {"device": "cpu"})()
+
+
+def smoke(**overrides):
+    return TaskConfig.from_preset("copy", "smoke", **{"encodings": "alibi", "device": "cpu", "steps": 6,
+                                                       "lrs": (1e-3, 3e-3), "lr_widenings": 1, **overrides})
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    out = tmp_path_factory.mktemp("rates") / "run"
+    return out, run(smoke(), out, log=lambda *_: None)
+
+
+def test_every_rate_trains_the_best_on_dev_is_kept_and_evaluated(swept):
+    out, results = swept
+    folder = out / "checkpoints" / "alibi-seed0"
+    selection = json.loads((folder / "selection.json").read_text())
+    grid = {lr: selection["scores"][lr] for lr in ("0.001", "0.003")}
+    beyond = "0.000333333" if grid["0.001"] <= grid["0.003"] else "0.009"  # one grid step past the better edge
+    assert list(selection["scores"]) == sorted([*grid, beyond], key=float)
+    for lr, loss in selection["scores"].items():  # each score is that rate's model's dev loss
+        model = LanguageModel(smoke().model_config("alibi", False))
+        model.load_state_dict(storage.load_weights(folder / f"lr{lr}" / "model.safetensors"))
+        assert stages._scored_loss(smoke(), model.eval(), stages.DEV_SEED, CPU) == pytest.approx(loss, rel=1e-6)
+    best = min(selection["scores"], key=selection["scores"].get)
+    assert selection["lr"] == pytest.approx(float(best), rel=1e-5) and selection["at_edge"] == (best == beyond)
+    row = results["rows"][0]
+    assert row["learning_rates"] == [selection["lr"]] and row["rate_sweeps"][0]["scores"] == selection["scores"]
+    chosen = json.loads((folder / f"lr{best}" / "train.json").read_text())
+    assert row["train_seconds"] == [chosen["wall_time_s"]]  # the chosen model's own training, not the sweep's
+    assert selection["sweep_seconds"] > chosen["wall_time_s"]
+    # the evaluation read the chosen rate's weights: re-score them and compare with the written test cells
+    model = LanguageModel(smoke().model_config("alibi", False))
+    model.load_state_dict(storage.load_weights(folder / f"lr{best}" / "model.safetensors"))
+    again = stages._exact_match(smoke(), model.eval(), stages.TEST_SEED, CPU, "check")
+    written = json.loads((out / "evals" / "alibi-seed0.json").read_text())["exact_match"]
+    assert again == written
+    edge = " (edge)" if selection["at_edge"] else ""
+    assert f"| {selection['lr']:g}{edge} |" in (out / "results.md").read_text()
+    assert "lr (dev)" in (out / "results.md").read_text()
+
+
+def test_resume_trains_nothing_again_and_a_changed_grid_is_refused(swept):
+    out, results = swept
+    messages = []
+    again = run(smoke(), out, resume=True, log=messages.append)
+    assert not any("trained in" in m for m in messages) and again["rows"] == results["rows"]
+    with pytest.raises(ValueError, match=r"differs in \['lrs'\]"):
+        run(smoke(lrs=(1e-3, 1e-2)), out, resume=True, log=lambda *_: None)
+    with pytest.raises(ValueError, match=r"differs in \['lr_widenings'\]"):
+        run(smoke(lr_widenings=0), out, resume=True, log=lambda *_: None)
+
+
+def test_a_run_from_before_rate_grids_resumes_at_its_one_rate(tmp_path):
+    out = tmp_path / "old"
+    config = smoke(lrs=(), lr_widenings=2, steps=2)
+    run(config, out, log=lambda *_: None)
+    pinned = json.loads((out / "config.json").read_text())
+    for key in ("lrs", "lr_widenings"):
+        del pinned[key]
+    (out / "config.json").write_text(json.dumps(pinned))
+    messages = []
+    results = run(config, out, resume=True, log=messages.append)
+    assert "alibi (seed 0, lr 0.003): already trained, skipping" in messages
+    assert results["rows"][0]["learning_rates"] == [3e-3] and results["rows"][0]["rate_sweeps"] is None
+    assert (out / "checkpoints" / "alibi-seed0" / "model.safetensors").exists()  # the one-rate layout
+
+
+def test_the_dev_loss_is_the_cross_entropy_of_the_scored_tokens_only():
+    config = smoke()
+    task = config.task_spec
+
+    class Copier(torch.nn.Module):
+        def __init__(self, scale: float):
+            super().__init__()
+            self.scale = scale
+
+        def forward(self, tokens):
+            return self.scale * copy_solver(tokens, task)
+
+    # all-zero logits: ln(vocab) on every scored token; unscored positions (all zero here too) must not count
+    assert stages._scored_loss(config, Copier(0.0), stages.DEV_SEED, CPU) == pytest.approx(math.log(task.vocab_size))
+    # a sure copier: the right symbol at logit s, the others 0 -> −log(e^s / (e^s + V − 1)) per scored token
+    s, vocab = 5.0, task.vocab_size
+    expected = -math.log(math.exp(s) / (math.exp(s) + vocab - 1))
+    assert stages._scored_loss(config, Copier(s), stages.DEV_SEED, CPU) == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--task", "copy", "--lrs", "1e-3,0.001"], "--lrs must not repeat a rate"),
+    (["--task", "copy", "--lrs", "1e-3", "--lr-widenings", "-1"], "--lr-widenings must be an integer >= 0"),
+    (["--lrs", "1e-3,3e-3"], "--lrs and --lr-widenings choose a rate per row on --task copy|recall"),
+])
+def test_bad_rate_flags_fail_before_any_work(tmp_path, capsys, args, message):
+    assert main(["extrapolate", "--preset", "smoke", *args, "--out", str(tmp_path / "x")]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
