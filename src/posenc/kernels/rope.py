@@ -20,6 +20,8 @@ from torch import Tensor
 
 from . import rope_cpu
 
+LAYOUTS = ("half", "interleaved")  # pairs (c, c + F) as transformers rotates them; pairs (2c, 2c + 1) as the paper
+
 
 def rope_angles(positions: Tensor, inv_freq: Tensor) -> Tensor:
     """Angles position · inv_freq in float64, exact for positions far beyond 2^20.
@@ -135,7 +137,7 @@ def rotate_pairs_(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "half") -> 
     """
     if torch.compiler.is_compiling():
         return rotate_pairs(x, cos, sin, layout)
-    return _RotatePairsInPlace.apply(x, cos, sin, layout)
+    return _RotatePairsInPlace.apply(x, cos, sin, _checked(layout))
 
 
 def rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "half") -> Tensor:
@@ -151,4 +153,12 @@ def rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "half") -> T
     Returns:
         (B, H, T, Dh) contiguous, x's dtype.
     """
-    return _RotatePairs.apply(x, cos, sin, layout)
+    return _RotatePairs.apply(x, cos, sin, _checked(layout))
+
+
+def _checked(layout: str) -> str:
+    """``layout`` itself, or a ValueError naming the two layouts: any other string would rotate as "half" on the
+    C++ path and as "interleaved" in Python."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    return layout
