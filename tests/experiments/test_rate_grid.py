@@ -101,3 +101,15 @@ def test_a_choice_off_the_edge_has_worse_neighbours_on_both_sides(best_exponent,
                             chosen["scores"][rate_key(scored[position + 1])])
     if len(chosen["widened"]) < widenings:  # it stopped early: because the choice came inside
         assert not chosen["at_edge"]
+
+
+def test_choose_rate_names_its_grid_in_errors():
+    with pytest.raises(ValueError, match="^learning rates needs at least one learning rate$"):
+        choose_rate((), Recorder(1e-3))
+    with pytest.raises(ValueError, match=r"^--finetune-lrs must be a number > 0.0, got -1.0$"):
+        choose_rate((1e-3, -1.0), Recorder(1e-3), name="--finetune-lrs")
+
+
+def test_by_default_a_grid_grows_at_most_twice():
+    chosen = choose_rate((1e-4, 1e-3), Recorder(best=1.0))
+    assert chosen["widened"] == pytest.approx([1e-2, 1e-1]) and chosen["at_edge"] is True

@@ -91,11 +91,12 @@ def test_bfloat16_comes_back_in_bfloat16_from_either_path(value_dim):
 
 def test_a_float64_bias_on_float32_inputs_is_cast_to_their_compute_dtype():
     g = torch.Generator().manual_seed(14)
-    q, k, v = (randn(g, 1, 2, 7, 4).float() for _ in range(3))
+    q, k, v = (randn(g, 1, 2, 7, 4).float().requires_grad_() for _ in range(3))
     bias = randn(g, 1, 2, 7, 7)
-    got = blockwise.blockwise_attention(q, k, v, bias, scale=0.5, causal=True)
-    want = blockwise.blockwise_attention(q, k, v, bias.float(), scale=0.5, causal=True)
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    got, want = (output_and_grads(lambda q, k, v: blockwise.blockwise_attention(q, k, v, b, scale=0.5, causal=True),
+                                  torch.ones(1, 2, 7, 4), q, k, v) for b in (bias, bias.float()))
+    for a, b in zip(got, want, strict=True):  # forward and the fused backward
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_channel_inputs_without_a_gradient_get_none_and_the_others_theirs():

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from .. import storage
+from .extend import report as extend_report
 from .extrapolate import report as extrapolate_report
 from .pretrained import layer_scaling
 from .pretrained import report as pretrained_report
@@ -33,6 +34,9 @@ TABLES: dict[str, Rows] = {
     "extrapolate-change": extrapolate_report.change_rows,
     "extrapolate-versus-best": extrapolate_report.versus_best_rows,
     "tasks": tasks_report.table_rows,
+    "extend": extend_report.table_rows,
+    "extend-comparisons": extend_report.comparison_rows,
+    "extend-sweep": lambda results: extend_report.sweep_rows(results["sweep"]),
     "pretrained": pretrained_report.main_rows,
     "pretrained-compact": lambda results: pretrained_report.main_rows(results, compact=True),
     "pretrained-comparisons": pretrained_report.comparison_rows,

@@ -173,7 +173,7 @@ class _BlockwiseAttention(torch.autograd.Function):
             if grad_q_channels is not None or built is not None:  # heads folded into rows, as in the scores
                 rows = (grad_scores.flatten(1, 2) @ k_channels[:, 0, :keys]).unflatten(1, (q.shape[1], -1))
                 if built is not None:
-                    built.backward(start, end, rows.mul_(ctx.scale))
+                    built.backward(rows.mul_(ctx.scale))
                 else:
                     grad_q_channels[:, :, start:end] = _sum_to(rows.mul_(ctx.scale), grad_q_channels.shape[:2])
             if grad_k_channels is not None:
@@ -202,8 +202,8 @@ class _Rebuilt:
             self._block = self.build(start, end, *self.inputs)
         return self._block.detach()
 
-    def backward(self, start: int, end: int, grad_channels: Tensor) -> None:
-        """Add the inputs' share of this block's channel gradient; ``block(start, end)`` ran last."""
+    def backward(self, grad_channels: Tensor) -> None:
+        """Add the inputs' share of the channel gradient of the block ``block(start, end)`` built last."""
         needed = [t for t, w in zip(self.inputs, self.wanted) if w]
         if not needed:
             return
