@@ -37,6 +37,7 @@ TABLES: dict[str, Rows] = {
     "extend": extend_report.table_rows,
     "extend-comparisons": extend_report.comparison_rows,
     "extend-sweep": lambda results: extend_report.sweep_rows(results["sweep"]),
+    "extend-curves": extend_report.curve_rows,
     "pretrained": pretrained_report.main_rows,
     "pretrained-compact": lambda results: pretrained_report.main_rows(results, compact=True),
     "pretrained-comparisons": pretrained_report.comparison_rows,

@@ -74,13 +74,9 @@ def markdown(results: dict) -> str:
                   f"{config['sweep_windows']} dev windows)", ""]
         lines += markdown_table(*sweep_rows(results["sweep"]))
     if results["curves"]:
-        steps = sorted({int(s) for curve in results["curves"].values() for s in curve})
-        body = [[name] + [interval_cell(curve[str(s)]["mean"], [curve[str(s)]["low"], curve[str(s)]["high"]],
-                                        curve[str(s)]["seed_std"]) if str(s) in curve else "" for s in steps]
-                for name, curve in results["curves"].items()]
         lines += ["", f"## Bits per byte at {results['target_length']} during fine-tuning, at the chosen rate "
                   f"({config['curve_windows']} test windows)", ""]
-        lines += markdown_table(["row"] + [f"step {s}" for s in steps], body)
+        lines += markdown_table(*curve_rows(results))
     longrope = results["longrope"]
     if longrope:
         seeds = ", ".join(f"{m} {v:.4f}" for m, v in longrope["seed_losses"].items())
@@ -97,6 +93,15 @@ def markdown(results: dict) -> str:
     lines += ["", f"Corpus: {corpus['source']} (sha256 `{corpus['sha256'][:16]}`, split {corpus['split']}). "
               f"Device: {results['device']}. " + provenance_line(results["provenance"])]
     return "\n".join(lines) + "\n"
+
+
+def curve_rows(results: dict) -> tuple[list[str], list[list[str]]]:
+    """Bits at the target along each fine-tuning, at the chosen rate: a column per step."""
+    steps = sorted({int(s) for curve in results["curves"].values() for s in curve})
+    body = [[name] + [interval_cell(curve[str(s)]["mean"], [curve[str(s)]["low"], curve[str(s)]["high"]],
+                                    curve[str(s)]["seed_std"]) if str(s) in curve else "" for s in steps]
+            for name, curve in results["curves"].items()]
+    return ["row"] + [f"step {s}" for s in steps], body
 
 
 def sweep_rows(sweep: dict) -> tuple[list[str], list[list[str]]]:
