@@ -6,6 +6,7 @@ from __future__ import annotations
 from ...lm.data import Windows
 from ...lm.runtime import provenance
 from .. import intervals
+from ..rate_grid import rate_key
 from . import tuning
 from .config import ExtendRow
 from .plan import Plan
@@ -89,7 +90,7 @@ def _curves(p: Plan, seeds: dict[int, dict]) -> dict:
     curves = {}
     for row in (r for r in p.rows if r.stage == "fine-tuned"):
         chosen = [seeds[s]["selections"][row.name] for s in seeds]
-        runs = [selection["curves"][f"{selection['lr']:g}"] for selection in chosen]
+        runs = [selection["curves"][rate_key(selection["lr"])] for selection in chosen]
         steps = sorted(set.intersection(*(set(run) for run in runs)), key=int)
         curves[row.name] = {step: intervals.cell([run[step]["window_bits"] for run in runs], groups) for step in steps}
     return curves

@@ -39,7 +39,7 @@ def row_folder(p: Plan, row: ExtendRow, seed: int):
 
 
 def rate_folder(p: Plan, row: ExtendRow, seed: int, lr: float):
-    return row_folder(p, row, seed) / f"lr{lr:g}"
+    return row_folder(p, row, seed) / f"lr{rate_key(lr)}"
 
 
 def bits_at_target(model, windows, p: Plan, runtime: Runtime, label: str) -> list[float]:
