@@ -38,7 +38,8 @@ run)
     }
     { lscpu | grep -E "^(Model name|CPU\(s\)|Thread|Core|Socket|L2|L3)"; grep -o -m1 'avx512[a-z_]*' /proc/cpuinfo | sort -u
       python3 -c "import torch; print('torch', torch.__version__, torch.backends.cpu.get_cpu_capability())"
-      command -v g++ c++ ninja; g++ --version | head -1; git log -1 --format='commit %H' 2>/dev/null
+      command -v g++ c++ ninja; g++ --version | head -1  # the device's .git is the session's first checkout:
+      echo "kernel sources sha256 $(cat src/posenc/kernels/*.h src/posenc/kernels/*.cpp | sha256sum | cut -c1-16)"
       cat "$steps/pip.txt"; } > "$log" 2>&1
     # every kernel at once, one process each, on all cores: about 30 s each on two
     step build 150 bash -c 'for kernel in rope_cpu offset_bias offset_lookup gated_counts sticks; do
