@@ -17,10 +17,11 @@ SMALL = ["--preset", "smoke", "--steps", "4", "--batch-size", "4", "--lr", "2e-3
 RUNS = {
     "extrapolate": ["extrapolate", *SMALL, "--encodings", "rope,alibi", "--text", str(TEXT), "--train-length", "16",
                     "--eval-factors", "1,2", "--eval-stride", "8", "--eval-windows", "2", "--seeds", "2", "--seed", "3",
-                    "--out", "RUN"],
+                    "--lrs", "1e-3,3e-3", "--lr-widenings", "0", "--out", "RUN"],
     "extrapolate --resume": ["extrapolate", *SMALL, "--encodings", "rope,alibi", "--text", str(TEXT),
                              "--train-length", "16", "--eval-factors", "1,2", "--eval-stride", "8", "--eval-windows",
-                             "2", "--seeds", "2", "--seed", "3", "--out", "RUN", "--resume"],
+                             "2", "--seeds", "2", "--seed", "3", "--lrs", "1e-3,3e-3", "--lr-widenings", "0",
+                             "--out", "RUN", "--resume"],
     "extrapolate --compile": ["extrapolate", *SMALL, "--encodings", "rope", "--train-length", "16", "--eval-factors",
                               "1", "--eval-windows", "1", "--compile", "--out", "OUT"],
     "extrapolate --task copy": ["extrapolate", "--task", "copy", *SMALL, "--encodings", "alibi,rope+randomized",
@@ -108,6 +109,9 @@ def _check_resumed(out, run, printed):
     results = _json(run / "results.json")
     assert results["config"]["seeds"] == 2 and results["config"]["seed"] == 3 and results["config"]["eval_stride"] == 8
     assert {row["name"] for row in results["rows"]} == {"rope", "alibi"}
+    for row in results["rows"]:  # each seed chose one of the two rates on dev; extend and plot read those weights
+        assert [list(sweep["scores"]) for sweep in row["rate_sweeps"]] == [["0.001", "0.003"]] * 2
+        assert all(lr in (1e-3, 3e-3) for lr in row["learning_rates"])
 
 
 def _check_compiled(out, run, printed):

@@ -43,8 +43,8 @@ def _add_extrapolate(commands) -> None:
     p.add_argument("--batch-size", type=int, help="global batch size (split across DDP processes)")
     p.add_argument("--lr", type=float, help="peak learning rate")
     p.add_argument("--lrs", type=_positive_floats,
-                   help="with --task: peak learning rates to choose from, per row and seed, by the loss on dev "
-                        "sequences at the training length (default: --lr alone)")
+                   help="peak learning rates to choose from, per trained encoding (--task: per row) and seed, by "
+                        "the loss on dev windows (sequences) at the training length (default: --lr alone)")
     p.add_argument("--lr-widenings", type=int,
                    help="with --lrs: rates a row may add, a grid step at a time, past the grid's edge while its "
                         "best rate sits there (default 2)")
@@ -61,16 +61,15 @@ def _add_extrapolate(commands) -> None:
 
 
 def _run_extrapolate(args) -> int:
+    if args.lr_widenings is not None and args.lrs is None:
+        raise ValueError("--lr-widenings widens a grid of --lrs; give --lrs too")
     if args.task != "lm":
         return _run_task(args)
-    if args.lrs is not None or args.lr_widenings is not None:
-        raise ValueError("--lrs and --lr-widenings choose a rate per row on --task copy|recall; with --task lm "
-                         "every row trains at --lr")
     from .experiments.extrapolate import ExperimentConfig, run
 
     overrides = {k: getattr(args, k) for k in (
         "encodings", "train_length", "eval_factors", "eval_stride", "eval_windows", "steps", "batch_size", "lr",
-        "dim", "num_layers", "num_heads", "seeds", "seed", "device", "text", "compile")}
+        "lrs", "lr_widenings", "dim", "num_layers", "num_heads", "seeds", "seed", "device", "text", "compile")}
     config = ExperimentConfig.from_preset(args.preset, **overrides)
     if args.resume and args.out is None:
         raise ValueError("--resume needs --out: the run directory to continue")

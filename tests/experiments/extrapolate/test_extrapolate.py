@@ -254,13 +254,17 @@ def test_ddp_smoke_run_with_two_cpu_processes(tmp_path):
     torchrun = Path(sys.executable).with_name("torchrun")
     command = [str(torchrun if torchrun.exists() else "torchrun"), "--standalone", "--nproc_per_node", "2",
                "-m", "posenc", "extrapolate", "--preset", "smoke", "--encodings", "alibi,rope",
-               "--out", str(tmp_path / "ddp")]
+               "--lrs", "1e-3,3e-3", "--lr-widenings", "0", "--out", str(tmp_path / "ddp")]
     done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "ddp" / "results.json").read_text())
     assert results["processes"] == 2
     assert {row["name"] for row in results["rows"]} == {"alibi", "rope"}
     assert all(math.isfinite(v) for row in results["rows"] for v in row["bits_per_byte"].values())
+    for row in results["rows"]:  # both ranks trained every rate and followed rank 0's choice on dev
+        sweep = row["rate_sweeps"][0]
+        assert sorted(sweep["scores"]) == ["0.001", "0.003"] and row["learning_rates"] == [sweep["lr"]]
+        assert sweep["lr"] == float(min(sweep["scores"], key=sweep["scores"].get))
 
 
 def test_resume_of_a_folder_without_a_run_says_so(tmp_path, capsys):

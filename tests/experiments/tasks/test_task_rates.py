@@ -106,7 +106,7 @@ def test_the_dev_loss_is_the_cross_entropy_of_the_scored_tokens_only():
 @pytest.mark.parametrize("args, message", [
     (["--task", "copy", "--lrs", "1e-3,0.001"], "--lrs must not repeat a rate"),
     (["--task", "copy", "--lrs", "1e-3", "--lr-widenings", "-1"], "--lr-widenings must be an integer >= 0"),
-    (["--lrs", "1e-3,3e-3"], "--lrs and --lr-widenings choose a rate per row on --task copy|recall"),
+    (["--task", "copy", "--lr-widenings", "1"], "--lr-widenings widens a grid of --lrs; give --lrs too"),
 ])
 def test_bad_rate_flags_fail_before_any_work(tmp_path, capsys, args, message):
     assert main(["extrapolate", "--preset", "smoke", *args, "--out", str(tmp_path / "x")]) == 2

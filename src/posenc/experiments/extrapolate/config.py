@@ -14,6 +14,7 @@ from ... import checks
 from ...lm.layouts import LAYOUTS
 from ...lm.model import ModelConfig
 from ..presets import preset_values
+from ..rate_grid import check_grid
 from .rows import Row, parse_rows
 
 PRESETS: dict[str, dict] = {
@@ -40,6 +41,8 @@ class ExperimentConfig:
     batch_size: int = 32
     steps: int = 600
     lr: float = 2e-3
+    lrs: tuple[float, ...] = ()  # a grid: each trained encoding and seed trains at each rate, keeps the best on dev
+    lr_widenings: int = 2  # rates the grid may add past its edge while an encoding's best rate sits there
     warmup: int = 50
     eval_windows: int = 480  # windows of the longest length, a seeded sample stratified over the test files
     eval_factors: tuple[int, ...] = (1, 2, 4, 8)
@@ -54,14 +57,17 @@ class ExperimentConfig:
     @classmethod
     def from_preset(cls, preset: str, **overrides) -> "ExperimentConfig":
         values = preset_values(PRESETS, preset, overrides)
+        if "lrs" in values:
+            values["lrs"] = tuple(values["lrs"])
         return cls(preset=preset, **values)
 
     @classmethod
     def from_dict(cls, values: dict) -> "ExperimentConfig":
         """The inverse of to_dict (e.g. a run directory's config.json)."""
         values = dict(values)
-        if "eval_factors" in values:
-            values["eval_factors"] = tuple(values["eval_factors"])
+        for name in ("eval_factors", "lrs"):
+            if name in values:
+                values[name] = tuple(values[name])
         return cls(**values)
 
     def __post_init__(self):
@@ -69,6 +75,9 @@ class ExperimentConfig:
             checks.positive_int(name, getattr(self, name))
         checks.positive_int("warmup", self.warmup, minimum=0)
         checks.positive_float("lr", self.lr)
+        if self.lrs:
+            check_grid("--lrs", self.lrs)
+        checks.positive_int("--lr-widenings", self.lr_widenings, minimum=0)
         if not self.eval_factors or any(not isinstance(f, int) or f < 1 for f in self.eval_factors):
             raise ValueError(f"eval_factors must be integers >= 1, got {self.eval_factors}")
         if self.eval_stride is not None:
@@ -101,11 +110,24 @@ class ExperimentConfig:
                            num_heads=self.num_heads, max_positions=self.train_length, layers=layers)
 
     def to_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "eval_factors": list(self.eval_factors)}
+        return {**dataclasses.asdict(self), "eval_factors": list(self.eval_factors), "lrs": list(self.lrs)}
 
     def training_dict(self) -> dict:
-        """The fields a checkpoint depends on: a resumed run must keep them."""
-        return {name: value for name, value in self.to_dict().items() if name in TRAINING_FIELDS}
+        """The fields a checkpoint depends on: a resumed run must keep them. A field at the value its absence
+        means (``ABSENT_TRAINING_FIELDS``) is left out, so the dict equals one written before the field existed."""
+        values = self.to_dict()
+        return {name: values[name] for name in TRAINING_FIELDS
+                if name not in ABSENT_TRAINING_FIELDS or values[name] != ABSENT_TRAINING_FIELDS[name]}
+
+    def training_changes(self, pinned: dict) -> list[str]:
+        """The training fields in which this config differs from a run's ``config.json`` (``pinned``)."""
+        current, absent = self.training_dict(), ABSENT_TRAINING_FIELDS
+        return [name for name in TRAINING_FIELDS if pinned.get(name, absent.get(name)) != current.get(name, absent.get(name))]
+
+    @property
+    def dev_windows(self) -> int:
+        """Dev windows of the training length that choose a rate: as many bytes as the test windows hold."""
+        return self.eval_windows * (self.window_length // self.train_length)
 
     @property
     def eval_tag(self) -> str:
@@ -116,5 +138,7 @@ class ExperimentConfig:
 
 # Changing any of these changes what a checkpoint is; everything else (rows, seeds,
 # eval lengths, protocol, windows, device) may change between --resume calls.
-TRAINING_FIELDS = ("dim", "num_layers", "num_heads", "train_length", "batch_size", "steps", "lr", "warmup",
-                   "text", "checkpoint_every")
+TRAINING_FIELDS = ("dim", "num_layers", "num_heads", "train_length", "batch_size", "steps", "lr", "lrs",
+                   "lr_widenings", "warmup", "text", "checkpoint_every")
+#: what a config.json written before a field existed meant by its absence
+ABSENT_TRAINING_FIELDS = {"lrs": [], "lr_widenings": 2}

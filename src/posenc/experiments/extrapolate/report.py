@@ -7,6 +7,7 @@ from pathlib import Path
 from ... import storage
 from ...lm.runtime import provenance_line
 from .. import tables
+from ..rate_grid import rate_key
 
 
 def _header(results: dict, first: str) -> list[str]:
@@ -14,12 +15,40 @@ def _header(results: dict, first: str) -> list[str]:
     return [first] + [f"{length // train_length}× ({length})" for length in results["eval_lengths"]]
 
 
+def _swept(results: dict) -> bool:
+    return bool(results["config"].get("lrs"))
+
+
 def table_rows(results: dict) -> tuple[list[str], list[list[str]]]:
-    """Each row's bits per byte with its 95% interval (and the spread over seeds)."""
+    """Each row's bits per byte with its 95% interval (and the spread over seeds); with a rate grid, the rate each
+    seed kept."""
     body = [[row["name"]] + [tables.interval_cell(row["bits_per_byte"][str(n)], row["interval"][str(n)],
                                                   row["bits_per_byte_std"][str(n)]) for n in results["eval_lengths"]]
+            + ([", ".join(_kept(sweep) for sweep in row["rate_sweeps"])] if _swept(results) else [])
             for row in results["rows"]]
-    return _header(results, "encoding"), body
+    return _header(results, "encoding") + ["lr (dev)"] * _swept(results), body
+
+
+def _kept(sweep: dict) -> str:
+    """A seed's kept rate, marked "(edge)" where it is still the grid's smallest or largest."""
+    return rate_key(sweep["lr"]) + (" (edge)" if sweep["at_edge"] else "")
+
+
+def rate_rows(results: dict) -> tuple[list[str], list[list[str]]] | None:
+    """Dev bits per byte at the training length of each trained encoding and seed at every rate it trained at
+    (the kept rate in bold, "—" where the grid did not reach it); None for a run without a rate grid."""
+    if not _swept(results):
+        return None
+    trained = {row["trained_encoding"]: row["rate_sweeps"] for row in results["rows"]}
+    keys = sorted({key for sweeps in trained.values() for sweep in sweeps for key in sweep["scores"]}, key=float)
+    body = []
+    for name, sweeps in trained.items():
+        for seed, sweep in enumerate(sweeps, results["config"]["seed"]):
+            scores, kept = sweep["scores"], rate_key(sweep["lr"])
+            body.append([name, str(seed)] + [
+                "—" if key not in scores else f"**{scores[key]:.4f}**" if key == kept else f"{scores[key]:.4f}"
+                for key in keys] + [_kept(sweep)])
+    return ["encoding", "seed"] + keys + ["kept"], body
 
 
 def change_rows(results: dict) -> tuple[list[str], list[list[str]]]:
@@ -70,6 +99,10 @@ def markdown_table(results: dict) -> str:
     lines += tables.markdown_table(*change_rows(results))
     lines += ["", "## Difference to the best row of each column (paired; '(noise)': the interval covers 0)", ""]
     lines += tables.markdown_table(*versus_best_rows(results))
+    rates = rate_rows(results)
+    if rates:
+        lines += ["", "## Learning rates, chosen on dev (bits per byte on dev windows at the training length)", ""]
+        lines += tables.markdown_table(*rates)
     lines += ["", "## Rows", ""] + [f"- `{row['name']}`: {row['description']}" for row in results["rows"]]
     lines += [
         "",

@@ -9,6 +9,12 @@ training config, ``checkpoints/<encoding>-seed<k>/`` holds the in-progress check
 and final weights, ``evals/<protocol>/<row>-seed<k>.json`` each finished evaluation.
 ``--resume`` skips what is finished and continues what is not; it may also add rows
 or seeds, or evaluate the same checkpoints with another protocol.
+
+With a rate grid (``--lrs``), each trained encoding and seed trains at every rate of it (``rates/lr<rate>/``
+under its checkpoint folder), widened past the grid's edge while the best rate sits there (``rate_grid``), and
+keeps the rate with the lowest bits per byte on dev windows at the training length (``selection.json``): a choice
+on dev, in distribution. The kept rate's weights are the checkpoint's, so every reader of a run finds them where
+it always has.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from ...lm.model import LanguageModel
 from ...lm.runtime import Runtime, provenance
 from ...lm.train import TrainConfig, train
 from .. import intervals
+from ..rate_grid import choose_rate, rate_key
 from . import report
 from .config import ExperimentConfig
 from .rows import parse_rows
@@ -42,7 +49,7 @@ def prepare_run_dir(out: Path, config: ExperimentConfig, resume: bool) -> None:
         previous = storage.read_json(pinned)
         if not resume:
             raise ValueError(f"--out {out} already holds a run; pass --resume to continue it or choose another --out")
-        changed = sorted(k for k, v in config.training_dict().items() if previous.get(k) != v)
+        changed = sorted(config.training_changes(previous))
         if changed:
             raise ValueError(f"--resume: {out} was trained with a different config (differs in {changed}); "
                              "only rows, seeds and evaluation settings may change")
@@ -70,11 +77,13 @@ def run(config: ExperimentConfig, out: Path, *, resume: bool = False, log=print)
         log(f"device: {runtime.label}; processes: {runtime.world_size}; run directory: {out}")
     runtime.barrier()
     windows = sample_windows(corpus.test, config.window_length, config.eval_windows)  # every row scores these
+    dev = sample_windows(corpus.dev, config.train_length, config.dev_windows) if config.lrs else None
     started = time.perf_counter()
     trainings: dict[str, dict] = {}
     for seed in range(config.seed, config.seed + config.seeds):
         for trained in dict.fromkeys(row.trains for row in rows):
-            trainings[f"{trained}-seed{seed}"] = _train_one(config, rows, trained, seed, corpus, out, runtime, log)
+            row = next(r for r in rows if r.trains == trained)
+            trainings[f"{trained}-seed{seed}"] = _train_row(config, row, seed, corpus, dev, out, runtime, log)
             if runtime.rank == 0:
                 for row in (r for r in rows if r.trains == trained):
                     _evaluate_row(config, row, seed, windows, out, runtime, log)
@@ -89,28 +98,76 @@ def run(config: ExperimentConfig, out: Path, *, resume: bool = False, log=print)
     return results
 
 
-def _train_one(config, rows, trained, seed, corpus, out, runtime, log) -> dict:
-    folder = out / "checkpoints" / f"{trained}-seed{seed}"
+def _train_row(config, row, seed, corpus, dev: Windows | None, out, runtime, log) -> dict:
+    """Train ``row``'s encoding at this seed (at ``config.lr``, or at the rate its grid chooses on ``dev``) into
+    ``checkpoints/<encoding>-seed<k>/``; its training metrics (with a grid, also "lr" and "sweep")."""
+    folder = out / "checkpoints" / f"{row.trains}-seed{seed}"
+    if not config.lrs:
+        return _train_one(config, row, seed, corpus, config.lr, folder, runtime, log)
+    if (folder / "train.json").exists() and (folder / "model.safetensors").exists():
+        log(f"{row.trains} (seed {seed}): already trained, skipping")
+        return storage.read_json(folder / "train.json")
+    selection_path = folder / "selection.json"
+    if not selection_path.exists():
+
+        seconds = []
+
+        def dev_bits(lr: float) -> float:
+            """Train at ``lr`` (every rank), score on dev (rank 0), every rank reading rank 0's value."""
+            rate_folder = folder / "rates" / f"lr{rate_key(lr)}"
+            seconds.append(_train_one(config, row, seed, corpus, lr, rate_folder, runtime, log)["wall_time_s"])
+            value = _dev_bits(config, row, rate_folder, dev, runtime) if runtime.rank == 0 else 0.0
+            return runtime.broadcast_float(value)
+
+        chosen = choose_rate(config.lrs, dev_bits, config.lr_widenings, "--lrs")
+        if runtime.rank == 0:
+            storage.write_json(selection_path, {**chosen, "dev_windows": len(dev.files), "split": "dev",
+                                                "sweep_seconds": sum(seconds)})
+            log(f"{row.trains} (seed {seed}): dev bits per byte at {config.train_length} by rate "
+                + ", ".join(f"{lr}: {v:.4f}" for lr, v in chosen["scores"].items()) + f"; chosen {chosen['lr']:g}"
+                + (" (still at the grid's edge)" if chosen["at_edge"] else ""))
+        runtime.barrier()
+    selection = storage.read_json(selection_path)
+    kept = folder / "rates" / f"lr{rate_key(selection['lr'])}"
+    metrics = {**storage.read_json(kept / "train.json"), "lr": selection["lr"], "sweep": selection}
+    if runtime.rank == 0:
+        storage.save_weights(folder / "model.safetensors", storage.load_weights(kept / "model.safetensors"))
+        storage.write_json(folder / "train.json", metrics)  # written last: its presence means "finished"
+    runtime.barrier()
+    return metrics
+
+
+def _dev_bits(config, row, folder: Path, dev: Windows, runtime) -> float:
+    """Bits per byte of the weights in ``folder`` on the dev windows at the training length."""
+    model = LanguageModel(config.model_config(row, row.train_kwargs))
+    model.load_state_dict(storage.load_weights(folder / "model.safetensors"))
+    result = evaluate(model.to(runtime.device), dev.tokens, [config.train_length],
+                      autocast_dtype=runtime.autocast_dtype, label=f"dev {row.trains} @ {config.train_length}")
+    return result["bits_per_byte"][config.train_length]
+
+
+def _train_one(config, row, seed, corpus, lr: float, folder: Path, runtime, log) -> dict:
     done = folder / "train.json"
+    what = f"{row.trains} (seed {seed}" + (f", lr {lr:g})" if config.lrs else ")")
     if done.exists() and (folder / "model.safetensors").exists():  # deleted weights: rebuilt from last.pt
-        log(f"{trained} (seed {seed}): already trained, skipping")
+        log(f"{what}: already trained, skipping")
         return storage.read_json(done)
-    row = next(r for r in rows if r.trains == trained)
     torch.manual_seed(seed)
     model = LanguageModel(config.model_config(row, row.train_kwargs))
     train_config = TrainConfig(steps=config.steps, batch_size=config.batch_size, length=config.train_length,
-                               lr=config.lr, warmup=config.warmup, checkpoint_every=config.checkpoint_every, seed=seed)
+                               lr=lr, warmup=config.warmup, checkpoint_every=config.checkpoint_every, seed=seed)
     metrics = train(model, corpus.train.data, train_config, checkpoint=folder / "last.pt", device=runtime.device,
                     autocast_dtype=runtime.autocast_dtype, rank=runtime.rank, world_size=runtime.world_size,
-                    label=f"train {trained} (seed {seed})", compile=config.compile)
+                    label=f"train {what}", compile=config.compile)
     metrics["parameters"] = model.parameter_counts()
     if runtime.rank == 0:
         storage.save_weights(folder / "model.safetensors", model.state_dict())
         storage.write_json(done, metrics)  # written last: its presence means "finished"
         (folder / "last.pt").unlink(missing_ok=True)
-        log(f"{trained} (seed {seed}): trained in {metrics['wall_time_s']:.0f}s, "
+        log(f"{what}: trained in {metrics['wall_time_s']:.0f}s, "
             f"train loss {metrics['final_bits_per_byte']:.3f} bits/byte, "
             f"{metrics['parameters']['model']:,} + {metrics['parameters']['encoding']:,} encoding parameters")
+    runtime.barrier()  # every rank finds the weights written before it reads them
     return metrics
 
 
@@ -174,6 +231,8 @@ def _collect(config, rows, corpus, windows: Windows, out, runtime, trainings, wa
             "errors": runs[0]["errors"],
             "position_bits": runs[0]["position_bits"],
             "parameters": train_runs[0]["parameters"],
+            "learning_rates": [t.get("lr", config.lr) for t in train_runs],
+            "rate_sweeps": [t["sweep"] for t in train_runs] if config.lrs else None,
             "train_wall_time_s": statistics.fmean(t["wall_time_s"] for t in train_runs),
             "eval_wall_time_s": statistics.fmean(e["wall_time_s"] for e in runs),
         })
@@ -191,7 +250,12 @@ def _collect(config, rows, corpus, windows: Windows, out, runtime, trainings, wa
         "device": runtime.label,
         "processes": runtime.world_size,
         # Compute time of the whole run across --resume calls: every training and evaluation.
-        "wall_time_s": sum(t["wall_time_s"] for t in trainings.values()) + sum(r["eval_wall_time_s"] for r in table),
+        "wall_time_s": sum(_compute_seconds(t) for t in trainings.values()) + sum(r["eval_wall_time_s"] for r in table),
         "this_invocation_s": wall,
         "rows": table,
     }
+
+
+def _compute_seconds(training: dict) -> float:
+    """A training's seconds, with a rate grid every rate's (the kept one among them)."""
+    return training["sweep"]["sweep_seconds"] if "sweep" in training else training["wall_time_s"]
