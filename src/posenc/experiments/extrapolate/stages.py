@@ -85,8 +85,8 @@ def run(config: ExperimentConfig, out: Path, *, resume: bool = False, log=print)
             row = next(r for r in rows if r.trains == trained)
             trainings[f"{trained}-seed{seed}"] = _train_row(config, row, seed, corpus, dev, out, runtime, log)
             if runtime.rank == 0:
-                for row in (r for r in rows if r.trains == trained):
-                    _evaluate_row(config, row, seed, windows, out, runtime, log)
+                for reader in (r for r in rows if r.trains == trained):
+                    _evaluate_row(config, reader, seed, windows, out, runtime, log)
             runtime.barrier()
     if runtime.rank != 0:
         return {}
