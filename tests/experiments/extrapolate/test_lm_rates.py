@@ -11,6 +11,7 @@ import torch
 
 from posenc import storage
 from posenc.cli import main
+from posenc.experiments import published
 from posenc.experiments.extrapolate import ExperimentConfig, run
 from posenc.experiments.extrapolate import stages
 from posenc.experiments.extrapolate.rows import ROWS
@@ -140,3 +141,15 @@ def test_bad_rate_flags_fail_in_one_line_before_any_work(tmp_path, capsys, args,
     error = capsys.readouterr().err
     assert message in error and "Traceback" not in error
     assert not (tmp_path / "x").exists()
+
+
+def test_the_docs_table_of_rates_is_generated_and_refuses_a_run_without_a_grid(swept, tmp_path):
+    out, results = swept
+    text = published.render("extrapolate-rates", results)
+    rates = {key for encoding in ("rope", "alibi") for key in json.loads(
+        (out / "checkpoints" / f"{encoding}-seed0" / "selection.json").read_text())["scores"]}
+    assert text.startswith("| encoding | seed | " + " | ".join(sorted(rates, key=float)) + " | kept |\n")
+    assert text.count("\n") == 2 + 2  # header, rule, one line per trained encoding and seed
+    plain = run(smoke(lrs=(), lr_widenings=2, steps=2, encodings="alibi"), tmp_path / "plain", log=lambda *_: None)
+    with pytest.raises(ValueError, match="generated table extrapolate-rates: its results file ran without --lrs"):
+        published.render("extrapolate-rates", plain)
