@@ -109,7 +109,6 @@ def _train_row(config, row, seed, corpus, dev: Windows | None, out, runtime, log
         return storage.read_json(folder / "train.json")
     selection_path = folder / "selection.json"
     if not selection_path.exists():
-
         seconds = []
 
         def dev_bits(lr: float) -> float:
@@ -147,6 +146,7 @@ def _dev_bits(config, row, folder: Path, dev: Windows, runtime) -> float:
 
 
 def _train_one(config, row, seed, corpus, lr: float, folder: Path, runtime, log) -> dict:
+    """Train ``row``'s encoding at ``lr`` into ``folder`` (resumable; skipped when finished); its metrics."""
     done = folder / "train.json"
     what = f"{row.trains} (seed {seed}" + (f", lr {lr:g})" if config.lrs else ")")
     if done.exists() and (folder / "model.safetensors").exists():  # deleted weights: rebuilt from last.pt
