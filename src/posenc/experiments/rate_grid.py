@@ -19,6 +19,11 @@ def rate_key(rate: float) -> str:
     return f"{rate:g}"
 
 
+def rate_label(rate: float, at_edge: bool) -> str:
+    """A chosen rate as a table shows it, marked "(edge)" where it is still the grid's smallest or largest."""
+    return rate_key(rate) + (" (edge)" if at_edge else "")
+
+
 def check_grid(name: str, rates: Sequence[float]) -> tuple[float, ...]:
     """The grid sorted ascending; a ValueError naming ``name`` for an empty grid, a rate <= 0 or a repeated rate
     (two rates that print alike would share a folder)."""

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ... import storage
 from ...lm.runtime import provenance_line
+from ..rate_grid import rate_label
 from ..tables import difference_cell, interval_cell, markdown_table, stage_rows, text_table
 
 
@@ -109,7 +110,7 @@ def sweep_rows(sweep: dict) -> tuple[list[str], list[list[str]]]:
     chosen rate, marked "(edge)" where it is still the grid's smallest or largest."""
     rates = sorted({lr for row in sweep.values() for lr in row["dev_bits"]}, key=float)
     body = [[name] + [f"{row['dev_bits'][lr]:.3f}" if lr in row["dev_bits"] else "" for lr in rates]
-            + [", ".join(f"{lr:g}" + (" (edge)" if edge else "")
+            + [", ".join(rate_label(lr, edge)
                          for lr, edge in zip(row["chosen"], row.get("at_edge", [False] * len(row["chosen"]))))]
             for name, row in sweep.items()]
     return ["row"] + [f"lr {lr}" for lr in rates] + ["chosen"], body

@@ -122,7 +122,8 @@ class ExperimentConfig:
     def training_changes(self, pinned: dict) -> list[str]:
         """The training fields in which this config differs from a run's ``config.json`` (``pinned``)."""
         current, absent = self.training_dict(), ABSENT_TRAINING_FIELDS
-        return [name for name in TRAINING_FIELDS if pinned.get(name, absent.get(name)) != current.get(name, absent.get(name))]
+        return [name for name in TRAINING_FIELDS
+                if pinned.get(name, absent.get(name)) != current.get(name, absent.get(name))]
 
     @property
     def dev_windows(self) -> int:

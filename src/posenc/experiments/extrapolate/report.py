@@ -7,7 +7,7 @@ from pathlib import Path
 from ... import storage
 from ...lm.runtime import provenance_line
 from .. import tables
-from ..rate_grid import rate_key
+from ..rate_grid import rate_key, rate_label
 
 
 def _header(results: dict, first: str) -> list[str]:
@@ -24,14 +24,9 @@ def table_rows(results: dict) -> tuple[list[str], list[list[str]]]:
     seed kept."""
     body = [[row["name"]] + [tables.interval_cell(row["bits_per_byte"][str(n)], row["interval"][str(n)],
                                                   row["bits_per_byte_std"][str(n)]) for n in results["eval_lengths"]]
-            + ([", ".join(_kept(sweep) for sweep in row["rate_sweeps"])] if _swept(results) else [])
+            + ([", ".join(rate_label(s["lr"], s["at_edge"]) for s in row["rate_sweeps"])] if _swept(results) else [])
             for row in results["rows"]]
     return _header(results, "encoding") + ["lr (dev)"] * _swept(results), body
-
-
-def _kept(sweep: dict) -> str:
-    """A seed's kept rate, marked "(edge)" where it is still the grid's smallest or largest."""
-    return rate_key(sweep["lr"]) + (" (edge)" if sweep["at_edge"] else "")
 
 
 def rate_rows(results: dict) -> tuple[list[str], list[list[str]]] | None:
@@ -47,7 +42,7 @@ def rate_rows(results: dict) -> tuple[list[str], list[list[str]]] | None:
             scores, kept = sweep["scores"], rate_key(sweep["lr"])
             body.append([name, str(seed)] + [
                 "—" if key not in scores else f"**{scores[key]:.4f}**" if key == kept else f"{scores[key]:.4f}"
-                for key in keys] + [_kept(sweep)])
+                for key in keys] + [rate_label(sweep["lr"], sweep["at_edge"])])
     return ["encoding", "seed"] + keys + ["kept"], body
 
 
