@@ -1,9 +1,14 @@
 """Building posenc's C++ CPU kernels: compiled on first use by ``torch.utils.cpp_extension`` (about 30 s
 once per kernel), cached in ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``) under a name that
-carries a hash of the source, the flags, the torch version and the CPU, so two checkouts or versions of posenc
-never rebuild over, or load, each other's build, and a build for one CPU's instructions (``-march=native``: the
-tiles' exp and bias loops need its vector width) never runs on another that shares the cache. ``POSENC_CPU_KERNELS=0`` switches every kernel off; where one
-cannot be built (no C++ compiler or ninja) it is None and its callers use the PyTorch form, warned once.
+carries a hash of the source, the flags, the Python and torch versions and the CPU, so two checkouts or versions
+of posenc never rebuild over, or load, each other's build, and a build for one CPU's instructions
+(``-march=native``: the tiles' exp and bias loops need its vector width) never runs on another that shares the
+cache. ``POSENC_CPU_KERNELS=0`` switches every kernel off; where one cannot be built (no C++ compiler or ninja) it
+is None and its callers use the PyTorch form, warned once.
+
+A build holds a ``lock`` file in its folder; torch waits for it to go, with no limit. A build killed midway (a
+test run interrupted in its first minute) leaves it behind, and every later process would wait forever, so a lock
+older than ``STALE_LOCK_S`` is removed, warned, before torch looks.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ import functools
 import hashlib
 import os
 import platform
+import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -19,6 +26,7 @@ import torch
 
 CFLAGS = ("-O3", "-fopenmp", "-march=native")
 LDFLAGS = ("-fopenmp",)
+STALE_LOCK_S = 600.0  # a build takes 30-60 s; a lock this old belongs to a build that was killed
 
 
 HEADERS = Path(__file__).parent  # the kernels' shared header, cpu_tiles.h
@@ -40,13 +48,49 @@ def cpu_identity() -> str:
     return "\n".join(dict.fromkeys(wanted))  # each distinct line once (one per core otherwise)
 
 
-def build_name(prefix: str, source: bytes, torch_version: str = torch.__version__, cpu: str | None = None) -> str:
-    """The extension's name for this source (and the shared headers), torch and CPU: what was built, and for what,
-    decides where it is cached."""
+def python_abi() -> str:
+    """The running Python's version and ABI flags (``3.11``, ``3.13t``): a module built for one does not load in
+    another."""
+    return f"{sys.version_info.major}.{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
+
+
+def build_name(prefix: str, source: bytes, torch_version: str = torch.__version__, cpu: str | None = None,
+               python: str | None = None) -> str:
+    """The extension's name for this source (and the shared headers), Python, torch and CPU: what was built, and
+    for what, decides where it is cached."""
     cpu = cpu_identity() if cpu is None else cpu
-    parts = [source, headers(), torch_version.encode(), " ".join(CFLAGS + LDFLAGS).encode(), cpu.encode()]
+    python = python_abi() if python is None else python
+    parts = [source, headers(), torch_version.encode(), " ".join(CFLAGS + LDFLAGS).encode(), cpu.encode(),
+             python.encode()]
     digest = hashlib.sha256(b"\0".join(parts)).hexdigest()
     return f"{prefix}_{digest[:16]}"
+
+
+def build_directory(name: str) -> Path:
+    """The folder a build named ``name`` is made and cached in: ``TORCH_EXTENSIONS_DIR`` (or torch's default
+    root) / name, created."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    directory = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()) / name
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+def wait_for_build_lock(directory: Path, stale_after_s: float = STALE_LOCK_S, poll_s: float = 0.5) -> None:
+    """Return once ``directory`` holds no build lock: at once where there is none, when a live build removes it,
+    or after removing it (warned) once it is ``stale_after_s`` seconds old."""
+    lock = directory / "lock"
+    while True:
+        try:
+            age_s = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:
+            return
+        if age_s >= stale_after_s:
+            warnings.warn(f"posenc: removed a build lock {age_s:.0f} s old, left by a build that was killed: {lock}",
+                          stacklevel=3)
+            lock.unlink(missing_ok=True)
+            return
+        time.sleep(poll_s)
 
 
 def load(prefix: str, source: Path, what: str):
@@ -57,7 +101,10 @@ def load(prefix: str, source: Path, what: str):
     try:
         from torch.utils.cpp_extension import load as compile_and_load
 
-        return compile_and_load(name=build_name(prefix, source.read_bytes()), sources=[str(source)],
+        name = build_name(prefix, source.read_bytes())
+        directory = build_directory(name)
+        wait_for_build_lock(directory)
+        return compile_and_load(name=name, sources=[str(source)], build_directory=str(directory),
                                 extra_include_paths=[str(HEADERS)], extra_cflags=list(CFLAGS),
                                 extra_ldflags=list(LDFLAGS), verbose=False)
     except Exception as error:  # noqa: BLE001 - any build failure means "use the PyTorch form"

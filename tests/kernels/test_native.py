@@ -1,0 +1,94 @@
+"""Where the C++ kernels are built, and what a build killed midway leaves for the next process."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+from posenc.kernels import native, rope_cpu
+
+
+def lock_aged(directory: Path, age_s: float) -> Path:
+    lock = directory / "lock"
+    lock.touch()
+    then = time.time() - age_s
+    os.utime(lock, (then, then))
+    return lock
+
+
+def test_a_lock_left_by_a_killed_build_is_removed_with_a_warning(tmp_path):
+    lock = lock_aged(tmp_path, native.STALE_LOCK_S + 5)
+    (tmp_path / "build.ninja").write_text("kept")
+    with pytest.warns(UserWarning, match=r"removed a build lock 60[0-9] s old, left by a build that was killed"):
+        native.wait_for_build_lock(tmp_path)
+    assert not lock.exists() and (tmp_path / "build.ninja").read_text() == "kept"
+
+
+def test_a_live_builds_lock_is_waited_for_not_removed(tmp_path):
+    """A lock younger than the limit belongs to a build still running: wait until that build removes it."""
+    lock = lock_aged(tmp_path, native.STALE_LOCK_S - 30)
+    removed_at = []
+
+    def finish_build():
+        time.sleep(0.3)
+        removed_at.append(time.monotonic())
+        lock.unlink()
+
+    builder = threading.Thread(target=finish_build)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        builder.start()
+        native.wait_for_build_lock(tmp_path, poll_s=0.01)
+        returned_at = time.monotonic()
+    builder.join()
+    assert removed_at and returned_at >= removed_at[0]
+
+
+def test_no_lock_returns_at_once(tmp_path):
+    started = time.monotonic()
+    native.wait_for_build_lock(tmp_path, stale_after_s=0.0, poll_s=10.0)
+    assert time.monotonic() - started < 1.0
+
+
+def test_load_builds_in_its_own_named_folder_once_a_stale_lock_is_gone(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setenv("POSENC_CPU_KERNELS", "1")
+    name = rope_cpu.build_name(rope_cpu.SOURCE.read_bytes())
+    (tmp_path / name).mkdir()
+    lock = lock_aged(tmp_path / name, 3600)
+    calls = []
+
+    def fake_build(**kwargs):
+        calls.append((kwargs, lock.exists()))
+        return "built"
+
+    monkeypatch.setattr("torch.utils.cpp_extension.load", fake_build)
+    with pytest.warns(UserWarning, match="removed a build lock 3600 s old"):
+        assert native.load(rope_cpu.PREFIX, rope_cpu.SOURCE, "RoPE's C++ CPU kernel") == "built"
+    (kwargs, lock_present), = calls
+    assert not lock_present
+    assert kwargs["name"] == name and kwargs["build_directory"] == str(tmp_path / name)
+    assert kwargs["sources"] == [str(rope_cpu.SOURCE)]
+
+
+def test_an_unwritable_cache_means_the_pytorch_form(tmp_path, monkeypatch):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(blocker))
+    monkeypatch.setenv("POSENC_CPU_KERNELS", "1")
+    with pytest.warns(UserWarning, match="RoPE's C\\+\\+ CPU kernel could not be built, using the PyTorch form"):
+        assert native.load(rope_cpu.PREFIX, rope_cpu.SOURCE, "RoPE's C++ CPU kernel") is None
+
+
+def test_the_name_carries_the_python_it_was_built_for():
+    source = rope_cpu.SOURCE.read_bytes()
+    names = {native.build_name("p", source, python=python) for python in ("3.11", "3.12", "3.13t")}
+    assert len(names) == 3
+    assert native.build_name("p", source) == native.build_name("p", source, python=native.python_abi())
+    assert native.python_abi().startswith(f"{sys.version_info.major}.{sys.version_info.minor}")
