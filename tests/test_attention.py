@@ -1,3 +1,5 @@
+import re
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -202,6 +204,7 @@ def test_refusals_name_a_backend_that_can():
         (lambda q, k, v: posenc.build("alibi", heads=4), r"unknown kwargs \['heads'\]"),
         (lambda q, k, v: posenc.build("alibi"), r"encoding 'alibi': .*num_heads"),
     ],
+    ids=lambda value: re.sub(r"[^A-Za-z0-9]+", "_", value).strip("_") if isinstance(value, str) else "bad",
 )
 def test_bad_input_raises_value_error_naming_the_parameter(call, message):
     with pytest.raises(ValueError, match=message):
