@@ -26,11 +26,10 @@ FLEX_REFUSES = ("shaw", "transformer_xl", "cope")
 
 def cases():
     """Every (encoding, backend) pair the backend serves; refusals are tested apart. A fixed list, not ``serves``:
-    the test ids must not hang on the code under test (a mutant of ``serves`` would change what is collected)."""
-    for key in ATTENTION_ENCODINGS:
-        for backend in BACKENDS:
-            if not (backend == "flex" and key in FLEX_REFUSES):
-                yield pytest.param(key, backend, id=f"{key}-{backend}")
+    the test ids must not hang on the code under test (a mutant of ``serves`` would change what is collected). A
+    list, not a generator: a mark keeps it, and a second collection in one process (mutmut's) would find it spent."""
+    return [pytest.param(key, backend, id=f"{key}-{backend}") for key in ATTENTION_ENCODINGS for backend in BACKENDS
+            if not (backend == "flex" and key in FLEX_REFUSES)]
 
 
 def test_the_served_pairs_are_the_listed_cases():
