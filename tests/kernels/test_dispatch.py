@@ -8,51 +8,7 @@ import torch
 
 import posenc
 from posenc.kernels import dispatch
-
-
-@pytest.fixture
-def fresh(tmp_path, monkeypatch):
-    """An empty cache file and no choice made yet in this process."""
-    path = tmp_path / "forms.json"
-    monkeypatch.setenv(dispatch.CACHE_VARIABLE, str(path))
-    monkeypatch.delenv(dispatch.FORCE_VARIABLE, raising=False)
-    monkeypatch.setattr(dispatch, "_chosen", {})
-    return path
-
-
-def counted(delays: dict[str, float]):
-    """Contenders that count their calls; each 'runs' for its given number of milliseconds (by the clock)."""
-    calls = {name: 0 for name in delays}
-    clock = {"now": 0.0}
-
-    def contender(name):
-        def run():
-            calls[name] += 1
-            clock["now"] += delays[name] / 1e3
-        return run
-
-    return {name: contender(name) for name in delays}, calls, clock
-
-
-@pytest.fixture
-def clock(monkeypatch):
-    """time.perf_counter driven by the contenders, so the fastest is known."""
-    state = {"now": 0.0}
-    monkeypatch.setattr(dispatch.time, "perf_counter", lambda: state["now"])
-    return state
-
-
-def make(clock, delays):
-    contenders, calls, own = counted(delays)
-
-    def ticking(run):
-        def timed():
-            before = own["now"]
-            run()
-            clock["now"] += own["now"] - before
-        return timed
-
-    return {name: ticking(run) for name, run in contenders.items()}, calls
+from tests.kernels.dispatch_clock import make
 
 
 def test_the_fastest_form_is_chosen_once_and_remembered_on_disk(fresh, clock):

@@ -40,7 +40,13 @@ def widen(x: Tensor, channels: Tensor) -> Tensor:
     return torch.cat((x, channels.to(x.dtype).expand(*x.shape[:-1], channels.shape[-1])), dim=-1)
 
 
-def sdpa_with_channels(q: Tensor, k: Tensor, v: Tensor, *, scale: float, is_causal: bool = False,
+def flash_width(width: int, *, cuda: bool) -> int:
+    """The head width to call the flash kernel with: ``width`` on CPU, rounded up to FlashAttention's multiple of
+    8 on CUDA."""
+    return -(-width // 8) * 8 if cuda else width
+
+
+def sdpa_with_channels(q: Tensor, k: Tensor, v: Tensor, *, scale: float, is_causal: bool,
                        attn_mask: Tensor | None = None) -> Tensor:
     """``scaled_dot_product_attention`` on widened q and k (width W = Dh + C) and v of width Dv <= W.
 
@@ -53,9 +59,7 @@ def sdpa_with_channels(q: Tensor, k: Tensor, v: Tensor, *, scale: float, is_caus
         (B, H, Tq, Dv).
     """
     value_width = v.shape[-1]
-    width = max(q.shape[-1], value_width)
-    if q.is_cuda:  # FlashAttention takes head widths in multiples of 8
-        width = -(-width // 8) * 8
+    width = flash_width(max(q.shape[-1], value_width), cuda=q.is_cuda)
     if width > q.shape[-1]:
         q, k = F.pad(q, (0, width - q.shape[-1])), F.pad(k, (0, width - k.shape[-1]))
     padded = F.pad(v, (0, q.shape[-1] - value_width)) if q.shape[-1] > value_width else v
@@ -66,7 +70,7 @@ def sdpa_with_channels(q: Tensor, k: Tensor, v: Tensor, *, scale: float, is_caus
 
 def attend_with_channels(content: Tensor | blockwise.ShiftedQueries, k: Tensor, v: Tensor,
                          query_side: Tensor | blockwise.ChannelBlocks, key_side: Tensor, *, scale: float,
-                         is_causal: bool = False, allowed: Tensor | None = None) -> Tensor:
+                         is_causal: bool, allowed: Tensor | None = None) -> Tensor:
     """Attention with score channels (``PositionalEncoding.score_channel_parts``), by the faster route.
 
     Args:
@@ -82,9 +86,7 @@ def attend_with_channels(content: Tensor | blockwise.ShiftedQueries, k: Tensor, 
     if width > v.shape[-1] and blockwise.available(q):
         if torch.compiler.is_compiling():  # rebuilding per block calls autograd.grad, which dynamo does not trace
             query_side = materialized(query_side)
-        compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-        bias = None if allowed is None else torch.zeros(allowed.shape, dtype=compute, device=allowed.device
-                                                        ).masked_fill(~allowed, float("-inf"))
+        bias = None if allowed is None else q.new_zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
         return blockwise.blockwise_attention(q, k, v, bias, scale=scale, causal=is_causal, q_channels=query_side,
                                              k_channels=key_side, q_shift=shift)
     return sdpa_with_channels(widen(materialized(content), materialized(query_side)), widen(k, key_side), v,

@@ -43,9 +43,8 @@ def cache_path() -> Path:
     return Path(os.environ.get(CACHE_VARIABLE) or Path.home() / ".cache" / "posenc" / "attention-forms.json")
 
 
-def fingerprint() -> str:
-    """What a timing is only valid for: torch, the CPU and the kernels' sources."""
-    kernels = Path(__file__).parent
+def fingerprint(kernels: Path = Path(__file__).parent) -> str:
+    """What a timing is only valid for: torch, the CPU and the kernels' sources (in ``kernels``, this folder)."""
     sources = sorted(kernels.glob("*.cpp")) + sorted(kernels.glob("*.h")) + [kernels / "blockwise.py"]
     parts = [torch.__version__, native.cpu_identity(), *(path.read_text() for path in sources)]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
