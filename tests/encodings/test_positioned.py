@@ -50,6 +50,12 @@ def test_every_memoized_table_is_kept_apart():
     assert at.new_tokens() is new and new.k_pos is at.q_pos
 
 
+def test_new_tokens_keep_the_length_and_the_contiguous_promise():
+    at = posenc.build("alibi", num_heads=HEADS).at(positions(2, 6), positions(8), seq_len=20, contiguous=True)
+    new = at.new_tokens()
+    assert (new.q_pos, new.k_pos, new.seq_len, new.contiguous) == (at.q_pos, at.q_pos, 20, True)
+
+
 def test_fox_bias_dense_and_cumulative_kept_apart_and_equal_the_formula():
     """The dense gate bias D_ij = Σ_{j<l≤i} log f_l for the last Tq of Tk keys (Tq ≠ B), in the dtype asked, beside
     the cumulative gates it is made of."""
@@ -215,9 +221,30 @@ def test_the_base_offset_table_covers_lowest_to_highest_per_head():
     torch.testing.assert_close(table, expected, rtol=0, atol=0)
 
 
-def test_the_dense_bias_names_a_bad_key_position():
-    with pytest.raises(ValueError, match="k_pos"):
-        posenc.build("alibi", num_heads=HEADS).score_bias(positions(3), torch.zeros(1, 1, 3, dtype=torch.long))
+def test_the_dense_bias_and_at_name_a_bad_key_position():
+    alibi, three_dims = posenc.build("alibi", num_heads=HEADS), torch.zeros(1, 1, 3, dtype=torch.long)
+    with pytest.raises(ValueError, match="^k_pos must have shape"):
+        alibi.score_bias(positions(3), three_dims)
+    with pytest.raises(ValueError, match="^k_pos must have shape"):
+        alibi.at(positions(3), three_dims)
+
+
+class Shifted(PositionalEncoding):
+    """A q/k door that adds each token's position to its vector: ``rotate`` alone, so the base class's
+    ``rotate_positioned`` serves it."""
+
+    has_rotation = True
+
+    def rotate(self, q, k, q_pos, k_pos):
+        return q + q_pos[:, None, :, None], k + k_pos[:, None, :, None]
+
+
+def test_the_base_q_k_door_hands_rotate_the_query_and_key_positions():
+    q, k = randn(1, 2, 3, 4), randn(1, 2, 5, 4, seed=1)
+    at = Shifted().at(positions(3, 10), positions(5, 20))
+    got_q, got_k = at.rotate(q, k)
+    torch.testing.assert_close(got_q, q + torch.arange(10, 13)[None, None, :, None], rtol=0, atol=0)
+    torch.testing.assert_close(got_k, k + torch.arange(20, 25)[None, None, :, None], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("name", ["alibi", "transformer_xl"])

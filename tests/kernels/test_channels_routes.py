@@ -73,16 +73,18 @@ def test_flash_width_rounds_up_to_eight_on_cuda_only(width, cuda, expected):
     assert flash_width(width, cuda=cuda) == expected
 
 
-@pytest.mark.parametrize(("q_width", "value_width"), [(11, 6), (6, 11), (9, 9)],
-                         ids=["q wider", "v wider", "equal"])
-def test_sdpa_with_channels_pads_to_one_width_and_keeps_the_values(sdpa_calls, q_width, value_width):
-    """Shapes all distinct (B 1, H 3, Tq 5, Tk 7), so a wrong axis shows; padding with zeros changes no score
+@pytest.mark.parametrize(("heads", "q_len", "q_width", "value_width"), [
+    (3, 5, 11, 6), (3, 5, 6, 11), (3, 5, 9, 9), (13, 14, 6, 11)],
+    ids=["q wider", "v wider", "equal", "v wider, more heads and queries than widths"])
+def test_sdpa_with_channels_pads_to_one_width_and_keeps_the_values(sdpa_calls, heads, q_len, q_width, value_width):
+    """Shapes distinct from the widths (B 1, Tk 7), so a wrong axis shows; padding with zeros changes no score
     and no output column, and v's padding is cut off."""
-    q, k, v = randn(1, 3, 5, q_width, seed=0), randn(1, 3, 7, q_width, seed=1), randn(1, 3, 7, value_width, seed=2)
-    allowed = randn(5, 7, seed=3) > -0.5
+    q = randn(1, heads, q_len, q_width, seed=0)
+    k, v = randn(1, heads, 7, q_width, seed=1), randn(1, heads, 7, value_width, seed=2)
+    allowed = randn(q_len, 7, seed=3) > -0.5
     allowed[:, 0] = True
     out = sdpa_with_channels(q, k, v, scale=0.3, is_causal=False, attn_mask=allowed)
-    assert out.shape == (1, 3, 5, value_width)
+    assert out.shape == (1, heads, q_len, value_width)
     torch.testing.assert_close(out, reference(q, k, v, scale=0.3, allowed=allowed), rtol=1e-12, atol=1e-12)
     width = max(q_width, value_width)
     assert sdpa_calls == [((width, width, width), False)]
