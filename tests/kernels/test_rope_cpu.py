@@ -94,6 +94,28 @@ def test_not_served_where_it_cannot_read_the_tensors():
     assert not rope_cpu.serves(x[:, :, :4], cos, sin)  # table for another length
 
 
+@pytest.mark.parametrize(("case", "arguments"), [
+    ("x of 3 dimensions", lambda x, cos, sin: (x[0], cos, sin)),
+    ("tables for 3 rows of a batch of 2", lambda x, cos, sin: (x, cos.expand(3, -1, -1, -1), sin.expand(3, -1, -1, -1))),
+    ("cos of 3 dimensions", lambda x, cos, sin: (x, cos[0], sin)),
+    ("cos for another length, sin right", lambda x, cos, sin: (x, cos[:, :, :4], sin)),
+    ("sin for another length, cos right", lambda x, cos, sin: (x, cos, sin[:, :, :4])),
+    ("more pairs than half the head width", lambda x, cos, sin: (x[..., :6], cos, sin)),
+])
+def test_each_shape_it_cannot_read_is_refused_alone(case, arguments):
+    """Every other argument right, so that each refusal is its own condition."""
+    cos, sin = tables(1, 5, 4)
+    x = torch.randn(2, 2, 5, 8)
+    assert not rope_cpu.serves(*arguments(x, cos, sin)), case
+
+
+def test_not_served_inside_a_compiled_graph(monkeypatch):
+    cos, sin = tables(1, 5, 4)
+    x = torch.randn(2, 2, 5, 8)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert not rope_cpu.serves(x, cos, sin)
+
+
 def test_switched_off_or_unbuildable_means_the_pytorch_form(monkeypatch):
     cos, sin = tables(1, 5, 4)
     x = torch.randn(2, 2, 5, 8)
