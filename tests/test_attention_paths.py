@@ -2,11 +2,14 @@
 scale or a caller's mask, one side's positions given, a positioned encoding's checks, the plain causal path with
 grouped heads and a scale, Shaw's band in float64, and the refusals' words."""
 
+import contextlib
+
 import pytest
 import torch
 
 import posenc
 from posenc.attention import attention_weights, choose_backend
+from posenc.kernels import dispatch
 
 HEADS, WIDTH = 4, 8
 
@@ -55,10 +58,11 @@ def test_a_window_keeps_the_callers_mask(backend):
 
 
 @pytest.mark.parametrize("given", ["q", "k"])
-@pytest.mark.parametrize("backend", ["sdpa", "eager"])
+@pytest.mark.parametrize("backend", ["sdpa", "eager", "sdpa, table form forced"])
 def test_one_sides_positions_with_the_others_default(given, backend):
     """ALiBi with query positions 2, 6, 7 over keys 0..7 (or keys at 0, 2, .., 14 under the last queries): neither
-    is the contiguous layout, so no fast path may assume it."""
+    is the contiguous layout, so no fast path may assume it; forcing the offset-table form (which assumes it) must
+    leave the call to a form that serves."""
     alibi = posenc.build("alibi", num_heads=HEADS).double()
     slopes = torch.tensor(alibi.slope_values, dtype=torch.float64).view(1, -1, 1, 1)
     if given == "q":
@@ -70,7 +74,8 @@ def test_one_sides_positions_with_the_others_default(given, backend):
     q, k, v = randn(1, HEADS, 3, WIDTH, seed=0), randn(1, HEADS, 8, WIDTH, seed=1), randn(1, HEADS, 8, WIDTH, seed=2)
     offset = q_pos[:, None] - k_pos[None, :]
     expected = formula(q, k, v, scale=0.5, allowed=offset >= 0, bias=-slopes * offset)
-    got = posenc.attention(q, k, v, alibi, backend=backend, scale=0.5, **kwargs)
+    with dispatch.force("table") if backend.endswith("forced") else contextlib.nullcontext():
+        got = posenc.attention(q, k, v, alibi, backend=backend.split(",")[0], scale=0.5, **kwargs)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
 
 
