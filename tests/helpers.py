@@ -31,6 +31,11 @@ ATTENTION_ENCODINGS = {
 }
 
 
+def seeded_randn(*shape, seed: int = 0, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """A standard normal tensor drawn in float64 from its own generator at ``seed``, then cast to ``dtype``."""
+    return torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
 def make_encoding(key: str, dtype=torch.float64, heads: int = HEADS):
     name = key.split("_")[0] if key.startswith(("rope", "alibi", "t5", "kerple")) else key
     kwargs = {**ATTENTION_ENCODINGS[key], **({"num_heads": heads} if "num_heads" in ATTENTION_ENCODINGS[key] else {})}

@@ -53,6 +53,17 @@ def naive_attention(q, k, v, bias=None, allowed=None, scale=None) -> torch.Tenso
     return torch.stack(rows)
 
 
+def dense_attention(q, k, v, *, scale, allowed=None, bias=None) -> torch.Tensor:
+    """softmax(scale·q·kᵀ + bias) over the allowed keys, times v, batched as written; grouped key/value heads repeated.
+    q: (B, H, Tq, Dh); k: (B, Hkv, Tk, Dh); v: (B, Hkv, Tk, Dv); bias, allowed broadcast to (B, H, Tq, Tk)."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    logits = scale * q @ k.transpose(-1, -2) + (0 if bias is None else bias)
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, float("-inf"))
+    return logits.softmax(-1) @ v
+
+
 def paper_alibi_slopes(n: int) -> list[float]:
     """ALiBi's get_slopes, as printed in the paper's repository README."""
 

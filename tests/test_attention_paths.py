@@ -10,20 +10,10 @@ import torch
 import posenc
 from posenc.attention import attention_weights, choose_backend
 from posenc.kernels import dispatch
+from tests.helpers import seeded_randn as randn
+from tests.oracles import dense_attention as formula
 
 HEADS, WIDTH = 4, 8
-
-
-def randn(*shape, seed):
-    return torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
-
-
-def formula(q, k, v, *, scale, allowed, bias=None):
-    """softmax(scale·q·kᵀ + bias) over the allowed keys, times v; grouped heads repeated."""
-    groups = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
-    logits = scale * q @ k.transpose(-1, -2) + (0 if bias is None else bias)
-    return logits.masked_fill(~allowed, float("-inf")).softmax(-1) @ v
 
 
 def rotated(q, k, q_pos, k_pos):

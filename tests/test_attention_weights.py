@@ -7,12 +7,9 @@ import torch
 
 import posenc
 from posenc.attention import attention_weights, serves
+from tests.helpers import seeded_randn as randn
 
 HEADS, WIDTH = 2, 4
-
-
-def randn(*shape, seed, dtype=torch.float64):
-    return torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
 
 def alibi_weights(q, k, q_pos, k_pos, slopes, *, scale, allowed, sink=None):

@@ -12,12 +12,9 @@ import torch.nn.functional as F
 import posenc
 from posenc.encodings.base import NoPE, PositionalEncoding
 from posenc.kernels.channels import widen
+from tests.helpers import seeded_randn as randn
 
 HEADS, HEAD_DIM = 3, 4
-
-
-def randn(*shape, seed=0):
-    return torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
 
 
 def fox():

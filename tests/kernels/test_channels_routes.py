@@ -13,26 +13,17 @@ import torch.nn.functional as F
 from posenc.kernels import blockwise
 from posenc.kernels import channels as channels_module
 from posenc.kernels.channels import attend_with_channels, flash_width, materialized, sdpa_with_channels
-
-
-def randn(*shape, seed):
-    return torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+from tests.helpers import seeded_randn as randn
+from tests.oracles import dense_attention
 
 
 def reference(q, k, v, *, scale, q_channels=None, k_channels=None, allowed=None, causal=False):
-    """softmax(scale·(q·kᵀ + q_channels·k_channelsᵀ)) over the allowed keys, times v, in float64; grouped heads
-    repeated. q: (B, H, Tq, D); k: (B, Hkv, Tk, D); v: (B, Hkv, Tk, Dv)."""
-    groups = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    scores = q @ k.transpose(-1, -2)
-    if q_channels is not None:
-        scores = scores + q_channels @ k_channels.transpose(-1, -2)
-    scores = scale * scores
+    """softmax(scale·(q·kᵀ + q_channels·k_channelsᵀ)) over the allowed keys (all earlier ones when causal), times v,
+    in float64."""
+    bias = None if q_channels is None else scale * q_channels @ k_channels.transpose(-1, -2)
     if causal:
         allowed = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).tril()
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed, float("-inf"))
-    return scores.softmax(-1) @ v
+    return dense_attention(q, k, v, scale=scale, allowed=allowed, bias=bias)
 
 
 @pytest.fixture

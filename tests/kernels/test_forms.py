@@ -11,10 +11,7 @@ from posenc.encodings.alibi import ALiBi
 from posenc.encodings.relative import TransformerXL
 from posenc.kernels import forms, gated_counts, offset_bias
 from posenc.kernels.flex import flex_backend
-
-
-def randn(*shape, seed, dtype=torch.float64):
-    return torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)).to(dtype)
+from tests.helpers import seeded_randn as randn
 
 
 def own_positions(q_len, k_len):

@@ -7,12 +7,9 @@ import torch
 import posenc
 from posenc.attention import choose_backend
 from posenc.kernels import sticks
+from tests.helpers import seeded_randn as randn
 
 pytestmark = pytest.mark.skipif(sticks.extension() is None, reason="no C++ toolchain to build the kernel")
-
-
-def randn(*shape, seed):
-    return torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
 
 
 def output_and_grads(q, k, v, upstream, attend_current=False):
