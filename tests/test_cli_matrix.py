@@ -33,6 +33,9 @@ RUNS = {
                "--finetune-steps", "2", "--finetune-batch", "2", "--finetune-lrs", "1e-3,3e-3", "--finetune-widenings",
                "0", "--seeds", "1", "--search-population", "4", "--search-generations", "1", "--search-windows", "1",
                "--sweep-windows", "2", "--curve-windows", "2", "--eval-stride", "16", "--device", "cpu", "--out", "OUT"],
+    "extend --only-seeds": ["extend", "--preset", "smoke", "--run", "RUN", "--factor", "2", "--methods", "pi",
+                            "--finetune-steps", "1", "--finetune-lrs", "1e-3", "--seeds", "2", "--only-seeds", "4",
+                            "--out", "OUT"],
     "extend --from-scratch": ["extend", "--preset", "smoke", "--from-scratch", "--text", str(TEXT), "--methods", "ntk",
                               "--finetune-steps", "1", "--out", "OUT"],
     "extend --hf": ["extend", "--hf", "tiny", "--preset", "smoke", "--to", "1024", "--methods", "none,yarn",
@@ -112,6 +115,11 @@ def _check_resumed(out, run, printed):
     for row in results["rows"]:  # each seed chose one of the two rates on dev; extend and plot read those weights
         assert [list(sweep["scores"]) for sweep in row["rate_sweeps"]] == [["0.001", "0.003"]] * 2
         assert all(lr in (1e-3, 3e-3) for lr in row["learning_rates"])
+
+
+def _check_one_seed_of_two(out, run, printed):
+    assert not (out / "results.json").exists() and "seeds [4] done" in printed
+    assert {path.name.rsplit("-", 1)[1] for path in (out / "evals").rglob("*.json")} == {"seed4.json"}
 
 
 def _check_compiled(out, run, printed):
@@ -194,6 +202,7 @@ def _check_compiled_bench(out, run, printed):
 
 CHECKS = {"extrapolate --resume": _check_resumed, "extrapolate --compile": _check_compiled,
           "extrapolate --task copy": _check_copy, "extrapolate --task recall": _check_recall,
-          "extend": _check_extend, "extend --from-scratch": _check_from_scratch, "extend --hf": _check_hf,
+          "extend": _check_extend, "extend --from-scratch": _check_from_scratch,
+          "extend --only-seeds": _check_one_seed_of_two, "extend --hf": _check_hf,
           "extend --hf self-extend": _check_self_extend, "verify": _check_verify, "plot": _check_plot,
           "bench": _check_bench, "bench --compile": _check_compiled_bench}

@@ -125,6 +125,9 @@ def _add_extend(commands) -> None:
                         "sits there (default 2; 0: the grid as given)")
     p.add_argument("--seeds", type=int, help="repeat base models, search and fine-tuning with this many seeds "
                                              "(default 1)")
+    p.add_argument("--only-seeds", type=_ints,
+                   help="with --run: do only these of the --seeds seeds' stages and stop before the tables, so two "
+                        "processes can share a run's seeds; then --resume without it writes the tables")
     p.add_argument("--search-population", type=int, help="LongRoPE search: candidates per generation (>= 4)")
     p.add_argument("--search-generations", type=int, help="LongRoPE search: generations")
     p.add_argument("--search-windows", type=int, help="LongRoPE search: dev windows scoring each candidate")
@@ -178,7 +181,7 @@ _HF_ONLY = ("to", "corpus", "documents", "dev_documents", "keys_per_band", "retr
             "finetune", "finetune_method", "finetune_window", "pose_chunks", "finetune_lr", "lora",
             "self_extend_window", "self_extend_group", "string_shift", "string_local", "export")
 _OWN_MODEL_ONLY = ("run_dir", "factor", "finetune_lrs", "finetune_widenings", "from_scratch", "eval_stride", "seeds",
-                   "sweep_windows", "curve_windows", "search_windows")
+                   "only_seeds", "sweep_windows", "curve_windows", "search_windows")
 
 
 def _flags_given(args, names: tuple[str, ...]) -> list[str]:
@@ -204,7 +207,8 @@ def _run_extend(args) -> int:
     if args.run_dir is not None and args.text is not None:
         raise ValueError("--text trains new base models; with --run the run's own corpus is used")
     out = args.out or Path("runs") / time.strftime("extend-%Y%m%d-%H%M%S")
-    run(config, out, run_dir=args.run_dir, text=args.text, device=args.device, resume=args.resume)
+    run(config, out, run_dir=args.run_dir, text=args.text, device=args.device, resume=args.resume,
+        only_seeds=args.only_seeds)
     return 0
 
 

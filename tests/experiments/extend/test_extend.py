@@ -322,3 +322,37 @@ def test_ddp_extend_with_two_cpu_processes_matches_one(smoke, tmp_path):
     want = {row["name"]: row for row in single["rows"]}
     for name in ("rope+yarn fine-tuned", "alibi fine-tuned"):  # two processes, one global batch: the same model
         assert rows[name]["bits_per_byte"] == pytest.approx(want[name]["bits_per_byte"], abs=1e-3), name
+
+
+def test_two_processes_can_share_the_seeds_and_a_third_call_writes_the_same_tables(tmp_path, capsys):
+    base = tmp_path / "base"
+    assert main(["extrapolate", "--preset", "smoke", "--encodings", "rope", "--seeds", "2", "--out", str(base)]) == 0
+    args = ["extend", "--preset", "smoke", "--run", str(base), "--seeds", "2", "--methods", "pi",
+            "--finetune-lrs", "3e-4", "--finetune-widenings", "0"]
+    assert main([*args, "--out", str(tmp_path / "whole")]) == 0
+    split = tmp_path / "split"
+    assert main([*args, "--out", str(split), "--only-seeds", "1"]) == 0
+    assert "seeds [1] done" in capsys.readouterr().out
+    assert not (split / "results.json").exists()
+    assert sorted(path.name for path in (split / "evals").rglob("*.json")) == [
+        "rope+pi-fine-tuned-seed1.json", "rope+pi-seed1.json", "rope-fine-tuned-seed1.json", "rope-seed1.json"]
+    assert main([*args, "--out", str(split), "--only-seeds", "0", "--resume"]) == 0
+    assert main([*args, "--out", str(split), "--resume"]) == 0
+    assert "fine-tuning" not in capsys.readouterr().out  # the collecting call found every stage finished
+    got, want = (json.loads((folder / "results.json").read_text()) for folder in (split, tmp_path / "whole"))
+    assert got["seeds"] == want["seeds"] == [0, 1]
+    for a, b in zip(got["rows"], want["rows"], strict=True):
+        assert a["per_seed"] == b["per_seed"], a["name"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--only-seeds", "0"], "--only-seeds needs --run"),
+    (["--run", "RUN", "--only-seeds", "0,1"], "--only-seeds [1] are not among this run's seeds [0]"),
+    (["--run", "RUN", "--only-seeds", ""], "--only-seeds [] are not among"),
+])
+def test_only_seeds_outside_the_run_or_without_one_is_refused(smoke, tmp_path, capsys, args, message):
+    out, _ = smoke
+    args = [str(out / "base") if arg == "RUN" else arg for arg in args]
+    assert main(["extend", "--preset", "smoke", *args, "--out", str(tmp_path / "o")]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -35,10 +35,14 @@ from .plan import Plan, pin_config, plan
 
 
 def run(config: ExtendConfig, out: Path, *, run_dir: Path | None = None, text: str | None = None,
-        device: str | None = None, resume: bool = False, log=print) -> dict:
-    """The whole experiment into ``out``; returns the results dict (also written to results.json)."""
+        device: str | None = None, resume: bool = False, only_seeds: tuple[int, ...] | None = None, log=print) -> dict:
+    """The whole experiment into ``out``; returns the results dict (also written to results.json).
+
+    ``only_seeds``: run only these seeds' stages and return {} before collecting, so processes can share one
+    ``out`` seed by seed (each with ``resume`` but the first); a last call without it collects."""
     out = Path(out)
     p = plan(config, out, run=run_dir, text=text, device=device)
+    todo = p.seeds if only_seeds is None else _check_only_seeds(only_seeds, p, run_dir)
     runtime = Runtime.detect(p.base.device)
     if runtime.rank == 0:
         pin_config(out, config, p.base, run_dir, resume)
@@ -53,7 +57,11 @@ def run(config: ExtendConfig, out: Path, *, run_dir: Path | None = None, text: s
         if runtime.rank == 0:
             stages["base models (train + extrapolate eval)"] = storage.read_json(p.run_dir / "results.json")["wall_time_s"]
     windows = p.report_windows() if runtime.rank == 0 else None
-    seeds = {seed: _one_seed(p, seed, windows, runtime, stages, log) for seed in p.seeds}
+    seeds = {seed: _one_seed(p, seed, windows, runtime, stages, log) for seed in todo}
+    if only_seeds is not None:
+        log(f"seeds {list(todo)} done; write the tables once every seed is: the same command with --resume and "
+            "without --only-seeds")
+        return {}
     if runtime.rank != 0:
         return {}
     longrope = None
@@ -66,6 +74,17 @@ def run(config: ExtendConfig, out: Path, *, run_dir: Path | None = None, text: s
     log(f"\nwrote {out / 'results.json'}, results.md, extension.png, finetune_curve.png"
         + (", longrope_factors.png, rope_parameters.json" if longrope else ""))
     return results
+
+
+def _check_only_seeds(only_seeds: tuple[int, ...], p: Plan, run_dir: Path | None) -> list[int]:
+    if run_dir is None:
+        raise ValueError("--only-seeds needs --run (a finished posenc extrapolate run): without one, every process "
+                         "would train the base models")
+    outside = sorted(set(only_seeds) - set(p.seeds))
+    if outside or not only_seeds:
+        raise ValueError(f"--only-seeds {outside} are not among this run's seeds {p.seeds} (--seeds "
+                         f"{p.config.seeds}, counted from the base run's seed {p.base.seed})")
+    return sorted(set(only_seeds))
 
 
 def _one_seed(p: Plan, seed: int, windows: Windows | None, runtime: Runtime, stages: dict, log) -> dict:
