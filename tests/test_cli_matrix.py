@@ -30,7 +30,7 @@ RUNS = {
     "extrapolate --task recall": ["extrapolate", "--task", "recall", *SMALL, "--encodings", "rope", "--train-length",
                                   "8", "--eval-factors", "1,2", "--out", "OUT"],
     "extend": ["extend", "--preset", "smoke", "--run", "RUN", "--factor", "2", "--methods", "pi,longrope",
-               "--finetune-steps", "2", "--finetune-batch", "2", "--finetune-lrs", "1e-3,3e-3", "--finetune-widenings",
+               "--finetune-steps", "2", "--finetune-warmup", "1", "--finetune-batch", "2", "--finetune-lrs", "1e-3,3e-3", "--finetune-widenings",
                "0", "--seeds", "1", "--search-population", "4", "--search-generations", "1", "--search-windows", "1",
                "--sweep-windows", "2", "--curve-windows", "2", "--eval-stride", "16", "--device", "cpu", "--out", "OUT"],
     "extend --only-seeds": ["extend", "--preset", "smoke", "--run", "RUN", "--factor", "2", "--methods", "pi",
@@ -141,12 +141,15 @@ def _check_recall(out, run, printed):
 def _check_extend(out, run, printed):
     results = _json(out / "results.json")
     assert results["config"]["factor"] == 2 and results["config"]["finetune_lrs"] == [1e-3, 3e-3]
+    assert results["config"]["finetune_warmup"] == 1
     assert all(list(sweep["dev_bits"]) == ["0.001", "0.003"] for sweep in results["sweep"].values())  # no widening
     assert (out / "rope_parameters.json").exists()
 
 
 def _check_from_scratch(out, run, printed):
-    assert _json(out / "results.json")["config"]["from_scratch"] is True
+    config = _json(out / "results.json")["config"]
+    assert config["from_scratch"] is True
+    assert config["finetune_warmup"] == 0  # --finetune-steps 1 keeps smoke's fraction: round(1 × 2 / 8)
 
 
 def _check_hf(out, run, printed):

@@ -116,6 +116,9 @@ def _add_extend(commands) -> None:
     p.add_argument("--factor", type=float, help="target length / training length (default 8)")
     p.add_argument("--methods", help=f"comma list of: {', '.join(EXTEND_METHODS)} (default pi,ntk,yarn,longrope)")
     p.add_argument("--finetune-steps", type=int, help="fine-tuning steps at the target length (0: zero-shot only)")
+    p.add_argument("--finetune-warmup", type=int,
+                   help="warm-up steps of each fine-tune (default: the preset's fraction of --finetune-steps, a tenth "
+                        "for default)")
     p.add_argument("--finetune-batch", type=int, help="windows per fine-tuning step")
     p.add_argument("--finetune-lrs", type=_positive_floats,
                    help="fine-tuning peak learning rates to sweep; each row keeps the one best on dev windows "
@@ -180,8 +183,8 @@ _HF_ONLY = ("to", "corpus", "documents", "dev_documents", "keys_per_band", "retr
             "task_questions", "task_size", "control_stride",
             "finetune", "finetune_method", "finetune_window", "pose_chunks", "finetune_lr", "lora",
             "self_extend_window", "self_extend_group", "string_shift", "string_local", "export")
-_OWN_MODEL_ONLY = ("run_dir", "factor", "finetune_lrs", "finetune_widenings", "from_scratch", "eval_stride", "seeds",
-                   "only_seeds", "sweep_windows", "curve_windows", "search_windows")
+_OWN_MODEL_ONLY = ("run_dir", "factor", "finetune_warmup", "finetune_lrs", "finetune_widenings", "from_scratch",
+                   "eval_stride", "seeds", "only_seeds", "sweep_windows", "curve_windows", "search_windows")
 
 
 def _flags_given(args, names: tuple[str, ...]) -> list[str]:
@@ -198,9 +201,9 @@ def _run_extend(args) -> int:
     from .experiments.extend import ExtendConfig, run
 
     overrides = {k: getattr(args, k) for k in (
-        "factor", "methods", "finetune_steps", "finetune_batch", "finetune_lrs", "finetune_widenings",
-        "search_population", "search_generations", "search_windows", "sweep_windows", "curve_windows", "seeds",
-        "from_scratch", "eval_stride")}
+        "factor", "methods", "finetune_steps", "finetune_warmup", "finetune_batch", "finetune_lrs",
+        "finetune_widenings", "search_population", "search_generations", "search_windows", "sweep_windows",
+        "curve_windows", "seeds", "from_scratch", "eval_stride")}
     config = ExtendConfig.from_preset(args.preset, **overrides)
     if args.resume and args.out is None:
         raise ValueError("--resume needs --out: the run directory to continue")

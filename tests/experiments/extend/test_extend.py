@@ -228,6 +228,9 @@ def test_a_damaged_checkpoint_in_the_run_is_named(smoke, tmp_path, capsys):
     (["--seeds", "0"], "--seeds must be an integer >= 1"),
     (["--sweep-windows", "0"], "--sweep-windows must be an integer >= 1"),
     (["--finetune-widenings", "-1"], "--finetune-widenings must be an integer >= 0"),
+    (["--finetune-warmup", "-1"], "--finetune-warmup must be an integer >= 0"),
+    (["--finetune-warmup", "9"], "--finetune-warmup (9) must be at most --finetune-steps (8)"),
+    (["--finetune-steps", "4", "--finetune-warmup", "5"], "--finetune-warmup (5) must be at most --finetune-steps (4)"),
     (["--finetune-lrs", "1e-3,0.001"], "--finetune-lrs must not repeat a rate"),
     (["--factor", "16384"], "corpus too small"),
     (["--to", "1024"], "--to apply to a pretrained model: they need --hf"),
@@ -356,3 +359,12 @@ def test_only_seeds_outside_the_run_or_without_one_is_refused(smoke, tmp_path, c
     assert main(["extend", "--preset", "smoke", *args, "--out", str(tmp_path / "o")]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("steps, warmup, want", [(None, None, 8), (10, None, 1), (40, None, 4), (0, None, 0),
+                                                 (10, 3, 3), (None, 0, 0)])
+def test_fewer_fine_tuning_steps_keep_the_presets_warm_up_fraction_unless_one_is_given(steps, warmup, want):
+    from posenc.experiments.extend import ExtendConfig
+
+    config = ExtendConfig.from_preset("default", finetune_steps=steps, finetune_warmup=warmup)
+    assert config.finetune_warmup == want

@@ -45,7 +45,7 @@ class ExtendConfig:
     finetune_batch: int = 4
     finetune_lrs: tuple[float, ...] = (1e-4, 3e-4, 1e-3)  # each fine-tuned row keeps the rate best on dev
     finetune_widenings: int = 2  # rates a row may add past the grid's edge while its best rate sits there
-    finetune_warmup: int = 8
+    finetune_warmup: int = 8  # a --finetune-steps given without it keeps the preset's fraction of the steps
     search_population: int = 24
     search_generations: int = 16
     search_parents: int = 6
@@ -60,6 +60,10 @@ class ExtendConfig:
     @classmethod
     def from_preset(cls, preset: str, **overrides) -> "ExtendConfig":
         values = preset_values(PRESETS, preset, overrides)
+        steps = overrides.get("finetune_steps")
+        if steps is not None and overrides.get("finetune_warmup") is None and isinstance(steps, int) and steps >= 0:
+            chosen = PRESETS[preset]
+            values["finetune_warmup"] = round(steps * chosen["finetune_warmup"] / chosen["finetune_steps"])
         if isinstance(values.get("methods"), str):
             values["methods"] = parse_methods(values["methods"], EXTEND_METHODS)
         values["finetune_lrs"] = tuple(values["finetune_lrs"])
@@ -74,7 +78,10 @@ class ExtendConfig:
         checks.positive_int("--finetune-batch", self.finetune_batch)
         check_grid("--finetune-lrs", self.finetune_lrs)
         checks.positive_int("--finetune-widenings", self.finetune_widenings, minimum=0)
-        checks.positive_int("finetune_warmup", self.finetune_warmup, minimum=0)
+        checks.positive_int("--finetune-warmup", self.finetune_warmup, minimum=0)
+        if self.finetune_warmup > self.finetune_steps:
+            raise ValueError(f"--finetune-warmup ({self.finetune_warmup}) must be at most --finetune-steps "
+                             f"({self.finetune_steps})")
         checks.positive_int("--search-population", self.search_population, minimum=4)
         checks.positive_int("--search-generations", self.search_generations)
         for name in ("--search-windows", "--sweep-windows", "--curve-windows", "--seeds"):
