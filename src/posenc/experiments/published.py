@@ -20,6 +20,7 @@ from typing import Callable
 
 from .. import storage
 from .extend import report as extend_report
+from .extend.collect import CONTROL
 from .extrapolate import report as extrapolate_report
 from .pretrained import layer_scaling
 from .pretrained import report as pretrained_report
@@ -38,6 +39,7 @@ TABLES: dict[str, Rows] = {
     "tasks": tasks_report.table_rows,
     "extend": extend_report.table_rows,
     "extend-comparisons": extend_report.comparison_rows,
+    "extend-versus-control": lambda results: extend_report.comparison_rows(results, against=CONTROL),
     "extend-sweep": lambda results: extend_report.sweep_rows(results["sweep"]),
     "extend-curves": extend_report.curve_rows,
     "pretrained": pretrained_report.main_rows,

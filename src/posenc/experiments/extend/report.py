@@ -30,10 +30,11 @@ def change_rows(results: dict) -> tuple[list[str], list[list[str]]]:
     return ["row"] + _lengths(results)[1:], body
 
 
-def comparison_rows(results: dict) -> tuple[list[str], list[list[str]]]:
+def comparison_rows(results: dict, against: str | None = None) -> tuple[list[str], list[list[str]]]:
+    """Every paired comparison a − b at each length, or only those whose b is the row ``against``."""
     body = [[f"{c['a']} − {c['b']}", c["question"]] + [difference_cell(c["difference"][str(n)])
                                                         for n in results["eval_lengths"]]
-            for c in results["comparisons"]]
+            for c in results["comparisons"] if against is None or c["b"] == against]
     return ["a − b", "question"] + _lengths(results), body
 
 
