@@ -14,3 +14,23 @@ def test_a_difference_is_noise_unless_its_seed_interval_agrees():
     assert tables.difference_cell({"mean": 0.0, "low": 0.0, "high": 0.0}) == "identical"
     assert tables.difference_cell(None) == "—"
     assert intervals.supported(agreeing) and not intervals.supported(disagreeing)
+
+
+def test_text_tables_pad_each_column_to_its_widest_cell():
+    table = tables.text_table(["row", "1×"], [["rope", "2.5"], ["alibi fine-tuned", "10.25"]])
+    assert table.splitlines() == ["row               1×   ", "----------------  -----",
+                                  "rope              2.5  ", "alibi fine-tuned  10.25"]
+
+
+def test_markdown_tables_right_align_the_number_columns():
+    assert tables.markdown_table(["row", "stage", "1×"], [["rope", "zero-shot", "2.5"]], text_columns=2) == [
+        "| row | stage | 1× |", "| --- | --- | ---: |", "| rope | zero-shot | 2.5 |"]
+    assert tables.markdown_table(["row", "1×", "2×"], [])[1] == "| --- | ---: | ---: |"
+
+
+def test_interval_and_stage_cells():
+    assert tables.interval_cell(2.2534, [2.2411, 2.2659]) == "2.253 [2.241, 2.266]"
+    assert tables.interval_cell(2.2534, [2.2411, 2.2659], 0.0123) == "2.253 [2.241, 2.266] ± 0.012"
+    assert tables.interval_cell(2.2534, [2.2411, 2.2659], 0.0) == "2.253 [2.241, 2.266]"  # one seed: no spread
+    assert tables.interval_cell(None, None) == "N/A"
+    assert tables.stage_rows({"search": 243.94, "evaluation": 5.0}) == [["search", "243.9"], ["evaluation", "5.0"]]
