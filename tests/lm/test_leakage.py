@@ -132,3 +132,49 @@ def test_the_edges_a_mutant_moves_stay_where_they_are():
     assert list(overlap["files"].items()) == [("z.py", 0.5), ("a.py", 0.25)]
     short = leakage.train_overlap(train, sample_windows(Split(test[48:64], ("s",), (0,)), 15))
     assert short["probe_bytes"] == 16 and short["probes"] == 1 and short["in_train"] == 1.0
+
+
+def test_a_stretch_hash_is_the_documented_polynomial_wrapping_modulo_two_to_the_64():
+    data = torch.tensor(list(random_bytes(40, seed=3)), dtype=torch.uint8)
+    for length in (1, 2, 8, 32):
+        want = []
+        for start in range(len(data) - length + 1):
+            value = 0
+            for byte in data[start : start + length].tolist():
+                value = (value * leakage._HASH_BASE + byte + 1) % 2**64
+            want.append(value - 2**64 if value >= 2**63 else value)  # as a signed int64
+        assert leakage.stretch_hashes(data, length).tolist() == want, length
+    assert leakage.sketch(b"shorter than a shingle").dtype == torch.int64
+
+
+def test_a_pair_goes_together_only_when_its_resemblance_reaches_the_threshold(monkeypatch):
+    """Sketches set by hand: the shared-hash count only filters; the resemblance decides, at the threshold itself."""
+    made = {"a": torch.arange(1, 45).tolist() + list(range(100, 120)),  # 20 shared hashes, all above
+            "b": torch.arange(45, 89).tolist() + list(range(100, 120)),  # 88 others: the union's bottom 64 share none
+            "c": [1, 2], "d": [1, 2, 3, 4]}  # resemblance exactly 0.5, and 2 shared of the larger 4
+    monkeypatch.setattr(leakage, "sketch", lambda data: torch.tensor(made[data.decode()], dtype=torch.int64))
+    groups = leakage.near_duplicate_groups([(name, name.encode()) for name in made], threshold=0.5)
+    assert groups == {"a": "a", "b": "b", "c": "c", "d": "c"}
+    assert leakage.near_duplicate_groups([("a", b"a"), ("b", b"b")], threshold=0.3) == {"a": "a", "b": "b"}
+
+
+def test_a_window_one_short_of_a_power_of_two_takes_the_power_below_and_no_probe_past_its_end():
+    train = Split(torch.tensor(list(random_bytes(300, seed=4)), dtype=torch.uint8), ("t",), (0,))
+    test = Split(torch.cat([train.data[:63], torch.tensor(list(random_bytes(63, seed=5)), dtype=torch.uint8)]),
+                 ("a", "b"), (0, 63))
+    for length, probe, share in ((62, 32, 1.0), (30, 16, 2 / 3)):  # 63 and 31 tokens: one probe from each start
+        overlap = leakage.train_overlap(train, sample_windows(test, length))
+        assert overlap["probe_bytes"] == probe and overlap["probes"] == len(sample_windows(test, length).files)
+        assert overlap["files"] == {"a": pytest.approx(share)}  # (a's third 31-token window starts at its last byte)
+
+
+def test_a_probe_equal_to_trains_largest_stretch_is_found_and_one_above_every_stretch_is_not():
+    train_bytes = random_bytes(17, seed=6)  # two 16-byte stretches
+    hashes = leakage.stretch_hashes(torch.tensor(list(train_bytes), dtype=torch.uint8), 16).tolist()
+    largest = train_bytes[hashes.index(max(hashes)) :][:16]
+    above = next(candidate for seed in range(100) for candidate in [random_bytes(16, seed=100 + seed)]
+                 if leakage.stretch_hashes(torch.tensor(list(candidate), dtype=torch.uint8), 16).item() > max(hashes))
+    train = Split(torch.tensor(list(train_bytes), dtype=torch.uint8), ("t",), (0,))
+    test = Split(torch.tensor(list(largest + above + b"."), dtype=torch.uint8), ("a",), (0,))
+    overlap = leakage.train_overlap(train, sample_windows(test, 32), probe=16)  # one window: two probes
+    assert overlap["probes"] == 2 and overlap["in_train"] == 0.5
