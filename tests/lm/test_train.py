@@ -84,8 +84,11 @@ def test_stopping_and_resuming_follows_the_uninterrupted_run(tmp_path):
     whole = tiny()
     straight = train(whole, data(), config(), checkpoint=tmp_path / "whole.pt", device=CPU)
     parts = tiny()
+    elapsed = []
     for until in (2, 5, None):
         resumed = train(parts, data(), config(), checkpoint=tmp_path / "parts.pt", device=CPU, until=until)
+        elapsed.append(storage.load_checkpoint(tmp_path / "parts.pt")["elapsed"])
+    assert 0 < elapsed[0] <= elapsed[1] <= elapsed[2] <= resumed["wall_time_s"]  # time adds up across the stops
     for name, tensor in whole.state_dict().items():
         torch.testing.assert_close(parts.state_dict()[name], tensor, rtol=0, atol=1e-7)
     assert storage.load_checkpoint(tmp_path / "parts.pt")["losses"] == pytest.approx(
