@@ -73,3 +73,9 @@ def test_the_smallest_lengths_each_task_holds(task, length):
 def test_lengths_a_task_cannot_hold_are_refused_by_name(task, length, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         task.check_length(length)
+
+
+def test_recall_values_use_every_value_symbol():
+    task = RecallTask(keys=64, values=4)
+    inputs, _ = draw(task, 16, seed=3)
+    assert set(inputs[:, 1:8:2].flatten().tolist()) == {64, 65, 66, 67}

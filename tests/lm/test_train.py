@@ -124,3 +124,27 @@ def test_a_batch_the_processes_cannot_share_is_refused_before_training(tmp_path)
     with pytest.raises(ValueError, match=r"batch_size \(3\) must be divisible by the number of processes \(2\)"):
         train(tiny(), data(), config(batch_size=3), checkpoint=tmp_path / "last.pt", device=CPU, world_size=2)
     assert not (tmp_path / "last.pt").exists()
+
+
+def test_the_wall_time_is_this_runs_and_the_checkpoint_names_its_config(tmp_path):
+    import time
+
+    began = time.perf_counter()
+    metrics = train(tiny(), data(), config(steps=2), checkpoint=tmp_path / "last.pt", device=CPU)
+    assert 0 < metrics["wall_time_s"] <= time.perf_counter() - began
+    assert storage.load_checkpoint(tmp_path / "last.pt")["config"] == {
+        "steps": 2, "batch_size": 2, "length": 16, "lr": 3e-3, "warmup": 2, "weight_decay": 0.1, "grad_clip": 1.0,
+        "checkpoint_every": 100, "seed": 0, "random_positions": 0}
+
+
+def test_randomized_positions_come_from_the_runs_own_generator(tmp_path):
+    weights = []
+    for global_seed in (0, 1):
+        torch.manual_seed(global_seed)
+        model = tiny()
+        torch.manual_seed(global_seed)  # the global generator differs between the two runs; the data order must not
+        train(model, data(), config(steps=2, random_positions=64), checkpoint=tmp_path / f"{global_seed}.pt",
+              device=CPU)
+        weights.append(model.state_dict())
+    for name, tensor in weights[0].items():
+        torch.testing.assert_close(weights[1][name], tensor, rtol=0, atol=0)
