@@ -20,9 +20,9 @@ def test_each_method_is_its_transformers_dict():
 
 
 def test_longrope_needs_its_searched_factors_and_an_unknown_method_is_named():
-    with pytest.raises(ValueError, match="longrope"):
+    with pytest.raises(ValueError, match=r"^method must be one of \['dynamic', 'llama3', 'ntk', 'pi', 'yarn'\], got 'longrope'"):
         method_scaling("longrope", 8, 64)
-    with pytest.raises(ValueError, match="'rerope'"):
+    with pytest.raises(ValueError, match=r"^method must be one of .*, got 'rerope'$"):
         method_scaling("rerope", 8, 64)
 
 
