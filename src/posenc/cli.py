@@ -116,9 +116,8 @@ def _add_extend(commands) -> None:
     p.add_argument("--factor", type=float, help="target length / training length (default 8)")
     p.add_argument("--methods", help=f"comma list of: {', '.join(EXTEND_METHODS)} (default pi,ntk,yarn,longrope)")
     p.add_argument("--finetune-steps", type=int, help="fine-tuning steps at the target length (0: zero-shot only)")
-    p.add_argument("--finetune-warmup", type=int,
-                   help="warm-up steps of each fine-tune (default: the preset's fraction of --finetune-steps, a tenth "
-                        "for default)")
+    p.add_argument("--finetune-warmup", type=int, help="warm-up steps per fine-tune (default: the preset's share "
+                                                       "of --finetune-steps, a tenth for default)")
     p.add_argument("--finetune-batch", type=int, help="windows per fine-tuning step")
     p.add_argument("--finetune-lrs", type=_positive_floats,
                    help="fine-tuning peak learning rates to sweep; each row keeps the one best on dev windows "
