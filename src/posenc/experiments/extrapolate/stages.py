@@ -19,7 +19,6 @@ it always has.
 
 from __future__ import annotations
 
-import statistics
 import time
 from pathlib import Path
 
@@ -28,13 +27,13 @@ import torch
 from ... import storage
 from ...lm.data import Windows, load_corpus, sample_windows
 from ...lm.evaluate import evaluate
-from ...lm.leakage import train_overlap
 from ...lm.model import LanguageModel
-from ...lm.runtime import Runtime, provenance
+from ...lm.runtime import Runtime
 from ...lm.train import TrainConfig, train
 from .. import intervals
 from ..rate_grid import choose_rate, rate_key
 from . import report
+from .collect import collect
 from .config import ExperimentConfig
 from .rows import parse_rows
 
@@ -90,7 +89,7 @@ def run(config: ExperimentConfig, out: Path, *, resume: bool = False, log=print)
             runtime.barrier()
     if runtime.rank != 0:
         return {}
-    results = _collect(config, rows, corpus, windows, out, runtime, trainings, time.perf_counter() - started)
+    results = collect(config, rows, corpus, windows, out, runtime, trainings, time.perf_counter() - started)
     report.write_all(results, out)
     log("")
     log(report.terminal_table(results))
@@ -195,67 +194,3 @@ def _evaluate_row(config, row, seed, windows: Windows, out, runtime, log) -> Non
                               "wall_time_s": time.perf_counter() - began})
     shown = ", ".join(f"{k}: {'N/A' if v is None else f'{v:.3f}'}" for k, v in bits.items())
     log(f"  {row.name}: {shown}")
-
-
-def _versus(best: str | None, own: list, per_seed: dict, length: str, groups: list[int]) -> dict | None:
-    """This row minus the column's best row, paired over the same windows and seeds."""
-    difference = intervals.paired(own, per_seed[best][length], groups) if best else None
-    return difference and {"best": best, **difference}
-
-
-def _collect(config, rows, corpus, windows: Windows, out, runtime, trainings, wall) -> dict:
-    groups, _ = intervals.units(windows.files)
-    lengths = [str(n) for n in config.eval_lengths]
-    seeds = range(config.seed, config.seed + config.seeds)
-    evals = {row.name: [storage.read_json(out / "evals" / config.eval_tag / f"{row.name}-seed{s}.json") for s in seeds]
-             for row in rows}
-    per_seed = {name: {n: [e["window_bits"][n] for e in runs] for n in lengths} for name, runs in evals.items()}
-    cells = {name: {n: intervals.cell(values[n], groups) for n in lengths} for name, values in per_seed.items()}
-    best = {n: min((name for name in cells if cells[name][n]), key=lambda name: cells[name][n]["mean"], default=None)
-            for n in lengths}
-    table = []
-    for row in rows:
-        runs, own, cell = evals[row.name], per_seed[row.name], cells[row.name]
-        train_runs = [trainings[f"{row.trains}-seed{s}"] for s in seeds]
-        table.append({
-            "name": row.name,
-            "description": row.description,
-            "trained_encoding": row.trains,
-            "bits_per_byte": {n: cell[n] and cell[n]["mean"] for n in lengths},
-            "interval": {n: cell[n] and [cell[n]["low"], cell[n]["high"]] for n in lengths},
-            "bits_per_byte_std": {n: cell[n] and cell[n]["seed_std"] for n in lengths},
-            "change_from_1x": {n: intervals.paired(own[n], own[lengths[0]], groups) for n in lengths},
-            "vs_best": {n: _versus(best[n], own[n], per_seed, n, groups) for n in lengths},
-            "window_bits": {n: intervals.seed_mean(own[n]) for n in lengths},
-            "per_seed": [e["bits_per_byte"] for e in runs],
-            "errors": runs[0]["errors"],
-            "position_bits": runs[0]["position_bits"],
-            "parameters": train_runs[0]["parameters"],
-            "learning_rates": [t.get("lr", config.lr) for t in train_runs],
-            "rate_sweeps": [t["sweep"] for t in train_runs] if config.lrs else None,
-            "train_wall_time_s": statistics.fmean(t["wall_time_s"] for t in train_runs),
-            "eval_wall_time_s": statistics.fmean(e["wall_time_s"] for e in runs),
-        })
-    protocol = ("non-overlapping windows" if config.eval_stride is None
-                else f"sliding windows, stride {config.eval_stride}")
-    return {
-        "config": config.to_dict(),
-        "train_length": config.train_length,
-        "eval_lengths": config.eval_lengths,
-        "protocol": protocol,
-        "corpus": corpus.fingerprint,
-        "windows": intervals.describe_windows(windows, corpus.test),
-        "train_overlap": train_overlap(corpus.train, windows),
-        "provenance": provenance(),
-        "device": runtime.label,
-        "processes": runtime.world_size,
-        # Compute time of the whole run across --resume calls: every training and evaluation.
-        "wall_time_s": sum(_compute_seconds(t) for t in trainings.values()) + sum(r["eval_wall_time_s"] for r in table),
-        "this_invocation_s": wall,
-        "rows": table,
-    }
-
-
-def _compute_seconds(training: dict) -> float:
-    """A training's seconds, with a rate grid every rate's (the kept one among them)."""
-    return training["sweep"]["sweep_seconds"] if "sweep" in training else training["wall_time_s"]
