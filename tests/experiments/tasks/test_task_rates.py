@@ -11,6 +11,7 @@ from posenc import storage
 from posenc.cli import main
 from posenc.experiments.tasks import TaskConfig, run
 from posenc.experiments.tasks import stages
+from posenc.experiments.tasks.config import DEV_SEED, TEST_SEED
 from posenc.lm.model import LanguageModel
 from tests.lm.test_tasks import copy_solver
 
@@ -38,7 +39,7 @@ def test_every_rate_trains_the_best_on_dev_is_kept_and_evaluated(swept):
     for lr, loss in selection["scores"].items():  # each score is that rate's model's dev loss
         model = LanguageModel(smoke().model_config("alibi", False))
         model.load_state_dict(storage.load_weights(folder / f"lr{lr}" / "model.safetensors"))
-        assert stages._scored_loss(smoke(), model.eval(), stages.DEV_SEED, CPU) == pytest.approx(loss, rel=1e-6)
+        assert stages._scored_loss(smoke(), model.eval(), DEV_SEED, CPU) == pytest.approx(loss, rel=1e-6)
     best = min(selection["scores"], key=selection["scores"].get)
     assert selection["lr"] == pytest.approx(float(best), rel=1e-5) and selection["at_edge"] == (best == beyond)
     row = results["rows"][0]
@@ -49,7 +50,7 @@ def test_every_rate_trains_the_best_on_dev_is_kept_and_evaluated(swept):
     # the evaluation read the chosen rate's weights: re-score them and compare with the written test cells
     model = LanguageModel(smoke().model_config("alibi", False))
     model.load_state_dict(storage.load_weights(folder / f"lr{best}" / "model.safetensors"))
-    again = stages._exact_match(smoke(), model.eval(), stages.TEST_SEED, CPU, "check")
+    again = stages._exact_match(smoke(), model.eval(), TEST_SEED, CPU, "check")
     written = json.loads((out / "evals" / "alibi-seed0.json").read_text())["exact_match"]
     assert again == written
     edge = " (edge)" if selection["at_edge"] else ""
@@ -96,11 +97,11 @@ def test_the_dev_loss_is_the_cross_entropy_of_the_scored_tokens_only():
             return self.scale * copy_solver(tokens, task)
 
     # all-zero logits: ln(vocab) on every scored token; unscored positions (all zero here too) must not count
-    assert stages._scored_loss(config, Copier(0.0), stages.DEV_SEED, CPU) == pytest.approx(math.log(task.vocab_size))
+    assert stages._scored_loss(config, Copier(0.0), DEV_SEED, CPU) == pytest.approx(math.log(task.vocab_size))
     # a sure copier: the right symbol at logit s, the others 0 -> −log(e^s / (e^s + V − 1)) per scored token
     s, vocab = 5.0, task.vocab_size
     expected = -math.log(math.exp(s) / (math.exp(s) + vocab - 1))
-    assert stages._scored_loss(config, Copier(s), stages.DEV_SEED, CPU) == pytest.approx(expected, rel=1e-6)
+    assert stages._scored_loss(config, Copier(s), DEV_SEED, CPU) == pytest.approx(expected, rel=1e-6)
 
 
 @pytest.mark.parametrize("args, message", [

@@ -7,7 +7,8 @@ import torch
 
 from posenc.cli import main
 from posenc.experiments.tasks import TASK_ROWS, TaskConfig, run
-from posenc.experiments.tasks import stages
+from posenc.experiments.tasks import collect, stages
+from posenc.experiments.tasks.config import DEV_SEED, TEST_SEED
 from posenc.lm.runtime import provenance, provenance_line
 from posenc.lm.tasks import CopyTask
 from tests.lm.test_tasks import copy_solver
@@ -100,14 +101,14 @@ def test_recall_answers_are_resampled_by_their_sequence():
     length, sequences = 32, config.eval_sequences
     asked = config.task_spec.scored_per_sequence(length)
     assert asked > 1 and config.task_spec.scored_per_sequence(length) == config.task_spec.asked(length)
-    groups = stages._sequences(config, str(length), asked * sequences)
+    groups = collect.sequences(config, str(length), asked * sequences)
     assert groups[: asked + 1] == [0] * asked + [1] and groups[-1] == sequences - 1
     right = [float(sequence % 2 == 0) for sequence in groups]
-    cell = stages.intervals.cell([right], groups)
+    cell = collect.intervals.cell([right], groups)
     half_width = 1.96 * 0.5 / sequences**0.5
     assert cell["mean"] == 0.5 and cell["high"] - cell["low"] > 1.5 * half_width
     with pytest.raises(ValueError, match="expected 8 for each of"):
-        stages._sequences(config, str(length), asked * sequences - 1)
+        collect.sequences(config, str(length), asked * sequences - 1)
     assert CopyTask().scored_per_sequence(length) == 1
 
 
@@ -117,10 +118,10 @@ def test_dev_and_test_ask_different_sequences_and_an_old_run_has_no_dev():
     config = smoke("recall", encodings="none")
     task = config.task_spec
     dev, test = (task.batch(16, 4, torch.Generator().manual_seed(seed + 16), full=True)[0]
-                 for seed in (stages.DEV_SEED, stages.TEST_SEED))
+                 for seed in (DEV_SEED, TEST_SEED))
     assert not torch.equal(dev, test)
     scores = {str(n): [1.0] * (task.scored_per_sequence(n) * config.eval_sequences) for n in config.eval_lengths}
-    assert stages._means(config, [scores, {**scores, "8": [0.0] * len(scores["8"])}])["8"] == 0.5
+    assert collect.means(config, [scores, {**scores, "8": [0.0] * len(scores["8"])}])["8"] == 0.5
     from posenc.experiments.tasks import report
     old = {"train_length": 8, "eval_lengths": [8], "rows": [{"name": "none", "dev_exact_match": None}]}
     assert report.dev_rows(old) is None

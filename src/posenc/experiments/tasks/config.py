@@ -18,6 +18,10 @@ from ...lm.tasks import TASKS, CopyTask, RecallTask
 from ..presets import preset_values
 from ..rate_grid import check_grid
 
+TEST_SEED = 1_000_003  # test sequences: a generator seeded by this plus the length
+DEV_SEED = 2_000_003  # dev sequences, likewise
+SPLIT_SEEDS = {"dev": DEV_SEED, "test": TEST_SEED}
+
 RANDOMIZED = "+randomized"
 TASK_ROWS = ("none", "sinusoidal", "learned", "alibi", "rope", "t5", "kerple", "sandwich", "fire", "xpos", "cope",
              "rope+randomized")
