@@ -84,11 +84,14 @@ def test_layers_with_the_same_encoding_share_one_module_and_distinct_ones_do_not
 
 @pytest.mark.parametrize("layers, message", [
     ([{}], "one entry per layer \\(2\\)"),
-    ([{}, {"span": 3}], r"layers\[1\]: unknown keys \['span'\]"),
+    ([{}, {"span": 3}], r"layers\[1\]: unknown keys \['span'\]; valid: encoding, encoding_kwargs, window, chunk$"),
     ([{}, {"encoding": "rope", "window": 0}], r"layers\[1\].window must be an integer >= 1"),
-    ([{}, {"encoding_kwargs": {"base": 5.0}}], "encoding_kwargs without an encoding"),
+    ([{"encoding": "rope", "chunk": -2}, {}], r"layers\[0\].chunk must be an integer >= 1"),
+    ([{}, {"encoding_kwargs": {"base": 5.0}}], r"layers\[1\]: encoding_kwargs without an encoding; a global layer "
+                                                r"\(\{\}\) takes the model's encoding and encoding_kwargs$"),
     ([{}, {"encoding": "sinusoidal"}], r"layers\[1\]: 'sinusoidal' acts on the input embeddings"),
     ("rope", "layers must be a list of dicts"),
+    (({} for _ in range(2)), "layers must be a list of dicts"),  # dicts, but not in a list
 ])
 def test_a_bad_layer_description_is_one_clear_error(layers, message):
     with pytest.raises(ValueError, match=message):
@@ -102,3 +105,9 @@ def test_named_layouts_put_a_global_layer_every_fourth_and_last():
     assert LAYOUTS["swa+global"].layers(1, 16) == ({},)
     with pytest.raises(ValueError, match="span must be an integer >= 1"):
         LAYOUTS["rnope-swa"].layers(4, 0)
+
+
+def test_a_layer_may_give_its_own_encoding_with_its_kwargs():
+    layers = ({"encoding": "rope", "encoding_kwargs": {"base": 500.0}, "window": 4}, {})
+    model = LanguageModel(ModelConfig(encoding="none", layers=layers, dim=32, num_layers=2, num_heads=4))
+    assert model.config.layers == layers

@@ -14,6 +14,7 @@ from posenc.experiments.extend.collect import CONTROL, collect, comparisons
 from posenc.experiments.extend.config import ExtendConfig, ExtendRow, make_rows
 from posenc.experiments.extend.plan import Plan
 from posenc.lm.data import Corpus, Split, Windows
+from posenc.lm.runtime import provenance
 
 LENGTHS = ["32", "64", "128"]
 FILES = ("a.py", "a.py", "b.py", "c.py")  # four report windows, three files
@@ -43,10 +44,10 @@ def _window_bits(row_index: int, seed: int) -> dict:
 
 def _selection(seed: int) -> dict:
     lr = 3e-4 if seed == 0 else 1e-3
-    steps = ["0", "2", "10"] if seed == 0 else ["0", "10", "20"]  # "2" and "20" only in one seed each
+    steps = ["0", "2", "5", "10"] if seed == 0 else ["0", "2", "10", "20"]  # "5" and "20" in one seed each
     curve = {step: {"window_bits": [int(step) + seed + w % 2 for w in range(4)]} for step in steps}  # 4 windows
     return {"lr": lr, "curves": {f"{lr:g}": curve, "9": {"0": {"window_bits": [99.0] * 4}}},
-            "dev_bits": RATES[seed], "dev_windows": 4, **({"at_edge": True} if seed == 1 else {})}
+            "dev_bits": RATES[seed], "dev_windows": 4 + seed, **({"at_edge": True} if seed == 1 else {})}
 
 
 def _seeds(p: Plan) -> dict:
@@ -132,6 +133,10 @@ def test_row_fields_scaling_tokens_and_rates_by_stage():
     assert result["wall_time_s"] == 3.5 and result["stages_s"] == {"search": 1.5, "sweep": 2.0}
     assert result["windows"]["count"] == 4 and result["windows"]["files"] == 3
     assert result["longrope"] == {"factors": [1.0]} and result["device"] == "cpu (test)"
+    assert result["config"] == p.config.to_dict() and result["base_config"] == p.base.to_dict()
+    assert result["run"] == "run" and result["train_length"] == p.base.train_length
+    assert result["corpus"] == {"sha256": "x"} and result["provenance"] == provenance()
+    assert [by_name[n]["method"] for n in ("rope", "rope+pi", "alibi fine-tuned")] == ["rope", "pi", "alibi"]
 
 
 def test_from_scratch_stride_and_no_alibi_change_what_the_results_say():
@@ -181,7 +186,7 @@ def test_curves_keep_the_steps_every_seed_scored_at_its_chosen_rate():
     result = _collect(_plan())
     for name in ("rope fine-tuned", "rope+yarn fine-tuned", "alibi fine-tuned"):
         curve = result["curves"][name]
-        assert list(curve) == ["0", "10"]  # sorted as numbers; "2" and "20" each lack a seed; rate "9" never chosen
+        assert list(curve) == ["0", "2", "10"]  # sorted as numbers; "5" and "20" each lack a seed; rate "9" unchosen
         assert curve["0"]["mean"] == pytest.approx(1.0)  # seed 0: [0, 1, 0, 1], seed 1: [1, 2, 1, 2]
         assert curve["10"]["mean"] == pytest.approx(11.0)
         assert curve["10"]["per_seed"] == pytest.approx([10.5, 11.5])
@@ -194,4 +199,5 @@ def test_the_sweep_averages_each_rate_over_the_seeds_that_scored_it():
     yarn = sweep["rope+yarn fine-tuned"]
     assert list(yarn["dev_bits"]) == ["1e-4", "3e-4", "1e-3", "3e-3"]  # sorted by value, not as text
     assert yarn["dev_bits"] == pytest.approx({"1e-4": 2.5, "3e-4": 2.375, "1e-3": 2.375, "3e-3": 3.0})
-    assert yarn["chosen"] == [3e-4, 1e-3] and yarn["at_edge"] == [False, True] and yarn["dev_windows"] == 4
+    assert yarn["chosen"] == [3e-4, 1e-3] and yarn["at_edge"] == [False, True]
+    assert yarn["dev_windows"] == 4  # the first seed's

@@ -15,6 +15,7 @@ from posenc.experiments.extrapolate.collect import collect, compute_seconds, ver
 from posenc.experiments.extrapolate.rows import parse_rows
 from posenc.lm.data import Corpus, Split, Windows
 from posenc.lm.leakage import train_overlap
+from posenc.lm.runtime import provenance
 
 FILES = ("a.py", "b.py", "b.py", "c.py")
 #: the row's per-window bits at each length, before the seed's offset: rope best at 16, rope+yarn at 32
@@ -138,7 +139,7 @@ def test_the_run_level_fields(tmp_path):
     assert results["train_overlap"] == train_overlap(Split(torch.tensor(list(b"abcdefgh" * 8), dtype=torch.uint8),
                                                            ("t.py",), (0,)), Windows(
         torch.tensor([list(b"abcdefghabcdefghabcdefghabcdefgh!")] * 2 + [[0] * 33] * 2), FILES, (0, 33, 66, 99)))
-    assert results["corpus"] == {"sha256": "x", "source": "made up"}
+    assert results["corpus"] == {"sha256": "x", "source": "made up"} and results["provenance"] == provenance()
     assert [row["name"] for row in results["rows"]] == ["none", "rope", "rope+yarn"]
 
 
@@ -153,3 +154,10 @@ def test_a_rate_grid_and_a_stride_show_in_the_results(tmp_path):
 def test_compute_seconds_counts_every_rate_of_a_grid():
     assert compute_seconds({"wall_time_s": 7.0}) == 7.0
     assert compute_seconds({"wall_time_s": 7.0, "sweep": {"sweep_seconds": 30.0}}) == 30.0
+
+
+def test_a_column_no_row_can_score_has_no_best_row(tmp_path):
+    config = ExperimentConfig.from_preset("smoke", encodings="none", seeds=2, seed=5, eval_factors=(1, 2))
+    none = _collect(tmp_path, config)["rows"][0]
+    assert none["vs_best"]["32"] is None and none["vs_best"]["16"]["best"] == "none"
+    assert none["bits_per_byte"]["32"] is None

@@ -7,6 +7,7 @@ import re
 import pytest
 
 from posenc.encodings.registry import one_axis
+from posenc.experiments.extrapolate import rows as rows_module
 from posenc.experiments.extrapolate.rows import DEFAULT_ROWS, LAYOUT_ROWS, READ_ANOTHER_WAY, ROWS, parse_rows
 from posenc.lm.layouts import LAYOUTS
 
@@ -73,3 +74,12 @@ def test_parse_rows_keeps_table_order_and_refuses_what_it_does_not_know():
             parse_rows(spec)
     with pytest.raises(ValueError, match="valid: all, default, none, "):
         parse_rows("x")
+
+
+def test_the_scaling_builder_itself():
+    """The rows above are built when the module loads; this calls the builder as a row would be added later."""
+    assert rows_module._rope_scaling("yarn")(4.0, 32) == {"scaling": {
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32}}
+    assert rows_module._rope_scaling("dynamic", fixed_factor=1.0, base=500.0)(8.0, 64)["scaling"] == {
+        "rope_type": "dynamic", "rope_theta": 500.0, "factor": 1.0, "original_max_position_embeddings": 64}
+    assert rows_module._rope_scaling("ntk", base=20.0)(2.0, 16)["scaling"]["rope_theta"] == 20.0

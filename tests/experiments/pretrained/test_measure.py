@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from posenc.experiments.pretrained import measure
-from posenc.experiments.pretrained.measure import (ByteTokens, HFTokens, binned, decoder_and_head, layer_progress,
-                                                   long_documents, method_parameters, position_losses, prefill,
+from posenc.experiments.pretrained.measure import (TINY_CONTEXT, ByteTokens, HFTokens, binned, decoder_and_head,
+                                                   layer_progress, load_model, long_documents, method_parameters, position_losses, prefill,
                                                    read_text_tokens, sliding_losses, tiny_llama)
 from posenc.lm.data import Corpus, Split
 
@@ -60,6 +60,8 @@ def test_the_tiny_llama_is_the_documented_model_and_its_seed_decides_its_weights
     assert (config.vocab_size, config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
             config.num_key_value_heads, config.max_position_embeddings) == (256, 64, 2, 4, 2, 64)
     assert config.rope_parameters["rope_theta"] == 10000.0 and config.rope_parameters["rope_type"] == "default"
+    assert (config.intermediate_size, config.bos_token_id, config.eos_token_id) == (128, 0, 1)
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # tied
     assert not model.training
     weight = model.model.layers[0].self_attn.q_proj.weight
     assert 0.15 < weight.std().item() < 0.25  # std 0.2: attention depends on positions
@@ -67,6 +69,7 @@ def test_the_tiny_llama_is_the_documented_model_and_its_seed_decides_its_weights
     assert torch.equal(again.model.layers[0].self_attn.q_proj.weight, weight)
     assert not torch.equal(other.model.layers[0].self_attn.q_proj.weight, weight)
     assert tiny_llama(seed=3).config.max_position_embeddings == 64
+    assert torch.equal(tiny_llama().lm_head.weight, tiny_llama(seed=0).lm_head.weight)
 
 
 def test_method_parameters_are_the_models_own_for_none_and_the_methods_at_its_theta():
@@ -145,32 +148,43 @@ def _corpus(documents: dict[str, bytes]) -> Corpus:
 
 
 def test_long_documents_alternate_sources_longest_first_and_keep_the_first_tokens(monkeypatch):
-    documents = {"kjv/Ruth": b"r" * 30, "kjv/Genesis": b"g" * 50, "std/a.py": b"a" * 40, "kjv/Jonah": b"j" * 50,
-                 "std/b.py": b"b" * 19, "top": b"t" * 25, "std/c.py": b"\xc3\xa9" * 15}  # é: 30 bytes, 15 chars
-    monkeypatch.setattr(measure, "corpus_of", lambda text, corpus: _corpus(documents))
-    config = SimpleNamespace(text=None, corpus="x")
-    got = long_documents(config, ByteTokens(), "test", 6, 20)
-    assert [d["file"] for d in got] == ["kjv/Genesis", "std/a.py", "top", "kjv/Jonah", "std/c.py", "kjv/Ruth"]
+    documents = {"kjv/Ruth": b"r" * 60, "kjv/Jonah": b"a" * 50, "std/a.py": b"a" * 40, "kjv/Amos": b"z" * 50,
+                 "std/b.py": b"b" * 19, "top": b"t" * 25, "std/c.py": b"\xc3\xa9" * 15,  # é: 30 bytes, 15 chars
+                 "zed": b"z" * 19 + b"\xff"}
+    asked = []
+    monkeypatch.setattr(measure, "corpus_of", lambda text, corpus: asked.append((text, corpus)) or _corpus(documents))
+    config = SimpleNamespace(text="t.txt", corpus="x")
+    got = long_documents(config, ByteTokens(), "test", 7, 20)
+    assert asked == [("t.txt", "x")]
+    # Each source in turn (names without a folder are one source), longest first, then by name
+    assert [d["file"] for d in got] == ["kjv/Ruth", "std/a.py", "top", "kjv/Amos", "std/c.py", "zed", "kjv/Jonah"]
     assert all(d["start"] == 0 and d["ids"].dtype == torch.int64 and d["ids"].shape == (20,) for d in got)
-    assert got[0]["ids"].tolist() == [ord("g")] * 20 and got[4]["ids"].tolist() == [0xC3, 0xA9] * 10
-    with pytest.raises(ValueError, match=r"the test split has 6 documents of at least 20 tokens; 7 are needed"):
-        long_documents(config, ByteTokens(), "test", 7, 20)
+    assert got[0]["ids"].tolist() == [ord("r")] * 20 and got[4]["ids"].tolist() == [0xC3, 0xA9] * 10
+    assert got[5]["ids"].tolist() == [ord("z")] * 19 + [0xEF]  # a bad byte, replaced by U+FFFD (EF BF BD)
+    with pytest.raises(ValueError, match=r"the test split has 7 documents of at least 20 tokens; 8 are needed\. "
+                                         r"Pass a --corpus .* fewer --documents / --dev-documents$"):
+        long_documents(config, ByteTokens(), "test", 8, 20)
 
     class Chars:  # a tokenizer of one token per character: c.py's 30 bytes are 15 tokens, too few
         def encode(self, text):
             return [ord(c) for c in text]
 
     assert "std/c.py" not in [d["file"] for d in long_documents(config, Chars(), "test", 5, 20)]
-    assert len(long_documents(config, ByteTokens(), "test", 1, 50)) == 1  # only two of 50: 50 bytes + "\n" > 50
-    with pytest.raises(ValueError, match="has 0 documents of at least 51 tokens"):
-        long_documents(config, ByteTokens(), "test", 1, 51)
+    assert long_documents(config, Chars(), "test", 8, 16)[-1]["file"] == "std/c.py"  # exactly 16 tokens
+    assert [d["file"] for d in long_documents(config, ByteTokens(), "test", 3, 50)] == [
+        "kjv/Ruth", "kjv/Amos", "kjv/Jonah"]  # 50 bytes and a newline: long enough
+    with pytest.raises(ValueError, match="has 1 documents of at least 60 tokens; 2 are needed"):
+        long_documents(config, ByteTokens(), "test", 2, 60)
 
 
 def test_read_text_tokens_reads_the_split_up_to_its_limit(monkeypatch):
-    monkeypatch.setattr(measure, "corpus_of", lambda text, corpus: _corpus({"a": b"hello", "b": b"world"}))
-    config = SimpleNamespace(text=None, corpus="x")
-    assert read_text_tokens(config, ByteTokens(), "test").tolist() == list(b"hello\nworld\n")
+    asked = []
+    monkeypatch.setattr(measure, "corpus_of",
+                        lambda text, corpus: asked.append((text, corpus)) or _corpus({"a": b"hello", "b": b"w\xffd"}))
+    config = SimpleNamespace(text=None, corpus="kjv")
+    assert read_text_tokens(config, ByteTokens()).tolist() == list("hello\nw\ufffdd\n".encode())  # test, bad byte replaced
     assert read_text_tokens(config, ByteTokens(), "dev", limit=4).tolist() == list(b"hell")
+    assert asked == [(None, "kjv")] * 2
 
 
 def _sliding_oracle(model, tokens: torch.Tensor, context: int, stride: int, start: int) -> torch.Tensor:
@@ -200,3 +214,17 @@ def test_a_context_of_one_token_more_or_less_changes_the_control(model):
     at = sliding_losses(model, tokens, 8, 1, 8, chunk=4)
     for context in (7, 9):
         assert not torch.allclose(sliding_losses(model, tokens, context, 1, 8, chunk=4), at, atol=1e-4), context
+
+
+def test_load_model_builds_the_tiny_model_or_loads_one_with_its_tokenizer(monkeypatch):
+    model, tokens = load_model(SimpleNamespace(model="tiny", seed=2))
+    assert isinstance(tokens, ByteTokens) and model.config.max_position_embeddings == TINY_CONTEXT == 512
+    assert torch.equal(model.lm_head.weight, tiny_llama(seed=2, context=512).lm_head.weight)
+    loaded = []
+    monkeypatch.setattr(measure.hf, "load", lambda name: loaded.append(name) or ("weights", "tokenizer"))
+    model, tokens = load_model(SimpleNamespace(model="/models/a", seed=0))
+    assert model == "weights" and isinstance(tokens, HFTokens) and tokens.tokenizer == "tokenizer"
+    monkeypatch.setattr(measure.hf, "load", lambda name: ("weights", None))
+    with pytest.raises(ValueError, match=r"^/models/b has no tokenizer \(tokenizer.json\); posenc extend --hf needs one$"):
+        load_model(SimpleNamespace(model="/models/b", seed=0))
+    assert loaded == ["/models/a"]

@@ -19,7 +19,7 @@ def comparisons(rows: list[ExtendRow]) -> list[tuple[str, str, str]]:
     names = {row.name for row in rows}
     pairs = []
     for row in rows:
-        scaled_rope = row.trains == "rope" and row.method not in ("rope", "scratch")
+        scaled_rope = row.trains == "rope" and row.method != "rope"
         if row.stage == "fine-tuned" and scaled_rope and CONTROL in names:
             pairs.append((row.name, CONTROL, "scaling + fine-tuning vs fine-tuning alone"))
         if row.stage == "fine-tuned" and row.trains == "rope" and "alibi fine-tuned" in names:
@@ -47,7 +47,7 @@ def collect(p: Plan, runtime, seeds: dict[int, dict], windows: Windows, longrope
         cells = {n: intervals.cell(own[n], groups) for n in lengths}
         rows.append({
             "name": row.name, "method": row.method, "stage": row.stage, "trained_encoding": row.trains,
-            "scaling": first["scalings"].get(row.method) if row.trains == "rope" and row.method != "scratch" else None,
+            "scaling": first["scalings"].get(row.method),  # None for plain RoPE, ALiBi and RoPE from scratch
             "bits_per_byte": {n: cells[n] and cells[n]["mean"] for n in lengths},
             "interval": {n: cells[n] and [cells[n]["low"], cells[n]["high"]] for n in lengths},
             "bits_per_byte_std": {n: cells[n] and cells[n]["seed_std"] for n in lengths},
