@@ -175,16 +175,18 @@ def test_long_documents_alternate_sources_longest_first_and_keep_the_first_token
         "kjv/Ruth", "kjv/Amos", "kjv/Jonah"]  # 50 bytes and a newline: long enough
     with pytest.raises(ValueError, match="has 1 documents of at least 60 tokens; 2 are needed"):
         long_documents(config, ByteTokens(), "test", 2, 60)
+    with pytest.raises(ValueError, match="has 0 documents of at least 100 tokens; 1 are needed"):
+        long_documents(config, ByteTokens(), "test", 1, 100)  # none long enough: no source at all
 
 
 def test_read_text_tokens_reads_the_split_up_to_its_limit(monkeypatch):
     asked = []
     monkeypatch.setattr(measure, "corpus_of",
                         lambda text, corpus: asked.append((text, corpus)) or _corpus({"a": b"hello", "b": b"w\xffd"}))
-    config = SimpleNamespace(text=None, corpus="kjv")
+    config = SimpleNamespace(text="t.txt", corpus="kjv")
     assert read_text_tokens(config, ByteTokens()).tolist() == list("hello\nw\ufffdd\n".encode())  # test, bad byte replaced
     assert read_text_tokens(config, ByteTokens(), "dev", limit=4).tolist() == list(b"hell")
-    assert asked == [(None, "kjv")] * 2
+    assert asked == [("t.txt", "kjv")] * 2
 
 
 def _sliding_oracle(model, tokens: torch.Tensor, context: int, stride: int, start: int) -> torch.Tensor:
