@@ -33,6 +33,8 @@ def test_a_float32_input_rotates_in_float32_math_and_a_float64_one_in_float64():
     assert not torch.equal(_by_math(q32, positions, inv_freq, torch.float64), in_float32)  # the math shows
     assert torch.equal(apply_rope(q32, positions, inv_freq), in_float32)
     assert torch.equal(rope.rotate(q32, k32, positions, positions)[0], in_float32)
+    keys_elsewhere = rope.rotate(q32, k32, positions, positions + 5)[1]  # keys' own tables, also float32 math
+    assert torch.equal(keys_elsewhere, _by_math(k32, positions + 5, inv_freq, torch.float32))
     q64, _, _ = _inputs(torch.float64)
     assert torch.equal(apply_rope(q64, positions, inv_freq), _by_math(q64, positions, inv_freq, torch.float64))
 
