@@ -34,3 +34,14 @@ def test_interval_and_stage_cells():
     assert tables.interval_cell(2.2534, [2.2411, 2.2659], 0.0) == "2.253 [2.241, 2.266]"  # one seed: no spread
     assert tables.interval_cell(None, None) == "N/A"
     assert tables.stage_rows({"search": 243.94, "evaluation": 5.0}) == [["search", "243.9"], ["evaluation", "5.0"]]
+
+
+def test_rate_rows_line_up_every_rate_any_seed_scored():
+    sweeps = {"rope": [{"lr": 0.003, "at_edge": False, "scores": {"0.001": 2.5, "0.003": 2.25, "0.01": 2.75}},
+                       {"lr": 0.01, "at_edge": True, "scores": {"0.003": 2.5, "0.01": 2.125}}],
+              "none": [{"lr": 0.001, "at_edge": False, "scores": {"0.000333333": 3.0, "0.001": 2.0, "0.003": 2.5}}]}
+    header, body = tables.rate_rows(sweeps, first_seed=4)
+    assert header == ["encoding", "seed", "0.000333333", "0.001", "0.003", "0.01", "kept"]
+    assert body == [["rope", "4", "—", "2.5000", "**2.2500**", "2.7500", "0.003"],
+                    ["rope", "5", "—", "—", "2.5000", "**2.1250**", "0.01 (edge)"],
+                    ["none", "4", "3.0000", "**2.0000**", "2.5000", "—", "0.001"]]

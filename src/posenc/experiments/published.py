@@ -37,6 +37,7 @@ TABLES: dict[str, Rows] = {
     "extrapolate-rates": lambda results: _required(extrapolate_report.rate_rows(results), "extrapolate-rates",
                                                    "ran without --lrs"),
     "tasks": tasks_report.table_rows,
+    "tasks-rates": lambda results: _required(tasks_report.rate_rows(results), "tasks-rates", "ran without --lrs"),
     "extend": extend_report.table_rows,
     "extend-comparisons": extend_report.comparison_rows,
     "extend-versus-control": lambda results: extend_report.comparison_rows(results, against=CONTROL),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import intervals
+from .rate_grid import rate_key, rate_label
 
 
 def text_table(header: list[str], body: list[list[str]]) -> str:
@@ -45,3 +46,18 @@ def difference_cell(difference: dict | None) -> str:
     if "seed_low" in difference:
         text += f" (seeds [{difference['seed_low']:+.3f}, {difference['seed_high']:+.3f}])"
     return text + ("" if intervals.supported(difference) else " (noise)")
+
+
+def rate_rows(sweeps: dict[str, list[dict]], first_seed: int) -> tuple[list[str], list[list[str]]]:
+    """One line per trained name and seed (numbered from ``first_seed``): its dev score at every rate any sweep
+    scored, the kept rate's in bold, "—" where its grid did not reach a rate, and the kept rate (``rate_label``).
+    ``sweeps``: {name: [one ``rate_grid.choose_rate`` selection per seed]}."""
+    keys = sorted({key for runs in sweeps.values() for sweep in runs for key in sweep["scores"]}, key=float)
+    body = []
+    for name, runs in sweeps.items():
+        for seed, sweep in enumerate(runs, first_seed):
+            scores, kept = sweep["scores"], rate_key(sweep["lr"])
+            body.append([name, str(seed)] + [
+                "—" if key not in scores else f"**{scores[key]:.4f}**" if key == kept else f"{scores[key]:.4f}"
+                for key in keys] + [rate_label(sweep["lr"], sweep["at_edge"])])
+    return ["encoding", "seed"] + keys + ["kept"], body

@@ -9,6 +9,7 @@ import torch
 
 from posenc import storage
 from posenc.cli import main
+from posenc.experiments import published
 from posenc.experiments.tasks import TaskConfig, run
 from posenc.experiments.tasks import stages
 from posenc.experiments.tasks.config import DEV_SEED, TEST_SEED
@@ -56,6 +57,22 @@ def test_every_rate_trains_the_best_on_dev_is_kept_and_evaluated(swept):
     edge = " (edge)" if selection["at_edge"] else ""
     assert f"| {selection['lr']:g}{edge} |" in (out / "results.md").read_text()
     assert "lr (dev)" in (out / "results.md").read_text()
+
+
+def test_the_rate_table_shows_every_dev_loss_with_the_kept_one_bold_and_needs_a_grid(swept, tmp_path):
+    out, results = swept
+    selection = json.loads((out / "checkpoints" / "alibi-seed0" / "selection.json").read_text())
+    lines = published.render("tasks-rates", results).splitlines()
+    assert lines[0] == "| encoding | seed | " + " | ".join(selection["scores"]) + " | kept |"
+    cells = [f"**{v:.4f}**" if float(k) == pytest.approx(selection["lr"]) else f"{v:.4f}"
+             for k, v in selection["scores"].items()]
+    assert lines[2:] == ["| alibi | 0 | " + " | ".join(cells) + f" | {selection['lr']:g}"
+                         + (" (edge)" if selection["at_edge"] else "") + " |"]
+    assert "## Learning rates, chosen on dev" in (out / "results.md").read_text()
+    plain = run(smoke(lrs=(), lr_widenings=2, steps=2), tmp_path / "plain", log=lambda *_: None)
+    with pytest.raises(ValueError, match="generated table tasks-rates: its results file ran without --lrs"):
+        published.render("tasks-rates", plain)
+    assert "## Learning rates" not in (tmp_path / "plain" / "results.md").read_text()
 
 
 def test_resume_trains_nothing_again_and_a_changed_grid_is_refused(swept):

@@ -7,7 +7,7 @@ from pathlib import Path
 from ... import storage
 from ...lm.runtime import provenance_line
 from .. import tables
-from ..rate_grid import rate_key, rate_label
+from ..rate_grid import rate_label
 
 
 def _header(results: dict, first: str) -> list[str]:
@@ -31,19 +31,11 @@ def table_rows(results: dict) -> tuple[list[str], list[list[str]]]:
 
 def rate_rows(results: dict) -> tuple[list[str], list[list[str]]] | None:
     """Dev bits per byte at the training length of each trained encoding and seed at every rate it trained at
-    (the kept rate in bold, "—" where the grid did not reach it); None for a run without a rate grid."""
+    (``tables.rate_rows``); None for a run without a rate grid."""
     if not _swept(results):
         return None
     trained = {row["trained_encoding"]: row["rate_sweeps"] for row in results["rows"]}
-    keys = sorted({key for sweeps in trained.values() for sweep in sweeps for key in sweep["scores"]}, key=float)
-    body = []
-    for name, sweeps in trained.items():
-        for seed, sweep in enumerate(sweeps, results["config"]["seed"]):
-            scores, kept = sweep["scores"], rate_key(sweep["lr"])
-            body.append([name, str(seed)] + [
-                "—" if key not in scores else f"**{scores[key]:.4f}**" if key == kept else f"{scores[key]:.4f}"
-                for key in keys] + [rate_label(sweep["lr"], sweep["at_edge"])])
-    return ["encoding", "seed"] + keys + ["kept"], body
+    return tables.rate_rows(trained, results["config"]["seed"])
 
 
 def change_rows(results: dict) -> tuple[list[str], list[list[str]]]:

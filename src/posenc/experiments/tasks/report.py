@@ -51,10 +51,20 @@ def dev_rows(results: dict) -> tuple[list[str], list[list[str]]] | None:
                     for row in results["rows"]]
 
 
+def rate_rows(results: dict) -> tuple[list[str], list[list[str]]] | None:
+    """Each row's and seed's cross-entropy (nats) on the scored tokens of the dev sequences at the training length,
+    at every rate it trained at (``tables.rate_rows``); None for a run without a rate grid."""
+    if not results["config"].get("lrs"):
+        return None
+    return tables.rate_rows({row["name"]: row["rate_sweeps"] for row in results["rows"]}, results["config"]["seed"])
+
+
 def write_all(results: dict, out: Path) -> None:
-    dev = dev_rows(results)
+    dev, rates = dev_rows(results), rate_rows(results)
     lines = [f"# posenc extrapolate --task {results['task']}", "", caption(results), "",
              *tables.markdown_table(*table_rows(results)), "", "![exact match vs length](tasks.png)", "",
+             *(["## Learning rates, chosen on dev (cross-entropy of the scored tokens of dev sequences at the "
+                "training length)", "", *tables.markdown_table(*rates), ""] if rates else []),
              *(["## Dev sequences (what budgets and presets are chosen on; never reported as results)", "",
                 *tables.markdown_table(*dev), ""] if dev else []),
              f"{results['wall_time_s']:.0f} s. " + provenance_line(results["provenance"]), ""]
