@@ -37,11 +37,12 @@ def test_interval_and_stage_cells():
 
 
 def test_rate_rows_line_up_every_rate_any_seed_scored():
-    sweeps = {"rope": [{"lr": 0.003, "at_edge": False, "scores": {"0.001": 2.5, "0.003": 2.25, "0.01": 2.75}},
+    sweeps = {"rope": [{"lr": 0.003, "at_edge": False, "scores": {"0.001": 2.5, "0.003": 2.25, "0.01": 2.75,
+                                                                   "1e-05": 4.0}},
                        {"lr": 0.01, "at_edge": True, "scores": {"0.003": 2.5, "0.01": 2.125}}],
               "none": [{"lr": 0.001, "at_edge": False, "scores": {"0.000333333": 3.0, "0.001": 2.0, "0.003": 2.5}}]}
     header, body = tables.rate_rows(sweeps, first_seed=4)
-    assert header == ["encoding", "seed", "0.000333333", "0.001", "0.003", "0.01", "kept"]
-    assert body == [["rope", "4", "—", "2.5000", "**2.2500**", "2.7500", "0.003"],
-                    ["rope", "5", "—", "—", "2.5000", "**2.1250**", "0.01 (edge)"],
-                    ["none", "4", "3.0000", "**2.0000**", "2.5000", "—", "0.001"]]
+    assert header == ["encoding", "seed", "1e-05", "0.000333333", "0.001", "0.003", "0.01", "kept"]  # by value
+    assert body == [["rope", "4", "4.0000", "—", "2.5000", "**2.2500**", "2.7500", "0.003"],
+                    ["rope", "5", "—", "—", "—", "2.5000", "**2.1250**", "0.01 (edge)"],
+                    ["none", "4", "—", "3.0000", "**2.0000**", "2.5000", "—", "0.001"]]
