@@ -22,12 +22,12 @@ def sequences(config: TaskConfig, length: str, items: int) -> list[int]:
 
 def cells(config: TaskConfig, per_seed_scores: list[dict]) -> dict:
     """{length: a cell over the seeds' exact-match items (``intervals.cell``), or None where there are none}."""
-    cells = {}
+    by_length = {}
     for length in map(str, config.eval_lengths):
         per_seed = [scores[length] for scores in per_seed_scores]
-        cells[length] = None if per_seed[0] is None else intervals.cell(per_seed, sequences(config, length,
-                                                                                             len(per_seed[0])))
-    return cells
+        by_length[length] = None if per_seed[0] is None else intervals.cell(per_seed, sequences(config, length,
+                                                                                                 len(per_seed[0])))
+    return by_length
 
 
 def means(config: TaskConfig, per_seed_scores: list[dict]) -> dict:
