@@ -25,8 +25,8 @@ RUNS = {
     "extrapolate --compile": ["extrapolate", *SMALL, "--encodings", "rope", "--train-length", "16", "--eval-factors",
                               "1", "--eval-windows", "1", "--compile", "--out", "OUT"],
     "extrapolate --task copy": ["extrapolate", "--task", "copy", *SMALL, "--encodings", "alibi,rope+randomized",
-                                "--train-length", "8", "--eval-factors", "1,2", "--seeds", "1", "--seed", "1",
-                                "--lrs", "1e-3,3e-3", "--lr-widenings", "0", "--out", "OUT"],
+                                "--train-length", "8", "--eval-factors", "1,2", "--seeds", "2", "--seed", "1",
+                                "--lrs", "1e-3,3e-3", "--lr-widenings", "0", "--lr-sweep-seeds", "1", "--out", "OUT"],
     "extrapolate --task recall": ["extrapolate", "--task", "recall", *SMALL, "--encodings", "rope", "--train-length",
                                   "8", "--eval-factors", "1,2", "--out", "OUT"],
     "extend": ["extend", "--preset", "smoke", "--run", "RUN", "--factor", "2", "--methods", "pi,longrope",
@@ -132,6 +132,8 @@ def _check_copy(out, run, printed):
     assert [row["name"] for row in results["rows"]] == ["alibi", "rope+randomized"]
     for row in results["rows"]:  # each row chose one of the two rates on dev, nothing added past the grid
         assert list(row["rate_sweeps"][0]["scores"]) == ["0.001", "0.003"] and row["learning_rates"][0] in (1e-3, 3e-3)
+        assert row["rate_sweeps"][1]["inherited_from"] == [1]  # seed 2 swept nothing: seed 1's rate
+        assert row["learning_rates"][1] == row["learning_rates"][0]
 
 
 def _check_recall(out, run, printed):

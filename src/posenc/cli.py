@@ -48,6 +48,8 @@ def _add_extrapolate(commands) -> None:
     p.add_argument("--lr-widenings", type=int,
                    help="with --lrs: rates a row may add, a grid step at a time, past the grid's edge while its "
                         "best rate sits there (default 2)")
+    p.add_argument("--lr-sweep-seeds", type=int, help="with --lrs: only the first K seeds sweep the grid; later seeds "
+                   "train once, at the rate with the lowest mean dev loss over those K (default: every seed sweeps)")
     p.add_argument("--dim", type=int, help="model width")
     p.add_argument("--layers", dest="num_layers", type=int, help="transformer blocks")
     p.add_argument("--heads", dest="num_heads", type=int, help="attention heads")
@@ -68,14 +70,19 @@ def _run_extrapolate(args) -> int:
     from .experiments.extrapolate import ExperimentConfig, run
 
     overrides = {k: getattr(args, k) for k in (
-        "encodings", "train_length", "eval_factors", "eval_stride", "eval_windows", "steps", "batch_size", "lr",
-        "lrs", "lr_widenings", "dim", "num_layers", "num_heads", "seeds", "seed", "device", "text", "compile")}
+        "encodings", "train_length", "eval_factors", "eval_stride", "eval_windows", "steps", "batch_size", "lr", "lrs",
+        "lr_widenings", "lr_sweep_seeds", "dim", "num_layers", "num_heads", "seeds", "seed", "device", "text",
+        "compile")}
     config = ExperimentConfig.from_preset(args.preset, **overrides)
+    run(config, _run_dir(args, "%Y%m%d-%H%M%S"), resume=args.resume)
+    return 0
+
+
+def _run_dir(args, pattern: str) -> Path:
+    """--out, or runs/<the time as ``pattern``> for a new run; --resume needs --out."""
     if args.resume and args.out is None:
         raise ValueError("--resume needs --out: the run directory to continue")
-    out = args.out or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
-    run(config, out, resume=args.resume)
-    return 0
+    return args.out or Path("runs") / time.strftime(pattern)
 
 
 def _run_task(args) -> int:
@@ -85,14 +92,12 @@ def _run_task(args) -> int:
         if getattr(args, flag) not in (None, False):
             raise ValueError(f"--{flag.replace('_', '-')} is for --task lm; a synthetic task makes its own sequences")
     overrides = {k: getattr(args, k) for k in (
-        "train_length", "eval_factors", "steps", "batch_size", "lr", "lrs", "lr_widenings", "dim", "num_layers",
-        "num_heads", "seeds", "seed", "device")}
+        "train_length", "eval_factors", "steps", "batch_size", "lr", "lrs", "lr_widenings", "lr_sweep_seeds", "dim",
+        "num_layers", "num_heads", "seeds", "seed", "device")}
     if args.encodings not in ("default", "all"):
         overrides["encodings"] = args.encodings
     config = TaskConfig.from_preset(args.task, args.preset, **overrides)
-    if args.resume and args.out is None:
-        raise ValueError("--resume needs --out: the run directory to continue")
-    run(config, args.out or Path("runs") / f"{args.task}-{time.strftime('%Y%m%d-%H%M%S')}", resume=args.resume)
+    run(config, _run_dir(args, f"{args.task}-%Y%m%d-%H%M%S"), resume=args.resume)
     return 0
 
 
@@ -204,13 +209,10 @@ def _run_extend(args) -> int:
         "finetune_widenings", "search_population", "search_generations", "search_windows", "sweep_windows",
         "curve_windows", "seeds", "from_scratch", "eval_stride")}
     config = ExtendConfig.from_preset(args.preset, **overrides)
-    if args.resume and args.out is None:
-        raise ValueError("--resume needs --out: the run directory to continue")
     if args.run_dir is not None and args.text is not None:
         raise ValueError("--text trains new base models; with --run the run's own corpus is used")
-    out = args.out or Path("runs") / time.strftime("extend-%Y%m%d-%H%M%S")
-    run(config, out, run_dir=args.run_dir, text=args.text, device=args.device, resume=args.resume,
-        only_seeds=args.only_seeds)
+    run(config, _run_dir(args, "extend-%Y%m%d-%H%M%S"), run_dir=args.run_dir, text=args.text, device=args.device,
+        resume=args.resume, only_seeds=args.only_seeds)
     return 0
 
 
@@ -233,10 +235,8 @@ def _run_extend_hf(args) -> int:
     overrides = {"model": args.hf, **{name: getattr(args, name) for name in names}}
     config = PretrainedConfig.from_preset(args.preset, **overrides)
     _refuse_unused_hf_flags(args, config)
-    if args.resume and args.out is None:
-        raise ValueError("--resume needs --out: the run directory to continue")
-    out = args.out or Path("runs") / time.strftime("extend-hf-%Y%m%d-%H%M%S")
-    run(config, out, resume=args.resume, export=args.export, device=args.device or "auto")
+    run(config, _run_dir(args, "extend-hf-%Y%m%d-%H%M%S"), resume=args.resume, export=args.export,
+        device=args.device or "auto")
     return 0
 
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posenc.experiments.rate_grid import check_grid, choose_rate, rate_key
+from posenc.experiments.rate_grid import check_grid, choose_rate, inherit_rate, rate_key, sweeping_seeds
 
 
 class Recorder:
@@ -113,3 +113,54 @@ def test_choose_rate_names_its_grid_in_errors():
 def test_by_default_a_grid_grows_at_most_twice():
     chosen = choose_rate((1e-4, 1e-3), Recorder(best=1.0))
     assert chosen["widened"] == pytest.approx([1e-2, 1e-1]) and chosen["at_edge"] is True
+
+
+def sweep(scores: dict[str, float], lr: float, widened=(), at_edge=False) -> dict:
+    return {"lr": lr, "scores": scores, "widened": list(widened), "at_edge": at_edge}
+
+
+def test_a_later_seed_inherits_the_lowest_mean_over_the_rates_every_sweep_scored():
+    # seed 0 alone prefers 1e-3, seed 1 alone 3e-3; means: 1e-3 (1.0 + 3.0) / 2 = 2.0, 3e-3 (2.0 + 1.5) / 2 = 1.75;
+    # 1e-2 was scored by seed 1 only (a widening), so it is no candidate however low it is
+    first = sweep({"0.001": 1.0, "0.003": 2.0}, 1e-3)
+    second = sweep({"0.001": 3.0, "0.003": 1.5, "0.01": 0.5}, 1e-2, widened=[1e-2])
+    inherited = inherit_rate((1e-3, 3e-3), [first, second], range(4, 6))
+    assert inherited == {"lr": 3e-3, "inherited_from": [4, 5], "mean_scores": {"0.001": 2.0, "0.003": 1.75},
+                         "at_edge": True}
+
+
+def test_one_sweeping_seed_passes_on_its_own_choice_at_the_exact_rate_it_trained():
+    widened = 1e-3 * 1e-3 / 3e-3  # 0.000333333..., written "0.000333333": the folder's key, not the rate
+    first = sweep({"0.000333333": 0.5, "0.001": 1.0, "0.003": 2.0, "0.01": 3.0}, widened, widened=[widened])
+    inherited = inherit_rate((1e-3, 3e-3, 1e-2), [first], range(0, 1))
+    assert inherited["lr"] == widened and inherited["at_edge"] and inherited["inherited_from"] == [0]
+    inside = inherit_rate((1e-3, 3e-3, 1e-2), [sweep({"0.001": 2.0, "0.003": 1.0, "0.01": 3.0}, 3e-3)], range(1))
+    assert inside["lr"] == 3e-3 and not inside["at_edge"]
+
+
+def test_tied_means_inherit_the_smaller_rate():
+    tied = [sweep({"0.001": 1.0, "0.003": 2.0}, 1e-3), sweep({"0.001": 2.0, "0.003": 1.0}, 3e-3)]
+    assert inherit_rate((1e-3, 3e-3), tied, range(2))["lr"] == 1e-3
+
+
+def test_inheriting_needs_a_sweep_per_seed_and_a_shared_rate():
+    with pytest.raises(ValueError, match="one sweep per seed"):
+        inherit_rate((1e-3,), [], range(1))
+    with pytest.raises(ValueError, match="share no rate"):
+        inherit_rate((1e-3, 3e-3), [sweep({"0.001": 1.0}, 1e-3), sweep({"0.003": 1.0}, 3e-3)], range(2))
+
+
+def test_the_sweeping_seeds_are_the_first_k_and_zero_means_every_seed():
+    assert sweeping_seeds(3, 5, 0, (1e-3, 3e-3)) == range(3, 8)
+    assert sweeping_seeds(3, 5, 2, (1e-3, 3e-3)) == range(3, 5)
+    assert sweeping_seeds(0, 5, 5, (1e-3,)) == range(5)
+
+
+@pytest.mark.parametrize("seeds, k, grid, message", [
+    (5, -1, (1e-3,), "--lr-sweep-seeds must be an integer >= 0, got -1"),
+    (5, 6, (1e-3,), r"--lr-sweep-seeds must be between 1 and --seeds \(5\), got 6"),
+    (5, 1, (), "--lr-sweep-seeds says which seeds sweep a grid of --lrs; give --lrs too"),
+])
+def test_bad_sweeping_seeds_are_refused_by_name(seeds, k, grid, message):
+    with pytest.raises(ValueError, match=message):
+        sweeping_seeds(0, seeds, k, grid)

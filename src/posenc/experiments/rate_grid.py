@@ -5,6 +5,9 @@ comparison between rows that chose the grid's edge depends on where the grid end
 rate of the grid and, while the best is at an edge, scores one more rate a grid step beyond that edge (the ratio
 of the two rates at that end), at most ``widenings`` times. The selection names every rate scored and whether the
 choice still sits at an edge, so a table can say so.
+
+A run of several seeds may sweep the grid in its first seeds only; ``inherit_rate`` gives the later seeds the rate
+those sweeps agree on best, so they cost one training each.
 """
 
 from __future__ import annotations
@@ -72,3 +75,33 @@ def choose_rate(rates: Sequence[float], score: Callable[[float], float], widenin
     best = min(scored, key=values.get)
     return {"lr": best, "scores": {rate_key(rate): values[rate] for rate in scored}, "widened": widened,
             "at_edge": len(scored) > 1 and best in (scored[0], scored[-1])}
+
+
+def sweeping_seeds(first: int, seeds: int, sweep_seeds: int, grid: Sequence[float]) -> range:
+    """The seeds of a run (``seeds`` from ``first``) that sweep ``grid``: the first ``sweep_seeds`` (0: every
+    seed); a ValueError naming --lr-sweep-seeds when it is negative, above ``seeds`` or given without a grid."""
+    checks.positive_int("--lr-sweep-seeds", sweep_seeds, minimum=0)
+    if sweep_seeds and not grid:
+        raise ValueError("--lr-sweep-seeds says which seeds sweep a grid of --lrs; give --lrs too")
+    if sweep_seeds > seeds:
+        raise ValueError(f"--lr-sweep-seeds must be between 1 and --seeds ({seeds}), got {sweep_seeds}")
+    return range(first, first + (sweep_seeds or seeds))
+
+
+def inherit_rate(grid: Sequence[float], sweeps: Sequence[dict], seeds: Sequence[int]) -> dict:
+    """The rate a seed that sweeps no grid trains at: the lowest mean dev score over ``sweeps`` (the ``choose_rate``
+    selections of ``grid`` by the sweeping seeds, numbered ``seeds``), among the rates every one of them scored; ties
+    go to the smaller.
+
+    Returns {"lr": that rate as the sweeps trained at it, "inherited_from": list(seeds), "mean_scores": {rate_key:
+    mean} ascending by rate, "at_edge": whether the rate is the smallest or largest of two or more of those rates}."""
+    if not sweeps or len(sweeps) != len(seeds):
+        raise ValueError(f"inherit_rate needs one sweep per seed, got {len(sweeps)} sweeps for seeds {list(seeds)}")
+    common = sorted(set.intersection(*(set(sweep["scores"]) for sweep in sweeps)), key=float)
+    if not common:
+        raise ValueError(f"the sweeps of seeds {list(seeds)} share no rate to choose from")
+    means = {key: sum(sweep["scores"][key] for sweep in sweeps) / len(sweeps) for key in common}
+    best = min(common, key=means.get)
+    trained = {rate_key(rate): rate for rate in [*grid, *(rate for sweep in sweeps for rate in sweep["widened"])]}
+    return {"lr": trained[best], "inherited_from": list(seeds), "mean_scores": means,
+            "at_edge": len(common) > 1 and best in (common[0], common[-1])}

@@ -49,13 +49,16 @@ def difference_cell(difference: dict | None) -> str:
 
 
 def rate_rows(sweeps: dict[str, list[dict]], first_seed: int) -> tuple[list[str], list[list[str]]]:
-    """One line per trained name and seed (numbered from ``first_seed``): its dev score at every rate any sweep
-    scored, the kept rate's in bold, "—" where its grid did not reach a rate, and the kept rate (``rate_label``).
-    ``sweeps``: {name: [one ``rate_grid.choose_rate`` selection per seed]}."""
-    keys = sorted({key for runs in sweeps.values() for sweep in runs for key in sweep["scores"]}, key=float)
+    """One line per trained name and seed that swept (numbered from ``first_seed``): its dev score at every rate any
+    sweep scored, the kept rate's in bold, "—" where its grid did not reach a rate, and the kept rate
+    (``rate_label``). ``sweeps``: {name: [one ``rate_grid.choose_rate`` selection per seed]}; a seed that inherited
+    its rate (``rate_grid.inherit_rate``) has no line."""
+    swept = {name: [(seed, sweep) for seed, sweep in enumerate(runs, first_seed) if "scores" in sweep]
+             for name, runs in sweeps.items()}
+    keys = sorted({key for runs in swept.values() for _, sweep in runs for key in sweep["scores"]}, key=float)
     body = []
-    for name, runs in sweeps.items():
-        for seed, sweep in enumerate(runs, first_seed):
+    for name, runs in swept.items():
+        for seed, sweep in runs:
             scores, kept = sweep["scores"], rate_key(sweep["lr"])
             body.append([name, str(seed)] + [
                 "—" if key not in scores else f"**{scores[key]:.4f}**" if key == kept else f"{scores[key]:.4f}"

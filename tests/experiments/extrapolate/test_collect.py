@@ -154,6 +154,7 @@ def test_a_rate_grid_and_a_stride_show_in_the_results(tmp_path):
 def test_compute_seconds_counts_every_rate_of_a_grid():
     assert compute_seconds({"wall_time_s": 7.0}) == 7.0
     assert compute_seconds({"wall_time_s": 7.0, "sweep": {"sweep_seconds": 30.0}}) == 30.0
+    assert compute_seconds({"wall_time_s": 7.0, "sweep": {"lr": 1e-3, "inherited_from": [0]}}) == 7.0  # trained once
 
 
 def test_a_column_no_row_can_score_has_no_best_row(tmp_path):

@@ -153,3 +153,24 @@ def test_the_docs_table_of_rates_is_generated_and_refuses_a_run_without_a_grid(s
     plain = run(smoke(lrs=(), lr_widenings=2, steps=2, encodings="alibi"), tmp_path / "plain", log=lambda *_: None)
     with pytest.raises(ValueError, match="generated table extrapolate-rates: its results file ran without --lrs"):
         published.render("extrapolate-rates", plain)
+
+
+def test_with_lr_sweep_seeds_a_later_seed_trains_once_at_the_inherited_rate(tmp_path):
+    out = tmp_path / "inherit"
+    config = smoke(encodings="alibi", seeds=2, lr_sweep_seeds=1, lr_widenings=0, steps=4)
+    results = run(config, out, log=lambda *_: None)
+    first = json.loads((out / "checkpoints" / "alibi-seed0" / "selection.json").read_text())
+    second = out / "checkpoints" / "alibi-seed1"
+    inherited = json.loads((second / "selection.json").read_text())
+    assert inherited == {"lr": first["lr"], "inherited_from": [0], "mean_scores": first["scores"],
+                         "at_edge": first["at_edge"]}
+    assert [p.name for p in (second / "rates").iterdir()] == [f"lr{rate_key(first['lr'])}"]  # one training
+    kept = storage.load_weights(second / "rates" / f"lr{rate_key(first['lr'])}" / "model.safetensors")
+    checkpoint = storage.load_weights(second / "model.safetensors")
+    assert all(torch.equal(kept[k], checkpoint[k]) for k in kept)
+    row = results["rows"][0]
+    assert row["learning_rates"] == [first["lr"]] * 2 and row["rate_sweeps"] == [first, inherited]
+    assert [line.split(" | ")[1] for line in published.render("extrapolate-rates", results).splitlines()[2:]] == ["0"]
+    assert config.training_dict()["lr_sweep_seeds"] == 1 and "lr_sweep_seeds" not in smoke().training_dict()
+    with pytest.raises(ValueError, match=r"differs in \['lr_sweep_seeds'\]"):
+        run(smoke(encodings="alibi", seeds=2, lr_widenings=0, steps=4), out, resume=True, log=lambda *_: None)

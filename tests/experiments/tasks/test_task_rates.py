@@ -125,8 +125,39 @@ def test_the_dev_loss_is_the_cross_entropy_of_the_scored_tokens_only():
     (["--task", "copy", "--lrs", "1e-3,0.001"], "--lrs must not repeat a rate"),
     (["--task", "copy", "--lrs", "1e-3", "--lr-widenings", "-1"], "--lr-widenings must be an integer >= 0"),
     (["--task", "copy", "--lr-widenings", "1"], "--lr-widenings widens a grid of --lrs; give --lrs too"),
+    (["--task", "copy", "--lrs", "1e-3", "--seeds", "2", "--lr-sweep-seeds", "3"],
+     "--lr-sweep-seeds must be between 1 and --seeds (2), got 3"),
+    (["--task", "recall", "--lr-sweep-seeds", "1"], "--lr-sweep-seeds says which seeds sweep a grid of --lrs"),
+    (["--lrs", "1e-3", "--lr-sweep-seeds", "-1"], "--lr-sweep-seeds must be an integer >= 0, got -1"),
 ])
 def test_bad_rate_flags_fail_before_any_work(tmp_path, capsys, args, message):
     assert main(["extrapolate", "--preset", "smoke", *args, "--out", str(tmp_path / "x")]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_with_lr_sweep_seeds_later_seeds_train_once_at_the_rate_the_sweeping_seeds_chose(tmp_path):
+    out = tmp_path / "inherit"
+    config = smoke(seeds=3, lr_sweep_seeds=1, lr_widenings=0, steps=4)
+    messages = []
+    results = run(config, out, log=messages.append)
+    first = json.loads((out / "checkpoints" / "alibi-seed0" / "selection.json").read_text())
+    assert sorted(first["scores"]) == ["0.001", "0.003"]
+    for seed in (1, 2):  # one training each, at seed 0's rate, and no sweep of their own
+        folder = out / "checkpoints" / f"alibi-seed{seed}"
+        assert [p.name for p in folder.iterdir()] == [f"lr{first['lr']:g}"] and not (folder / "selection.json").exists()
+    assert sum("trained in" in m for m in messages) == 2 + 2
+    row = results["rows"][0]
+    assert row["learning_rates"] == [first["lr"]] * 3
+    assert [s.get("inherited_from") for s in row["rate_sweeps"]] == [None, [0], [0]]
+    assert row["rate_sweeps"][1]["mean_scores"] == first["scores"]
+    assert [line.split(" | ")[1] for line in published.render("tasks-rates", results).splitlines()[2:]] == ["0"]
+    # the seeds that inherit are trained as a plain run at that rate trains them, to the last weight
+    run(smoke(lrs=(), lr=first["lr"], seeds=2, seed=1, steps=4), tmp_path / "plain", log=lambda *_: None)
+    for seed in (1, 2):
+        inherited = storage.load_weights(out / "checkpoints" / f"alibi-seed{seed}" / f"lr{first['lr']:g}"
+                                         / "model.safetensors")
+        plain = storage.load_weights(tmp_path / "plain" / "checkpoints" / f"alibi-seed{seed}" / "model.safetensors")
+        assert inherited.keys() == plain.keys() and all(torch.equal(inherited[k], plain[k]) for k in plain)
+    with pytest.raises(ValueError, match=r"differs in \['lr_sweep_seeds'\]"):
+        run(smoke(seeds=3, lr_sweep_seeds=2, lr_widenings=0, steps=4), out, resume=True, log=lambda *_: None)

@@ -14,7 +14,7 @@ from ... import checks
 from ...lm.layouts import LAYOUTS
 from ...lm.model import ModelConfig
 from ..presets import preset_values
-from ..rate_grid import check_grid
+from ..rate_grid import check_grid, sweeping_seeds
 from .rows import Row, parse_rows
 
 PRESETS: dict[str, dict] = {
@@ -44,6 +44,7 @@ class ExperimentConfig:
     lr: float = 4e-3
     lrs: tuple[float, ...] = ()  # a grid: each trained encoding and seed trains at each rate, keeps the best on dev
     lr_widenings: int = 2  # rates the grid may add past its edge while an encoding's best rate sits there
+    lr_sweep_seeds: int = 0  # seeds that sweep the grid (0: every seed); later ones inherit (rate_grid.inherit_rate)
     warmup: int = 50
     eval_windows: int = 480  # windows of the longest length, a seeded sample stratified over the test files
     eval_factors: tuple[int, ...] = (1, 2, 4, 8)
@@ -79,6 +80,7 @@ class ExperimentConfig:
         if self.lrs:
             check_grid("--lrs", self.lrs)
         checks.positive_int("--lr-widenings", self.lr_widenings, minimum=0)
+        self.sweep_seeds  # a bad --lr-sweep-seeds fails here
         if not self.eval_factors or any(not isinstance(f, int) or f < 1 for f in self.eval_factors):
             raise ValueError(f"eval_factors must be integers >= 1, got {self.eval_factors}")
         if self.eval_stride is not None:
@@ -88,6 +90,11 @@ class ExperimentConfig:
                              f"eval length, here {self.window_length} bytes; choose factors that divide the largest")
         checks.choice("device", self.device, ("auto", "cpu", "cuda"))
         parse_rows(self.encodings)  # unknown names fail here, before anything runs
+
+    @property
+    def sweep_seeds(self) -> range:
+        """The seeds that sweep the rate grid (``rate_grid.sweeping_seeds``)."""
+        return sweeping_seeds(self.seed, self.seeds, self.lr_sweep_seeds, self.lrs)
 
     @property
     def eval_lengths(self) -> list[int]:
@@ -141,6 +148,6 @@ class ExperimentConfig:
 # Changing any of these changes what a checkpoint is; everything else (rows, seeds,
 # eval lengths, protocol, windows, device) may change between --resume calls.
 TRAINING_FIELDS = ("dim", "num_layers", "num_heads", "train_length", "batch_size", "steps", "lr", "lrs",
-                   "lr_widenings", "warmup", "text", "checkpoint_every")
+                   "lr_widenings", "lr_sweep_seeds", "warmup", "text", "checkpoint_every")
 #: what a config.json written before a field existed meant by its absence
-ABSENT_TRAINING_FIELDS = {"lrs": [], "lr_widenings": 2}
+ABSENT_TRAINING_FIELDS = {"lrs": [], "lr_widenings": 2, "lr_sweep_seeds": 0}

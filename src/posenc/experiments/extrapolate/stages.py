@@ -14,7 +14,8 @@ With a rate grid (``--lrs``), each trained encoding and seed trains at every rat
 under its checkpoint folder), widened past the grid's edge while the best rate sits there (``rate_grid``), and
 keeps the rate with the lowest bits per byte on dev windows at the training length (``selection.json``): a choice
 on dev, in distribution. The kept rate's weights are the checkpoint's, so every reader of a run finds them where
-it always has.
+it always has. With ``--lr-sweep-seeds K`` only the first K seeds sweep; each later seed trains once, at the rate
+with the lowest mean dev bits per byte over those K (``rate_grid.inherit_rate``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from ...lm.model import LanguageModel
 from ...lm.runtime import Runtime
 from ...lm.train import TrainConfig, train
 from .. import intervals
-from ..rate_grid import choose_rate, rate_key
+from ..rate_grid import choose_rate, inherit_rate, rate_key
 from . import report
 from .collect import collect
 from .config import ExperimentConfig
@@ -98,8 +99,9 @@ def run(config: ExperimentConfig, out: Path, *, resume: bool = False, log=print)
 
 
 def _train_row(config, row, seed, corpus, dev: Windows | None, out, runtime, log) -> dict:
-    """Train ``row``'s encoding at this seed (at ``config.lr``, or at the rate its grid chooses on ``dev``) into
-    ``checkpoints/<encoding>-seed<k>/``; its training metrics (with a grid, also "lr" and "sweep")."""
+    """Train ``row``'s encoding at this seed (at ``config.lr``, or at the rate its grid chooses on ``dev``, or a seed
+    past ``config.sweep_seeds`` at the rate it inherits) into ``checkpoints/<encoding>-seed<k>/``; its training
+    metrics (with a grid, also "lr" and "sweep": the selection or the inheritance)."""
     folder = out / "checkpoints" / f"{row.trains}-seed{seed}"
     if not config.lrs:
         return _train_one(config, row, seed, corpus, config.lr, folder, runtime, log)
@@ -107,6 +109,15 @@ def _train_row(config, row, seed, corpus, dev: Windows | None, out, runtime, log
         log(f"{row.trains} (seed {seed}): already trained, skipping")
         return storage.read_json(folder / "train.json")
     selection_path = folder / "selection.json"
+    if seed not in config.sweep_seeds and not selection_path.exists():
+        sweeps = [storage.read_json(folder.parent / f"{row.trains}-seed{s}" / "selection.json")
+                  for s in config.sweep_seeds]
+        inherited = inherit_rate(config.lrs, sweeps, config.sweep_seeds)
+        _train_one(config, row, seed, corpus, inherited["lr"], folder / "rates" / f"lr{rate_key(inherited['lr'])}",
+                   runtime, log)
+        if runtime.rank == 0:
+            storage.write_json(selection_path, inherited)
+        runtime.barrier()
     if not selection_path.exists():
         seconds = []
 

@@ -16,7 +16,7 @@ from ...lm.layouts import LAYOUTS
 from ...lm.model import ModelConfig
 from ...lm.tasks import TASKS, CopyTask, RecallTask
 from ..presets import preset_values
-from ..rate_grid import check_grid
+from ..rate_grid import check_grid, sweeping_seeds
 
 TEST_SEED = 1_000_003  # test sequences: a generator seeded by this plus the length
 DEV_SEED = 2_000_003  # dev sequences, likewise
@@ -55,6 +55,7 @@ class TaskConfig:
     lr: float = 3e-3
     lrs: tuple[float, ...] = ()  # a grid: each row and seed trains at each rate and keeps the one best on dev
     lr_widenings: int = 2  # rates the grid may add past its edge while a row's best rate sits there
+    lr_sweep_seeds: int = 0  # seeds that sweep the grid (0: every seed); later ones inherit (rate_grid.inherit_rate)
     warmup: int = 100
     eval_sequences: int = 256
     eval_factors: tuple[int, ...] = (1, 2, 4, 8)
@@ -81,12 +82,18 @@ class TaskConfig:
         if self.lrs:
             check_grid("--lrs", self.lrs)
         checks.positive_int("--lr-widenings", self.lr_widenings, minimum=0)
+        self.sweep_seeds  # a bad --lr-sweep-seeds fails here
         if not self.eval_factors or any(not isinstance(f, int) or f < 1 for f in self.eval_factors):
             raise ValueError(f"eval_factors must be integers >= 1, got {self.eval_factors}")
         checks.choice("device", self.device, ("auto", "cpu", "cuda"))
         for length in self.eval_lengths:
             self.task_spec.check_length(length)
         self.rows  # unknown names fail here
+
+    @property
+    def sweep_seeds(self) -> range:
+        """The seeds that sweep the rate grid (``rate_grid.sweeping_seeds``)."""
+        return sweeping_seeds(self.seed, self.seeds, self.lr_sweep_seeds, self.lrs)
 
     @property
     def eval_lengths(self) -> list[int]:

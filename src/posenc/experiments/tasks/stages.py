@@ -11,6 +11,8 @@ spread over seeds when there are several.
 With a rate grid (``--lrs``), each row and seed trains at every rate of it, widened past its edge while the best
 rate sits there (``rate_grid``), and keeps the rate whose model has the lowest loss on the scored tokens of dev
 sequences at the training length: a choice on dev, in distribution; the lengths past it are what is measured.
+With ``--lr-sweep-seeds K`` only the first K seeds sweep; each later seed trains once, at the rate with the lowest
+mean dev loss over those K (``rate_grid.inherit_rate``).
 
 Run directory: ``config.json``; ``checkpoints/<row>-seed<k>/`` (last.pt while training,
 model.safetensors + train.json when done; with ``--lrs`` one ``lr<rate>/`` folder per rate and
@@ -30,7 +32,7 @@ from ...lm.model import LanguageModel
 from ...lm.runtime import Runtime
 from ...lm.tasks import IGNORE, exact_match
 from ...lm.train import TrainConfig, train
-from ..rate_grid import choose_rate, rate_key
+from ..rate_grid import choose_rate, inherit_rate, rate_key
 from . import report
 from .collect import collect
 from .config import DEV_SEED, SPLIT_SEEDS, TaskConfig
@@ -71,7 +73,7 @@ def _prepare(out: Path, config: TaskConfig, resume: bool) -> None:
         fields = ("task", "dim", "num_layers", "num_heads", "train_length", "batch_size", "steps", "lr", "warmup")
         changed = [k for k in fields if previous.get(k) != getattr(config, k)]
         # a run made before rate grids existed trained at --lr alone
-        changed += [k for k, default in (("lrs", []), ("lr_widenings", 2))
+        changed += [k for k, default in (("lrs", []), ("lr_widenings", 2), ("lr_sweep_seeds", 0))
                     if previous.get(k, default) != config.to_dict()[k]]
         if changed:
             raise ValueError(f"--resume: {out} was trained with a different config (differs in {changed})")
@@ -83,10 +85,17 @@ def _prepare(out: Path, config: TaskConfig, resume: bool) -> None:
 
 def _train_row(config: TaskConfig, name, encoding, randomized, seed, out, runtime, log):
     """The row's model for this seed and its training metrics: trained at ``config.lr``, or with a rate grid at
-    the rate chosen on dev (the metrics then carry "lr" and "sweep": the selection, with "sweep_seconds")."""
+    the rate chosen on dev (the metrics then carry "lr" and "sweep": the selection, with "sweep_seconds"; for a
+    seed past ``config.sweep_seeds``, ``rate_grid.inherit_rate``'s)."""
     folder = out / "checkpoints" / f"{name}-seed{seed}"
     if not config.lrs:
         return _train_one(config, name, encoding, randomized, seed, config.lr, folder, runtime, log)
+    if seed not in config.sweep_seeds:
+        inherited = inherit_rate(config.lrs, [storage.read_json(folder.parent / f"{name}-seed{s}" / "selection.json")
+                                              for s in config.sweep_seeds], config.sweep_seeds)
+        model, metrics = _train_one(config, name, encoding, randomized, seed, inherited["lr"],
+                                    folder / f"lr{rate_key(inherited['lr'])}", runtime, log)
+        return model, {**metrics, "lr": inherited["lr"], "sweep": inherited}
     selection_path = folder / "selection.json"
     if not selection_path.exists():
         seconds = []
