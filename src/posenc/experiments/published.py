@@ -38,6 +38,7 @@ TABLES: dict[str, Rows] = {
                                                    "ran without --lrs"),
     "tasks": tasks_report.table_rows,
     "tasks-rates": lambda results: _required(tasks_report.rate_rows(results), "tasks-rates", "ran without --lrs"),
+    "tasks-seeds": lambda results: _required(tasks_report.seed_rows(results), "tasks-seeds", "ran one seed"),
     "extend": extend_report.table_rows,
     "extend-comparisons": extend_report.comparison_rows,
     "extend-versus-control": lambda results: extend_report.comparison_rows(results, against=CONTROL),

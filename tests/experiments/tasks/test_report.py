@@ -80,3 +80,22 @@ def test_results_md_has_each_section_in_order(tmp_path):
     report.write_all(plain, tmp_path)
     text = (tmp_path / "results.md").read_text()
     assert "## Learning rates" not in text and "## Dev sequences" not in text
+
+
+def test_each_seed_has_its_own_value_in_order_and_a_one_seed_run_has_no_seed_table(tmp_path):
+    results = _results(seeds=2)
+    results["config"]["seed"] = 3
+    results["rows"][0]["exact_match"]["8"]["per_seed"] = [0.0, 1.0]  # a row whose seeds split: its mean 0.5 is neither
+    results["rows"][1]["exact_match"]["8"]["per_seed"] = [1.0, 1.0]
+    results["rows"][1]["exact_match"]["16"]["per_seed"] = [0.0625, 0.0]
+    header, body = report.seed_rows(results)
+    assert header == ["encoding (seeds 3–4)", "1× (8)", "2× (16)"]
+    assert body == [["learned", "0.000, 1.000", "N/A"], ["rope", "1.000, 1.000", "0.062, 0.000"]]
+    assert report.seed_rows(_results(seeds=1)) is None
+    report.write_all(results, tmp_path)
+    lines = (tmp_path / "results.md").read_text().split("\n")
+    heading = lines.index("## Each seed (mean exact match; where seeds split, learning or not, the mean describes "
+                          "none of them)")
+    assert lines[heading + 2] == "| encoding (seeds 3–4) | 1× (8) | 2× (16) |"
+    assert lines[heading + 4] == "| learned | 0.000, 1.000 | N/A |"
+    assert lines.index("![exact match vs length](tasks.png)") < heading

@@ -51,6 +51,20 @@ def dev_rows(results: dict) -> tuple[list[str], list[list[str]]] | None:
                     for row in results["rows"]]
 
 
+def seed_rows(results: dict) -> tuple[list[str], list[list[str]]] | None:
+    """Each row's mean exact match per length in each seed, the seeds in order in one cell ("seeds k–m" in the
+    header); None for a one-seed run. Where a row's seeds split, some learning the task and some not, its mean and
+    spread describe no seed: this table shows which did."""
+    if results["seeds"] < 2:
+        return None
+    train_length, first = results["train_length"], results["config"]["seed"]
+    header = [f"encoding (seeds {first}–{first + results['seeds'] - 1})"] + [
+        f"{n // train_length}× ({n})" for n in results["eval_lengths"]]
+    return header, [[row["name"]] + ["N/A" if row["exact_match"][str(n)] is None else
+                                     ", ".join(f"{v:.3f}" for v in row["exact_match"][str(n)]["per_seed"])
+                                     for n in results["eval_lengths"]] for row in results["rows"]]
+
+
 def rate_rows(results: dict) -> tuple[list[str], list[list[str]]] | None:
     """Each row's and seed's cross-entropy (nats) on the scored tokens of the dev sequences at the training length,
     at every rate it trained at (``tables.rate_rows``); None for a run without a rate grid."""
@@ -60,9 +74,11 @@ def rate_rows(results: dict) -> tuple[list[str], list[list[str]]] | None:
 
 
 def write_all(results: dict, out: Path) -> None:
-    dev, rates = dev_rows(results), rate_rows(results)
+    dev, rates, seeds = dev_rows(results), rate_rows(results), seed_rows(results)
     lines = [f"# posenc extrapolate --task {results['task']}", "", caption(results), "",
              *tables.markdown_table(*table_rows(results)), "", "![exact match vs length](tasks.png)", "",
+             *(["## Each seed (mean exact match; where seeds split, learning or not, the mean describes none of them)",
+                "", *tables.markdown_table(*seeds), ""] if seeds else []),
              *(["## Learning rates, chosen on dev (cross-entropy of the scored tokens of dev sequences at the "
                 "training length)", "", *tables.markdown_table(*rates), ""] if rates else []),
              *(["## Dev sequences (what budgets and presets are chosen on; never reported as results)", "",
