@@ -61,7 +61,7 @@ def test_each_cell_is_the_share_right_over_seeds_and_sequences(task, tmp_path):
             [_items(config, int(n), RIGHT[("none", s)]) for s in (3, 4)], groups)
     assert (none["encoding"], none["randomized_positions"]) == ("none", False)
     assert (rope["name"], rope["encoding"], rope["randomized_positions"]) == ("rope+randomized", "rope", True)
-    assert results == storage.read_json(tmp_path / "results.json")
+    assert not (tmp_path / "results.json").exists()  # the report writes it, beside results.md
 
 
 def test_recall_cells_resample_sequences_not_answers():

@@ -1,6 +1,8 @@
 """The task experiment's tables, caption and results.md from a made-up results dict: every header, cell, unit and
 heading as a reader sees them."""
 
+import json
+
 from posenc.experiments.tasks import report
 from posenc.lm.runtime import provenance, provenance_line
 
@@ -75,6 +77,7 @@ def test_results_md_has_each_section_in_order(tmp_path):
         assert lines[end] == "" and end > heading + 3
     assert lines[-2:] == [f"42 s. {provenance_line(results['provenance'])}", ""]
     assert (tmp_path / "tasks.png").stat().st_size > 0
+    assert json.loads((tmp_path / "results.json").read_text()) == json.loads(json.dumps(results))
     plain = _results()
     plain["rows"][0]["dev_exact_match"] = None
     report.write_all(plain, tmp_path)

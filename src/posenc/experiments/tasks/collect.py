@@ -38,8 +38,8 @@ def means(config: TaskConfig, per_seed_scores: list[dict]) -> dict:
 
 
 def collect(config: TaskConfig, out: Path, trainings: dict, wall: float) -> dict:
-    """results.json's dict (also written there) from the evaluations in ``out/evals`` and the ``trainings`` of each
-    "<row>-seed<k>"; ``wall`` the seconds of this invocation."""
+    """results.json's dict (``report.write_all`` writes it) from the evaluations in ``out/evals`` and the
+    ``trainings`` of each "<row>-seed<k>"; ``wall`` the seconds of this invocation."""
     seeds = range(config.seed, config.seed + config.seeds)
     rows = []
     for name, encoding, randomized in config.rows:
@@ -59,5 +59,4 @@ def collect(config: TaskConfig, out: Path, trainings: dict, wall: float) -> dict
                "interval": f"95% bootstrap over the {config.eval_sequences} test sequences per length "
                f"(and seeds, drawn independently, where several ran), {intervals.RESAMPLES} resamples",
                "wall_time_s": wall, "provenance": provenance()}
-    storage.write_json(out / "results.json", results)
     return results

@@ -84,5 +84,6 @@ def write_all(results: dict, out: Path) -> None:
              *(["## Dev sequences (what budgets and presets are chosen on; never reported as results)", "",
                 *tables.markdown_table(*dev), ""] if dev else []),
              f"{results['wall_time_s']:.0f} s. " + provenance_line(results["provenance"]), ""]
+    storage.write_json(out / "results.json", results)
     storage.write_text(out / "results.md", "\n".join(lines))
     save_figure(task_figure(results), out / "tasks.png")
