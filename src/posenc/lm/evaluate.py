@@ -48,6 +48,11 @@ def sliding_windows(num_tokens: int, length: int, stride: int) -> list[tuple[int
     return windows
 
 
+def protocol(stride: int | None) -> str:
+    """How a results file names the evaluation ``evaluate`` ran with ``stride``."""
+    return "non-overlapping windows" if stride is None else f"sliding windows, stride {stride}"
+
+
 @torch.no_grad()
 def evaluate(
     model: nn.Module,

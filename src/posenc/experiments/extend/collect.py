@@ -4,6 +4,7 @@ paired comparisons its questions need, the fine-tuning curves at the chosen rate
 from __future__ import annotations
 
 from ...lm.data import Windows
+from ...lm.evaluate import protocol
 from ...lm.runtime import provenance
 from .. import intervals
 from ..rate_grid import rate_key
@@ -61,12 +62,10 @@ def collect(p: Plan, runtime, seeds: dict[int, dict], windows: Windows, longrope
             "learning_rates": [seeds[s]["selections"][row.name]["lr"] for s in seeds] if row.stage == "fine-tuned"
             else None,
         })
-    protocol = ("non-overlapping windows" if p.config.eval_stride is None
-                else f"sliding windows, stride {p.config.eval_stride}")
     return {
         "config": p.config.to_dict(), "base_config": p.base.to_dict(), "run": str(p.run_dir), "seeds": p.seeds,
         "train_length": p.base.train_length, "target_length": p.target, "eval_lengths": p.eval_lengths,
-        "protocol": protocol, "corpus": p.corpus.fingerprint,
+        "protocol": protocol(p.config.eval_stride), "corpus": p.corpus.fingerprint,
         "windows": intervals.describe_windows(windows, p.corpus.test),
         "pretraining_tokens": p.base.steps * p.base.batch_size * p.base.train_length,
         "finetune_tokens": tokens_per_finetune,

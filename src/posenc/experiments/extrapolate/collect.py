@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ... import storage
 from ...lm.data import Windows
+from ...lm.evaluate import protocol
 from ...lm.leakage import train_overlap
 from ...lm.runtime import provenance
 from .. import intervals
@@ -54,13 +55,11 @@ def collect(config, rows, corpus, windows: Windows, out: Path, runtime, training
             "train_wall_time_s": statistics.fmean(t["wall_time_s"] for t in train_runs),
             "eval_wall_time_s": statistics.fmean(e["wall_time_s"] for e in runs),
         })
-    protocol = ("non-overlapping windows" if config.eval_stride is None
-                else f"sliding windows, stride {config.eval_stride}")
     return {
         "config": config.to_dict(),
         "train_length": config.train_length,
         "eval_lengths": config.eval_lengths,
-        "protocol": protocol,
+        "protocol": protocol(config.eval_stride),
         "corpus": corpus.fingerprint,
         "windows": intervals.describe_windows(windows, corpus.test),
         "train_overlap": train_overlap(corpus.train, windows),
