@@ -27,6 +27,13 @@ def rate_label(rate: float, at_edge: bool) -> str:
     return rate_key(rate) + (" (edge)" if at_edge else "")
 
 
+def rates_label(selections: Sequence[dict]) -> str:
+    """The rates a row's seeds kept, as its table cell: one ``rate_label`` when every seed kept the same, else each
+    seed's in seed order."""
+    labels = [rate_label(selection["lr"], selection["at_edge"]) for selection in selections]
+    return labels[0] if len(set(labels)) == 1 else ", ".join(labels)
+
+
 def check_grid(name: str, rates: Sequence[float]) -> tuple[float, ...]:
     """The grid sorted ascending; a ValueError naming ``name`` for an empty grid, a rate <= 0 or a repeated rate
     (two rates that print alike would share a folder)."""

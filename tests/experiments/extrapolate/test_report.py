@@ -46,8 +46,11 @@ def test_the_table_shows_cells_na_and_each_seeds_rate_with_a_grid():
     assert header == ["encoding", "1× (16)", "2× (32)"]
     assert body == [["learned", "2.500 [2.250, 2.750] ± 0.125", "N/A"],
                     ["rope", "2.000 [1.875, 2.125]", "3.000 [2.750, 3.250] ± 0.250"]]
-    header, body = report.table_rows(_results(lrs=(1e-3, 3e-3)))
-    assert header[-1] == "lr (dev)" and [line[-1] for line in body] == ["0.001 (edge), 0.001 (edge)", "0.003, 0.003"]
+    results = _results(lrs=(1e-3, 3e-3))
+    header, body = report.table_rows(results)
+    assert header[-1] == "lr (dev)" and [line[-1] for line in body] == ["0.001 (edge)", "0.003"]  # every seed alike
+    results["rows"][1]["rate_sweeps"] = [{"lr": 0.003, "at_edge": False}, {"lr": 0.001, "at_edge": True}]
+    assert report.table_rows(results)[1][1][-1] == "0.003, 0.001 (edge)"  # seeds apart: each seed's, in seed order
 
 
 def test_the_rate_table_numbers_seeds_from_the_runs_first_and_needs_a_grid():

@@ -35,9 +35,12 @@ def test_the_table_shows_each_cell_na_and_the_mean_training_time():
 
 
 def test_with_a_rate_grid_the_table_names_each_seeds_rate():
-    header, body = report.table_rows(_results(seeds=2, lrs=(1e-3, 3e-3)))
+    results = _results(seeds=2, lrs=(1e-3, 3e-3))
+    header, body = report.table_rows(results)
     assert header == ["encoding", "1× (8)", "2× (16)", "lr (dev)", "train s"]
-    assert [line[3] for line in body] == ["0.001 (edge), 0.001 (edge)", "0.003, 0.003"]
+    assert [line[3] for line in body] == ["0.001 (edge)", "0.003"]  # every seed kept the same rate: named once
+    results["rows"][0]["rate_sweeps"] = [{"lr": 0.001, "at_edge": True}, {"lr": 0.003, "at_edge": False}]
+    assert report.table_rows(results)[1][0][3] == "0.001 (edge), 0.003"  # seeds apart: each seed's, in seed order
 
 
 def test_the_caption_names_the_task_its_unit_and_the_seeds():

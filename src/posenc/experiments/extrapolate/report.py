@@ -7,7 +7,7 @@ from pathlib import Path
 from ... import storage
 from ...lm.runtime import provenance_line
 from .. import tables
-from ..rate_grid import rate_label
+from ..rate_grid import rates_label
 
 
 def _header(results: dict, first: str) -> list[str]:
@@ -24,7 +24,7 @@ def table_rows(results: dict) -> tuple[list[str], list[list[str]]]:
     seed kept."""
     body = [[row["name"]] + [tables.interval_cell(row["bits_per_byte"][str(n)], row["interval"][str(n)],
                                                   row["bits_per_byte_std"][str(n)]) for n in results["eval_lengths"]]
-            + ([", ".join(rate_label(s["lr"], s["at_edge"]) for s in row["rate_sweeps"])] if _swept(results) else [])
+            + ([rates_label(row["rate_sweeps"])] if _swept(results) else [])
             for row in results["rows"]]
     return _header(results, "encoding") + ["lr (dev)"] * _swept(results), body
 

@@ -9,7 +9,7 @@ from ...lm.runtime import provenance_line
 from ...figures.style import save_figure
 from ...figures.tasks import task_figure
 from .. import tables
-from ..rate_grid import rate_label
+from ..rate_grid import rates_label
 
 
 def table_rows(results: dict) -> tuple[list[str], list[list[str]]]:
@@ -24,7 +24,7 @@ def table_rows(results: dict) -> tuple[list[str], list[list[str]]]:
             cell = row["exact_match"][n]
             cells.append("N/A" if cell is None else tables.interval_cell(cell["mean"], [cell["low"], cell["high"]],
                                                                          cell["seed_std"]))
-        rates = [", ".join(rate_label(s["lr"], s["at_edge"]) for s in row["rate_sweeps"])] if swept else []
+        rates = [rates_label(row["rate_sweeps"])] if swept else []
         body.append([row["name"]] + cells + rates + [f"{sum(row['train_seconds']) / len(row['train_seconds']):.0f}"])
     return header, body
 
