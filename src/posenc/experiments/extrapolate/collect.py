@@ -76,5 +76,4 @@ def collect(config, rows, corpus, windows: Windows, out: Path, runtime, training
 def compute_seconds(training: dict) -> float:
     """A training's seconds, with a rate grid every rate's (the kept one among them; a seed that inherited its rate
     trained once)."""
-    return training["sweep"].get("sweep_seconds", training["wall_time_s"]) if "sweep" in training \
-        else training["wall_time_s"]
+    return training.get("sweep", {}).get("sweep_seconds", training["wall_time_s"])
