@@ -143,9 +143,23 @@ def test_tied_means_inherit_the_smaller_rate():
     assert inherit_rate((1e-3, 3e-3), tied, range(2))["lr"] == 1e-3
 
 
+def test_rates_are_ordered_by_value_not_by_how_they_print():
+    # "1e-05" sorts after "0.01" as text; by value it is the smallest, so 1e-3 is inside the rates and no edge
+    scores = {"1e-05": 2.0, "0.001": 1.0, "0.01": 3.0}
+    inherited = inherit_rate((1e-5, 1e-3, 1e-2), [sweep(scores, 1e-3)], range(1))
+    assert list(inherited["mean_scores"]) == ["1e-05", "0.001", "0.01"] and not inherited["at_edge"]
+
+
+def test_one_shared_rate_is_no_edge():
+    inherited = inherit_rate((1e-3,), [sweep({"0.001": 1.0}, 1e-3)], range(1))
+    assert inherited["lr"] == 1e-3 and not inherited["at_edge"]
+
+
 def test_inheriting_needs_a_sweep_per_seed_and_a_shared_rate():
     with pytest.raises(ValueError, match="one sweep per seed"):
         inherit_rate((1e-3,), [], range(1))
+    with pytest.raises(ValueError, match="one sweep per seed, got 1 sweeps for seeds \\[0, 1\\]"):
+        inherit_rate((1e-3,), [sweep({"0.001": 1.0}, 1e-3)], range(2))
     with pytest.raises(ValueError, match="share no rate"):
         inherit_rate((1e-3, 3e-3), [sweep({"0.001": 1.0}, 1e-3), sweep({"0.003": 1.0}, 3e-3)], range(2))
 
@@ -157,9 +171,9 @@ def test_the_sweeping_seeds_are_the_first_k_and_zero_means_every_seed():
 
 
 @pytest.mark.parametrize("seeds, k, grid, message", [
-    (5, -1, (1e-3,), "--lr-sweep-seeds must be an integer >= 0, got -1"),
-    (5, 6, (1e-3,), r"--lr-sweep-seeds must be between 1 and --seeds \(5\), got 6"),
-    (5, 1, (), "--lr-sweep-seeds says which seeds sweep a grid of --lrs; give --lrs too"),
+    (5, -1, (1e-3,), r"^--lr-sweep-seeds must be an integer >= 0, got -1$"),
+    (5, 6, (1e-3,), r"^--lr-sweep-seeds must be between 1 and --seeds \(5\), got 6$"),
+    (5, 1, (), r"^--lr-sweep-seeds says which seeds sweep a grid of --lrs; give --lrs too$"),
 ])
 def test_bad_sweeping_seeds_are_refused_by_name(seeds, k, grid, message):
     with pytest.raises(ValueError, match=message):

@@ -102,6 +102,7 @@ def test_each_seed_has_its_own_value_in_order_and_a_one_seed_run_has_no_seed_tab
     lines = (tmp_path / "results.md").read_text().split("\n")
     heading = lines.index("## Each seed (mean exact match; where seeds split, learning or not, the mean describes "
                           "none of them)")
-    assert lines[heading + 2] == "| encoding (seeds 3–4) | 1× (8) | 2× (16) |"
+    assert lines[heading + 1] == "" and lines[heading + 2] == "| encoding (seeds 3–4) | 1× (8) | 2× (16) |"
+    assert lines[heading + 6] == ""  # header, rule, two rows, then a blank line
     assert lines[heading + 4] == "| learned | 0.000, 1.000 | N/A |"
     assert lines.index("![exact match vs length](tasks.png)") < heading
