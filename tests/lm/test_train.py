@@ -148,3 +148,43 @@ def test_randomized_positions_come_from_the_runs_own_generator(tmp_path):
         weights.append(model.state_dict())
     for name, tensor in weights[0].items():
         torch.testing.assert_close(weights[1][name], tensor, rtol=0, atol=0)
+
+
+class Bar:
+    """A stand-in for tqdm that records how the loop drives it."""
+
+    made: list["Bar"] = []
+
+    def __init__(self, **kwargs):
+        self.kwargs, self.updates, self.postfixes, self.closed = kwargs, [], [], False
+        Bar.made.append(self)
+
+    def update(self, n):
+        self.updates.append(n)
+
+    def set_postfix(self, **values):
+        self.postfixes.append(values)
+
+    def close(self):
+        self.closed = True
+
+
+def test_the_progress_bar_counts_this_calls_steps_and_shows_each_loss_and_tokens_per_second(tmp_path, monkeypatch):
+    ticks = iter(range(100))  # the loop's clock: 0, 1, 2, ... seconds, one tick per reading
+    monkeypatch.setattr(train_module, "time", type("Clock", (), {"perf_counter": lambda: float(next(ticks))}))
+    monkeypatch.setattr(train_module, "tqdm", Bar)
+    Bar.made.clear()
+    model, path = tiny(), tmp_path / "last.pt"
+    train(model, data(), config(), checkpoint=path, device=CPU, until=2, label="first")
+    elapsed = storage.load_checkpoint(path)["elapsed"]
+    train(model, data(), config(), checkpoint=path, device=CPU, label="resumed")
+    losses = storage.load_checkpoint(path)["losses"]
+    first, resumed = Bar.made
+    assert first.kwargs == {"total": 6, "initial": 0, "desc": "first", "disable": False, "mininterval": 1.0,
+                            "dynamic_ncols": True}
+    assert resumed.kwargs == {**first.kwargs, "initial": 2, "desc": "resumed"}
+    assert first.updates == [1, 1] and resumed.updates == [1, 1, 1, 1] and first.closed and resumed.closed
+    assert [p["loss"] for p in first.postfixes + resumed.postfixes] == [f"{loss:.3f}" for loss in losses]
+    # a tick per step: this call's steps times 2 × 16 tokens over this call's seconds, 32 tokens a second, with the
+    # first call's seconds (elapsed) left out of the resumed call's rate
+    assert elapsed == 2.0 and [p["tok_s"] for p in first.postfixes + resumed.postfixes] == ["32"] * 6
