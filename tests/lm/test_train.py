@@ -170,8 +170,8 @@ class Bar:
 
 
 def test_the_progress_bar_counts_this_calls_steps_and_shows_each_loss_and_tokens_per_second(tmp_path, monkeypatch):
-    ticks = iter(range(100))  # the loop's clock: 0, 1, 2, ... seconds, one tick per reading
-    monkeypatch.setattr(train_module, "time", type("Clock", (), {"perf_counter": lambda: float(next(ticks))}))
+    ticks = iter(range(100))  # the loop's clock: 0, 0.5, 1, ... seconds, half a second per reading
+    monkeypatch.setattr(train_module, "time", type("Clock", (), {"perf_counter": lambda: next(ticks) / 2}))
     monkeypatch.setattr(train_module, "tqdm", Bar)
     Bar.made.clear()
     model, path = tiny(), tmp_path / "last.pt"
@@ -185,6 +185,14 @@ def test_the_progress_bar_counts_this_calls_steps_and_shows_each_loss_and_tokens
     assert resumed.kwargs == {**first.kwargs, "initial": 2, "desc": "resumed"}
     assert first.updates == [1, 1] and resumed.updates == [1, 1, 1, 1] and first.closed and resumed.closed
     assert [p["loss"] for p in first.postfixes + resumed.postfixes] == [f"{loss:.3f}" for loss in losses]
-    # a tick per step: this call's steps times 2 × 16 tokens over this call's seconds, 32 tokens a second, with the
+    # a tick per step: this call's steps times 2 × 16 tokens over this call's seconds, 64 tokens a second, with the
     # first call's seconds (elapsed) left out of the resumed call's rate
-    assert elapsed == 2.0 and [p["tok_s"] for p in first.postfixes + resumed.postfixes] == ["32"] * 6
+    assert elapsed == 1.0 and [p["tok_s"] for p in first.postfixes + resumed.postfixes] == ["64"] * 6
+
+
+def test_by_default_the_bar_says_train_and_nothing_is_compiled(tmp_path, monkeypatch):
+    monkeypatch.setattr(train_module, "tqdm", Bar)
+    monkeypatch.setattr(train_module.torch, "compile", lambda *a, **k: pytest.fail("compiled without compile=True"))
+    Bar.made.clear()
+    train(tiny(), data(), config(steps=1), checkpoint=tmp_path / "last.pt", device=CPU)
+    assert Bar.made[0].kwargs["desc"] == "train"
