@@ -135,6 +135,8 @@ def test_a_changed_grid_is_refused_and_a_run_from_before_grids_resumes(swept, tm
     (["--lrs", "1e-3,0.001"], "--lrs must not repeat a rate"),
     (["--lrs", "1e-3", "--lr-widenings", "-1"], "--lr-widenings must be an integer >= 0"),
     (["--lr-widenings", "1"], "--lr-widenings widens a grid of --lrs; give --lrs too"),
+    (["--lrs", "1e-3", "--seeds", "2", "--lr-sweep-seeds", "3"], "--lr-sweep-seeds must be between 1 and --seeds (2)"),
+    (["--lr-sweep-seeds", "1"], "--lr-sweep-seeds says which seeds sweep a grid of --lrs; give --lrs too"),
 ])
 def test_bad_rate_flags_fail_in_one_line_before_any_work(tmp_path, capsys, args, message):
     assert main(["extrapolate", "--preset", "smoke", "--text", str(TEXT), *args, "--out", str(tmp_path / "x")]) == 2

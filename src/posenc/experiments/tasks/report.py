@@ -12,11 +12,14 @@ from .. import tables
 from ..rate_grid import rates_label
 
 
+def _lengths(results: dict) -> list[str]:
+    """The length columns' headings: "2× (64)"."""
+    return [f"{n // results['train_length']}× ({n})" for n in results["eval_lengths"]]
+
+
 def table_rows(results: dict) -> tuple[list[str], list[list[str]]]:
-    train_length = results["train_length"]
     swept = bool(results["config"].get("lrs"))
-    header = (["encoding"] + [f"{n // train_length}× ({n})" for n in results["eval_lengths"]]
-              + ["lr (dev)"] * swept + ["train s"])
+    header = ["encoding"] + _lengths(results) + ["lr (dev)"] * swept + ["train s"]
     body = []
     for row in results["rows"]:
         cells = []
@@ -44,8 +47,7 @@ def dev_rows(results: dict) -> tuple[list[str], list[list[str]]] | None:
     """Each row's mean exact match on the dev sequences (what choices read), or None for a run made before them."""
     if any(row.get("dev_exact_match") is None for row in results["rows"]):
         return None
-    train_length = results["train_length"]
-    header = ["encoding"] + [f"{n // train_length}× ({n})" for n in results["eval_lengths"]]
+    header = ["encoding"] + _lengths(results)
     return header, [[row["name"]] + ["N/A" if row["dev_exact_match"][str(n)] is None else
                                      f"{row['dev_exact_match'][str(n)]:.3f}" for n in results["eval_lengths"]]
                     for row in results["rows"]]
@@ -57,9 +59,8 @@ def seed_rows(results: dict) -> tuple[list[str], list[list[str]]] | None:
     spread describe no seed: this table shows which did."""
     if results["seeds"] < 2:
         return None
-    train_length, first = results["train_length"], results["config"]["seed"]
-    header = [f"encoding (seeds {first}–{first + results['seeds'] - 1})"] + [
-        f"{n // train_length}× ({n})" for n in results["eval_lengths"]]
+    first = results["config"]["seed"]
+    header = [f"encoding (seeds {first}–{first + results['seeds'] - 1})"] + _lengths(results)
     return header, [[row["name"]] + ["N/A" if row["exact_match"][str(n)] is None else
                                      ", ".join(f"{v:.3f}" for v in row["exact_match"][str(n)]["per_seed"])
                                      for n in results["eval_lengths"]] for row in results["rows"]]
