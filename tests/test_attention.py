@@ -238,18 +238,48 @@ def test_compiled_flex_agrees_with_eager(monkeypatch):
     ("alibi", 16, torch.bfloat16, ["channels", "flex", "mask"]),
     ("transformer_xl", 16, torch.float32, ["channels"]),  # the mask form would keep (B, H, Tq, Tk) logits
     ("cope", 16, torch.float32, ["mask"]),
+    ("fire", 16, torch.float32, ["mask"]),  # its dense bias captured by flex crashed a compiled backward
 ])
-def test_the_forms_timed_on_a_gpu(key, q_len, dtype, forms):
-    """What sdpa offers its timing on a GPU (read here on CPU tensors; tests/test_cuda.py runs them on one)."""
+def test_the_forms_timed_on_a_gpu_without_triton(key, q_len, dtype, forms):
+    """What sdpa offers its timing on a GPU where the Triton tiles do not serve (read here on CPU tensors;
+    tests/test_cuda.py runs them on one)."""
     enc = make_encoding(key, dtype=torch.float32)
     at = enc.at(torch.arange(16 - q_len, 16)[None], torch.arange(16)[None], contiguous=True)
-    assert list(gpu_score_forms(dtype, at)) == forms
+    if key == "fire":  # past its threshold: the bias reads the query's position
+        at = enc.at(torch.arange(2000, 2016)[None], torch.arange(2000, 2016)[None], contiguous=True)
+    q = torch.empty(1, 2, q_len, 4, dtype=dtype)
+    assert list(gpu_score_forms(q, at, True, None)) == forms
 
 
-def test_a_gpu_never_times_foxs_token_bias():
-    """FoX's bias comes from the tokens: a timing's stand-in backward would reach into the caller's graph."""
-    at = posenc.build("fox", num_heads=2, dim=16).at(torch.arange(16)[None], torch.arange(16)[None], contiguous=True)
-    assert list(gpu_score_forms(torch.float32, at)) == ["mask"]
+@pytest.mark.parametrize("key, q_len, forms", [
+    ("t5", 16, ["tiles"]),
+    ("t5", 1, ["tiles"]),  # a KV-cache step too: nothing compiles per shape
+    ("alibi", 16, ["tiles", "channels"]),  # both linear in T: timed
+    ("alibi_symmetric", 16, ["tiles"]),  # no exact channels for a symmetric bias
+])
+def test_the_tiles_are_offered_where_triton_serves(monkeypatch, key, q_len, forms):
+    """With Triton serving q's device, a bias of offsets is offered the tiles (and the channels where exact),
+    never a form that builds a (B, H, Tq, Tk) tensor; a mask leaves the tiles out."""
+    monkeypatch.setattr(pytest.importorskip("posenc.kernels.tiles_triton"), "serves", lambda q: True)
+    enc = make_encoding(key, dtype=torch.float32)
+    at = enc.at(torch.arange(16 - q_len, 16)[None], torch.arange(16)[None], contiguous=True)
+    q = torch.empty(1, 2, q_len, 4, dtype=torch.bfloat16)
+    assert list(gpu_score_forms(q, at, True, None)) == forms
+    assert "tiles" not in gpu_score_forms(q, at, True, torch.ones(1, 1, q_len, 16, dtype=torch.bool))
+
+
+def test_a_gpu_never_times_foxs_token_bias(monkeypatch):
+    """FoX's bias comes from the tokens: a timing's stand-in backward would reach into the caller's graph. Without
+    Triton the mask alone is offered; with it the tiles alone, given the gates at the model's own positions."""
+    fox = posenc.build("fox", num_heads=2, dim=16)
+    at = fox.at(torch.arange(16)[None], torch.arange(16)[None], contiguous=True)
+    gated = at.with_gates(torch.zeros(1, 2, 16))
+    q = torch.empty(1, 2, 16, 4)
+    assert list(gpu_score_forms(q, gated, True, None)) == ["mask"]
+    monkeypatch.setattr(pytest.importorskip("posenc.kernels.tiles_triton"), "serves", lambda q: True)
+    assert list(gpu_score_forms(q, gated, True, None)) == ["tiles"]
+    explicit = fox.at(torch.arange(16)[None], torch.arange(16)[None], contiguous=False).with_gates(torch.zeros(1, 2, 16))
+    assert list(gpu_score_forms(q, explicit, True, None)) == ["mask"]
 
 
 def test_flex_builds_the_plain_causal_block_mask_once_per_length(monkeypatch):

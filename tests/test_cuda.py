@@ -102,7 +102,7 @@ def test_every_cuda_backend_equals_float64_eager_values_and_gradients(name, caus
     served = [b for b in ("eager", "sdpa", "flex") if serves(b, on_gpu, *inputs)]
     assert "eager" in served
     # sdpa once under each form it may time on a GPU (a form that does not serve leaves the choice to the timing)
-    runs = [(b, form) for b in served for form in (("channels", "mask", "flex") if b == "sdpa" else (None,))]
+    runs = [(b, form) for b in served for form in (("tiles", "channels", "mask", "flex") if b == "sdpa" else (None,))]
     for backend, form in runs:
         with dispatch.force(form) if form else contextlib.nullcontext():
             out = attention(*inputs, on_gpu, causal=causal, backend=backend)
@@ -170,3 +170,53 @@ def test_extend_hf_on_cuda_gives_the_cpus_numbers(tmp_path):
             assert [key["log_prob"] for key in cuda["retrieval"]] == pytest.approx(cpu_keys, abs=1e-3), name
     past = {device: [document["past"] for document in on[device]["control"]["test"]] for device in on}
     assert past["cuda"] == pytest.approx(past["cpu"], abs=1e-4)
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 2e-5), (torch.bfloat16, 5e-2)])
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_triton_tiles_at_the_gpus_tile_sizes_equal_float64(dtype, tolerance, causal):
+    """``tiles_triton`` at its GPU tiles (128 × 64 forward, 64 × 64 backward) over 1,000 queries of a 1,100-key
+    cache: an offset table (its gradient by diagonal sums), FoX's token values (causal), grouped-query heads and
+    explicit positions, values and gradients against float64 on the CPU."""
+    from posenc.kernels.tiles_triton import tiled_attention
+
+    torch.manual_seed(4)
+    q, k, v = torch.randn(2, 4, 1000, 64), torch.randn(2, 2, 1100, 64), torch.randn(2, 2, 1100, 64)
+    lowest = 0 if causal else -1099
+    table = torch.randn(4, 1100 - lowest)
+    tokens = (torch.randn(1, 4, 1100) - 1).cumsum(-1) if causal else None
+    shuffled = torch.randperm(1200)
+    explicit = {"q_pos": shuffled[:1000][None], "k_pos": shuffled[100:1200][None]}
+    span = int(explicit["q_pos"].max() - explicit["k_pos"].min()), int(explicit["q_pos"].min() - explicit["k_pos"].max())
+    explicit_low = max(span[1], 0) if causal else span[1]
+    explicit_table = torch.randn(4, span[0] - explicit_low + 1)
+    for table_, low, tokens_, positions in ((table, lowest, tokens, {}), (explicit_table, explicit_low, None, explicit)):
+        inputs = [x for x in (q, k, v, table_, tokens_) if x is not None]
+        exact = [(x.to(dtype) if i < 3 else x).double().requires_grad_() for i, x in enumerate(inputs)]
+        fast = [(x.to(CUDA, dtype) if i < 3 else x.to(CUDA)).requires_grad_() for i, x in enumerate(inputs)]
+        expected = _tiles_reference(*exact[:4], low, exact[4] if tokens_ is not None else None, causal,
+                                    **positions)
+        got = tiled_attention(*fast[:3], scale=0.125, causal=causal, table=fast[3], lowest=low,
+                              token_values=fast[4] if tokens_ is not None else None,
+                              **{name: p.to(CUDA) for name, p in positions.items()})
+        upstream = torch.randn_like(expected)
+        wanted = torch.autograd.grad(expected, exact, upstream)
+        grads = torch.autograd.grad(got, fast, upstream.to(CUDA, dtype))
+        for what, a, b in zip(("out", "dq", "dk", "dv", "table", "tokens"), (got, *grads), (expected, *wanted)):
+            assert _relative_error(a, b) < tolerance, (what, positions != {})
+
+
+def _tiles_reference(q, k, v, table, lowest, tokens, causal, q_pos=None, k_pos=None):
+    """float64 softmax(q·kᵀ/8 + table[h, offset − lowest] + c_i − c_j)·v on the CPU."""
+    heads, q_len, k_len = q.shape[1], q.shape[2], k.shape[2]
+    k, v = (x.repeat_interleave(heads // x.shape[1], 1) for x in (k, v))
+    if q_pos is None:
+        q_pos, k_pos = torch.arange(k_len - q_len, k_len)[None], torch.arange(k_len)[None]
+    offset = (q_pos[:, :, None] - k_pos[:, None, :])[:, None]
+    entry = (offset - lowest).clamp(0, table.shape[1] - 1)
+    logits = (q @ k.transpose(-1, -2)) * 0.125 + table[torch.arange(heads)[None, :, None, None], entry]
+    if tokens is not None:
+        logits = logits + (tokens[..., k_len - q_len:, None] - tokens[..., None, :])
+    if causal:
+        logits = logits.masked_fill(offset < 0, float("-inf"))
+    return torch.softmax(logits, -1).nan_to_num(0.0) @ v

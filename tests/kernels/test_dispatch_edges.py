@@ -20,15 +20,16 @@ def test_the_cache_defaults_to_the_users_cache_folder(monkeypatch, tmp_path):
 
 
 def test_the_fingerprint_follows_every_kernel_source_and_nothing_else(tmp_path):
-    for name, text in {"a.cpp": "int a;", "tiles.h": "#define T 32", "blockwise.py": "x = 1", "notes.txt": "x"}.items():
+    sources = {"a.cpp": "int a;", "tiles.h": "#define T 32", "blockwise.py": "x = 1", "tiles_triton.py": "y = 2"}
+    for name, text in {**sources, "notes.txt": "x"}.items():
         (tmp_path / name).write_text(text)
     first = dispatch.fingerprint(tmp_path)
     assert len(first) == 16 and int(first, 16) >= 0
     seen = {first}
-    for name in ["a.cpp", "tiles.h", "blockwise.py"]:
+    for name in sources:
         (tmp_path / name).write_text((tmp_path / name).read_text() + " ")
         seen.add(dispatch.fingerprint(tmp_path))
-    assert len(seen) == 4, "a changed .cpp, .h or blockwise.py must change the fingerprint"
+    assert len(seen) == 5, "a changed .cpp, .h, blockwise.py or tiles_triton.py must change the fingerprint"
     (tmp_path / "notes.txt").write_text("changed")
     assert dispatch.fingerprint(tmp_path) in seen
     assert dispatch.fingerprint() == dispatch.fingerprint(dispatch.Path(dispatch.__file__).parent)

@@ -35,6 +35,10 @@ from .. import checks
 from ..kernels.channels import materialized, widen
 from ..kernels.offset_bias import offsets
 
+#: the widest table of offsets ``spanning_offset_table`` builds at explicit positions (H · 2^23 float32 entries at
+#: most: positions 2^22 apart each way)
+MAX_SPANNED_OFFSETS = 1 << 23
+
 
 class PositionedEncoding:
     """An encoding at the query/key positions of one forward pass.
@@ -148,6 +152,28 @@ class PositionedEncoding:
             table = self.encoding.offset_table(lowest, highest, last_query, self.q_pos.device, dtype)
             return None if table is None else (_finite(self.encoding, "score bias", table), lowest)
         return self.memo(("offset_table", causal, dtype), build)
+
+    def spanning_offset_table(self, causal: bool) -> tuple[Tensor, int] | None:
+        """``offset_table`` in float32 at any positions, for ``kernels.tiles_triton``: at explicit positions the
+        table spans every offset from the smallest to the largest q_pos − k_pos (causally from 0), read from
+        the positions (a sync on a GPU); None where the bias is no function of the offset here, or the span
+        exceeds ``MAX_SPANNED_OFFSETS``."""
+        if self.contiguous:
+            return self.offset_table(causal, torch.float32)
+
+        def build() -> tuple[Tensor, int] | None:
+            if not self.encoding.has_bias or not self.q_pos.numel() or not self.k_pos.numel():
+                return None
+            last_query = int(self.q_pos.max())
+            lowest = int(self.q_pos.min()) - int(self.k_pos.max())
+            highest = last_query - int(self.k_pos.min())
+            lowest = max(lowest, 0) if causal else lowest
+            highest = max(highest, lowest)
+            if highest - lowest + 1 > MAX_SPANNED_OFFSETS:
+                return None
+            table = self.encoding.offset_table(lowest, highest, last_query, self.q_pos.device, torch.float32)
+            return None if table is None else (_finite(self.encoding, "score bias", table), lowest)
+        return self.memo(("spanning_offset_table", causal), build)
 
     def relative_logits(self, q: Tensor, k: Tensor, allowed: Tensor | None, scale: float) -> Tensor:
         """The content-position term as added to the *scaled* logits q·kᵀ·scale: ``scale ·`` the encoding's

@@ -4,8 +4,9 @@ A score bias or content-position term can run in several forms (``attention`` bu
 bias inside ``offset_bias``'s kernel), ``channels`` (the terms as extra q/k channels), ``mask`` (a float mask
 on SDPA or on the blockwise kernel), ``counts`` (CoPE inside ``gated_counts``' kernel, the one form offered
 where it serves), ``lookups`` (Transformer-XL's terms inside ``offset_lookup``'s kernel) and ``gates`` (FoX's
-c_i − c_j inside ``offset_bias``' kernel, the one form offered where it serves); on a GPU ``channels``, ``mask`` (SDPA
-with a float mask) and ``flex`` (the bias as FlexAttention's compiled ``score_mod``). Which is fastest depends on
+c_i − c_j inside ``offset_bias``' kernel, the one form offered where it serves); on a GPU ``tiles`` (an offset table
+or FoX's token values inside ``tiles_triton``'s Triton tiles), ``channels``, ``mask`` (SDPA with a float mask) and
+``flex`` (the bias as FlexAttention's compiled ``score_mod``). Which is fastest depends on
 the CPU (an AMD EPYC and an Intel Xeon disagree) or GPU,
 the shape and whether a gradient is needed, so no threshold is written down: the first call with a new key
 (encoding, shape bucket, dtype, gradient) times every form that serves it, round-robin, forward and backward on
@@ -30,7 +31,7 @@ import torch
 from .. import checks, storage
 from . import native
 
-FORMS = ("table", "channels", "mask", "counts", "lookups", "gates", "flex")
+FORMS = ("table", "channels", "mask", "counts", "lookups", "gates", "tiles", "flex")
 FORCE_VARIABLE = "POSENC_ATTENTION_FORM"
 CACHE_VARIABLE = "POSENC_FORMS_CACHE"
 ROUNDS = 3  # timed rounds after one warm-up call of each form: a few milliseconds to a second, once per key
@@ -44,8 +45,10 @@ def cache_path() -> Path:
 
 
 def fingerprint(kernels: Path = Path(__file__).parent) -> str:
-    """What a timing is only valid for: torch, the CPU and the kernels' sources (in ``kernels``, this folder)."""
-    sources = sorted(kernels.glob("*.cpp")) + sorted(kernels.glob("*.h")) + [kernels / "blockwise.py"]
+    """What a timing is only valid for: torch, the CPU and the kernels' sources (in ``kernels``, this folder): the C++
+    ones and the Python kernels that are timed forms (``blockwise``, ``tiles_triton``)."""
+    python = [kernels / name for name in ("blockwise.py", "tiles_triton.py") if (kernels / name).exists()]
+    sources = sorted(kernels.glob("*.cpp")) + sorted(kernels.glob("*.h")) + python
     parts = [torch.__version__, native.cpu_identity(), *(path.read_text() for path in sources)]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 

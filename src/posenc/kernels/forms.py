@@ -1,7 +1,8 @@
 """The forms a score term runs in inside ``attention``'s sdpa backend, and which of them a call offers to
 ``dispatch``'s timing: ``table`` (a bias of offsets inside ``offset_bias``), ``gates`` (FoX's c_i − c_j there too),
 ``counts`` (CoPE inside ``gated_counts``), ``lookups`` (Transformer-XL inside ``offset_lookup``), ``channels`` (extra
-q/k channels), ``mask`` (a float mask on SDPA or ``blockwise``) and, on a GPU, ``flex`` (FlexAttention's score_mod).
+q/k channels), ``mask`` (a float mask on SDPA or ``blockwise``) and, on a GPU, ``tiles`` (an offset table or FoX's
+token values inside ``tiles_triton``'s tiles) and ``flex`` (FlexAttention's score_mod).
 
 Every form is ``form(q, k, v, at, causal, mask, scale, plain_causal) -> (B, H, Tq, Dv)`` with q (B, H, Tq, Dh) and k
 (B, Hkv, Tk, Dh) already rotated, v (B, Hkv, Tk, Dv) and ``at`` the encoding at its positions (a
@@ -14,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import blockwise, gated_counts, offset_bias, offset_lookup
+from . import blockwise, gated_counts, offset_bias, offset_lookup, triton_available
 from .channels import attend_with_channels
 from .flex import FLEX_DTYPES, flex_backend
 
@@ -37,7 +38,7 @@ def score_forms(q, at, causal, mask, plain_causal) -> dict:
     if torch.compiler.is_compiling():
         return {"channels": _channel_form} if at.channels_serve(q.dtype) else {"mask": _mask_form}
     if q.device.type != "cpu":
-        return gpu_score_forms(q.dtype, at)
+        return gpu_score_forms(q, at, causal, mask)
     if encoding.has_gated_counts and causal and mask is None and at.contiguous and gated_counts.serves(q):
         return {"counts": _counts_form}  # the mask form would keep (B, H, Tq, Tk) gates, counts and logits
     if encoding.has_token_gates and causal and mask is None and at.contiguous and offset_bias.serves(q):
@@ -55,20 +56,52 @@ def score_forms(q, at, causal, mask, plain_causal) -> dict:
     return {**forms, "mask": _mask_form}
 
 
-def gpu_score_forms(dtype: torch.dtype, at) -> dict:
-    """``score_forms`` on a GPU: q/k channels where they serve, FlexAttention's compiled score_mod for a bias of a
-    full sequence (no (B, H, Tq, Tk) tensor; not for a KV-cache step, whose shape changes every call while the
-    compiled kernel is specialised to shapes), and the float mask. FoX is offered the mask alone: flex's gradient
-    through its token bias (a captured (B, H, Tq, Tk) tensor) has not been checked on a GPU; the one H200 run that
-    offered it failed earlier, in the timing's stand-in backward (``PositionedEncoding.unmemoized``, since fixed)."""
-    encoding = at.encoding
+def gpu_score_forms(q: Tensor, at, causal: bool, mask: Tensor | None) -> dict:
+    """``score_forms`` on a GPU. Where ``tiles_triton`` serves (a bias that is a table of offsets, or FoX's token
+    values at the model's own positions; no mask), its tiles, beside the q/k channels where they are exact: no form
+    offered then builds a (B, H, Tq, Tk) tensor, so timing them cannot run out of memory. Elsewhere the channels,
+    FlexAttention's compiled score_mod for an offset bias of a full sequence (not for a KV-cache step, whose shape
+    changes every call while the compiled kernel is specialised to shapes; not for a bias that also reads the
+    query's position, whose captured dense bias crashed FlexAttention's compiled backward at 16,384 tokens on an
+    H200) and the float mask."""
+    encoding, dtype = at.encoding, q.dtype
     forms = {"channels": _channel_form} if at.channels_exact(dtype) else {}
+    if mask is None and tiles_serve(q, at, causal):
+        return {"tiles": _tiles_form, **forms}
     if encoding.has_relative_logits and forms:  # the mask form would keep (B, H, Tq, Tk) logits
         return forms
-    if encoding.has_bias and not encoding.has_relative_logits and not encoding.has_token_gates and (
+    if encoding.has_bias and encoding.bias_from_offset and not encoding.has_relative_logits and (
             dtype in FLEX_DTYPES and at.q_pos.shape[-1] == at.k_pos.shape[-1]):
         forms["flex"] = flex_backend
     return {**forms, "mask": _mask_form}
+
+
+def tiles_serve(q: Tensor, at, causal: bool) -> bool:
+    """Whether ``tiles_triton`` runs these score terms on q's device: Triton there, and a bias of offsets at any
+    positions (``PositionedEncoding.spanning_offset_table``) or FoX's token values at the model's own positions."""
+    encoding = at.encoding
+    if not encoding.has_bias or encoding.has_relative_logits or encoding.has_relative_values or (
+            not triton_available()) or not tiles_triton().serves(q):
+        return False
+    if encoding.has_token_gates:
+        return causal and at.contiguous and at.log_forget is not None
+    return at.spanning_offset_table(causal) is not None
+
+
+def tiles_triton():
+    """The ``tiles_triton`` module, imported on first use (Triton is optional)."""
+    from . import tiles_triton as module
+
+    return module
+
+
+def _tiles_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
+    if at.encoding.has_token_gates:
+        return tiles_triton().tiled_attention(q, k, v, scale=scale, causal=causal, token_values=at.cumulative_gates())
+    table, lowest = at.spanning_offset_table(causal)
+    positions = {} if at.contiguous else {"q_pos": at.q_pos, "k_pos": at.k_pos}
+    return tiles_triton().tiled_attention(q, k, v, scale=scale, causal=causal, table=table, lowest=lowest,
+                                          **positions)
 
 
 def _table_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:

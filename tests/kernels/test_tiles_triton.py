@@ -1,0 +1,177 @@
+"""The Triton attention kernel with the position terms inside its tiles (``kernels.tiles_triton``) against float64,
+forward and backward, under TRITON_INTERPRET=1 on CPU tensors.
+
+The interpreter is switched on when Triton is imported, so each check runs in a child process. The interpreter's
+tiles are 16 × 16, so the shapes here (up to 40 tokens) cross tiles, diagonals and ragged edges.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (the test extra)")
+
+REFERENCE = textwrap.dedent(
+    """
+    import torch
+    from posenc.kernels.tiles_triton import tiled_attention
+
+    def reference(q, k, v, scale, causal, table, lowest, tokens, q_pos, k_pos):
+        '''float64 softmax(scale·q·kᵀ + table[h, offset − lowest] + c_i − c_j)·v, GQA by repeating k and v.'''
+        heads, q_len, k_len = q.shape[1], q.shape[2], k.shape[2]
+        k, v = (x.repeat_interleave(heads // x.shape[1], 1) for x in (k, v))
+        logits = (q @ k.transpose(-1, -2)) * scale
+        if q_pos is None:
+            q_pos, k_pos = torch.arange(k_len - q_len, k_len)[None], torch.arange(k_len)[None]
+        offset = (q_pos[:, :, None] - k_pos[:, None, :])[:, None]
+        if table is not None:
+            entry = (offset - lowest).clamp(0, table.shape[1] - 1)
+            logits = logits + table[torch.arange(heads)[None, :, None, None], entry]
+        if tokens is not None:
+            logits = logits + (tokens[..., k_len - q_len:, None] - tokens[..., None, :])
+        if causal:
+            logits = logits.masked_fill(offset < 0, float("-inf"))
+        return torch.softmax(logits, -1).nan_to_num(0.0) @ v
+
+    def compare(dtype, tolerance, scale, causal, q, k, v, table=None, lowest=0, tokens=None, q_pos=None,
+                k_pos=None):
+        '''The kernel in ``dtype`` against the reference: output and every input's gradient, each relative to
+        the reference's largest magnitude; the reference reads q, k and v as rounded to ``dtype``.'''
+        inputs = [x for x in (q, k, v, table, tokens) if x is not None]
+        exact = [(x.to(dtype) if i < 3 else x).double().requires_grad_() for i, x in enumerate(inputs)]  # as rounded
+        fast = [x.to(dtype if i < 3 else torch.float32 if x is table else torch.float64).detach().requires_grad_()
+                for i, x in enumerate(inputs)]
+        def named(xs):
+            it = iter(xs)
+            q_, k_, v_ = next(it), next(it), next(it)
+            return q_, k_, v_, next(it) if table is not None else None, next(it) if tokens is not None else None
+        q64, k64, v64, t64, c64 = named(exact)
+        expected = reference(q64, k64, v64, scale, causal, t64, lowest, c64, q_pos, k_pos)
+        q_, k_, v_, t_, c_ = named(fast)
+        got = tiled_attention(q_, k_, v_, scale=scale, causal=causal, table=t_, lowest=lowest, token_values=c_,
+                              q_pos=q_pos, k_pos=k_pos)
+        assert got.dtype == dtype and got.shape == expected.shape
+        upstream = torch.randn_like(expected)
+        wanted = torch.autograd.grad(expected, exact, upstream)
+        grads = torch.autograd.grad(got, fast, upstream.to(dtype))
+        for name, a, b in zip(("out", "dq", "dk", "dv", "d_table" if table is not None else "d_tokens", "d_tokens"),
+                              (got, *grads), (expected, *wanted)):
+            error = float((a.double() - b).abs().max() / b.abs().max())
+            assert error < tolerance, (name, error, dtype, causal, tuple(q.shape), tuple(k.shape))
+    """
+)
+
+
+def _run(check: str) -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run([sys.executable, "-c", REFERENCE + textwrap.dedent(check)], env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("ok"), result.stdout
+
+
+def test_tiles_equal_float64_with_an_offset_table_and_token_values():
+    """Causal and bidirectional, grouped-query, a KV-cache step (Tq < Tk), head widths that are no power of two
+    and a value width unlike the key's; the table's gradient (reduced along the tiles' diagonals) and the token
+    values' gradient (row and column sums) included; float32 to 1e-5, bfloat16 to 5e-2 (the token values' gradient
+    sums weights rounded to bfloat16 whose exact row sums cancel to 0: 2.7e-2 seen at Tq = 5)."""
+    _run("""
+    torch.manual_seed(0)
+    cases = 0
+    for dtype, tolerance in ((torch.float32, 1e-5), (torch.bfloat16, 5e-2)):
+        for causal in (True, False):
+            for batch, heads, kv_heads, q_len, k_len, width, value_width in (
+                    (2, 4, 2, 37, 37, 8, 8), (1, 2, 2, 5, 40, 16, 8), (2, 2, 1, 33, 33, 12, 20)):
+                q = torch.randn(batch, heads, q_len, width)
+                k, v = torch.randn(batch, kv_heads, k_len, width), torch.randn(batch, kv_heads, k_len, value_width)
+                lowest = 0 if causal else -(k_len - 1)
+                table = torch.randn(heads, k_len - lowest)
+                tokens = (torch.randn(1, heads, k_len) - 1).cumsum(-1) * 3 if causal else None  # FoX: causal only
+                compare(dtype, tolerance, 0.3, causal, q, k, v)
+                compare(dtype, tolerance, 0.3, causal, q, k, v, table=table, lowest=lowest)
+                compare(dtype, tolerance, 0.3, causal, q, k, v, table=table, lowest=lowest, tokens=tokens)
+                cases += 3
+    assert cases == 36
+    print("ok")
+    """)
+
+
+def test_tiles_equal_float64_at_explicit_positions():
+    """Positions per batch row: one a KV-cache window, one shuffled (rows with no allowed key return zeros); the
+    table spans every offset and its gradient is added pair by pair."""
+    _run("""
+    torch.manual_seed(1)
+    q_pos = torch.stack([torch.arange(14, 35), torch.randperm(40)[:21]])
+    k_pos = torch.stack([torch.arange(35), torch.randperm(40)[:35]])
+    lowest = int(q_pos.min() - k_pos.max())
+    entries = int(q_pos.max() - k_pos.min()) - lowest + 1
+    for causal in (True, False):
+        q, k, v = torch.randn(2, 2, 21, 8), torch.randn(2, 1, 35, 8), torch.randn(2, 1, 35, 8)
+        compare(torch.float32, 1e-5, 0.5, causal, q, k, v, table=torch.randn(2, entries), lowest=lowest,
+                q_pos=q_pos, k_pos=k_pos)
+    print("ok")
+    """)
+
+
+def test_the_tiles_form_equals_eager_for_every_encoding_it_serves():
+    """``forms._tiles_form`` through each encoding whose bias is a table of offsets (FIRE below its threshold)
+    and FoX's gates: the output and the gradients of q, k, v and every learned parameter equal float64 eager, at
+    the model's own positions and at explicit ones."""
+    _run("""
+    import copy
+    import posenc
+    from posenc.encodings.registry import REGISTRY
+    from posenc.kernels import forms
+
+    torch.manual_seed(2)
+    served = []
+    for entry in REGISTRY:
+        if entry.axes != 1 or not entry.in_attention:
+            continue
+        encoding = posenc.encodings.build_for_model(entry.name, sizes={"head_dim": 8, "num_heads": 2, "dim": 16, "max_positions": 64},
+                                                   **({"sinusoid_dim": 8} if entry.name == "sandwich" else {}))
+        with torch.no_grad():
+            for parameter in encoding.parameters():
+                parameter.add_(0.1 * torch.randn_like(parameter))
+        for causal, contiguous in ((True, True), (False, True), (True, False)):
+            if (not causal and encoding.causal_only) or (encoding.has_token_gates and not contiguous):
+                continue
+            q_len, k_len = (24, 24) if contiguous else (20, 30)
+            q_pos = torch.arange(k_len - q_len, k_len)[None] if contiguous else torch.randperm(40)[:q_len][None]
+            k_pos = torch.arange(k_len)[None] if contiguous else torch.randperm(40)[:k_len][None]
+            q, k, v = torch.randn(2, 2, q_len, 8), torch.randn(2, 2, k_len, 8), torch.randn(2, 2, k_len, 8)
+            gates = torch.nn.functional.logsigmoid(torch.randn(2, 2, k_len) + 2)
+
+            def positioned(enc, dtype):
+                at = enc.at(q_pos, k_pos, contiguous=contiguous)
+                return at.with_gates(gates.to(dtype).requires_grad_()) if enc.has_token_gates else at
+
+            at = positioned(encoding, torch.float32)
+            if not forms.tiles_serve(q, at, causal):
+                continue
+            reference = copy.deepcopy(encoding).double()
+            exact = [x.double().requires_grad_() for x in (q, k, v)]
+            at64 = positioned(reference, torch.float64)
+            expected = posenc.attention(*exact, at64, causal=causal, backend="eager")
+            fast = [x.requires_grad_() for x in (q, k, v)]
+            got = forms._tiles_form(*fast, at, causal, None, 8 ** -0.5, causal)
+            upstream = torch.randn_like(expected)
+            extra = lambda a, enc: ([a.log_forget] if enc.has_token_gates else []) + list(enc.parameters())
+            wanted = torch.autograd.grad(expected, exact + extra(at64, reference), upstream, allow_unused=True)
+            grads = torch.autograd.grad(got, fast + extra(at, encoding), upstream.float(), allow_unused=True)
+            for a, b in zip((got, *grads), (expected, *wanted)):
+                if b is None:
+                    assert a is None or float(a.abs().max()) == 0.0
+                    continue
+                error = float((a.double() - b).abs().max() / b.abs().max().clamp_min(1.0))
+                assert error < 2e-5, (entry.name, causal, contiguous, error)
+            served.append((entry.name, causal, contiguous))
+    names = {name for name, _, _ in served}
+    assert {"alibi", "t5", "kerple", "sandwich", "fire", "fox"} <= names, names
+    assert ("t5", True, False) in served and ("fox", True, True) in served
+    print("ok")
+    """)
