@@ -159,6 +159,42 @@ def _forward(Q, K, V, OUT, LSE, TABLE, QPOS, KPOS, QVAL, KVAL,
 
 
 @triton.jit
+def _key_grads_span(dk, dv, d_values, k_tile, v_tile, k_pos, k_values, cols, Q, DO, LSE, DELTA, QPOS, QVAL,
+                    s_qt, s_dot, q_pos_row, lse_row, table, n_entries, lowest, q_len, k_len, shift, scale_log2,
+                    start, end, offs_d, offs_dv,
+                    HEAD_DIM: tl.constexpr, VALUE_DIM: tl.constexpr, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr,
+                    MASKED: tl.constexpr, CONTIGUOUS: tl.constexpr, HAS_TABLE: tl.constexpr,
+                    HAS_TOKENS: tl.constexpr, TOKEN_GRAD: tl.constexpr, DOT: tl.constexpr):
+    """dk, dv (and the keys' token-value gradient) over query tiles start, start + BLOCK_M, … < end. Unmasked
+    (``MASKED`` False) tiles may hold keys past Tk: their rows of dk and dv are never stored. Query rows past Tq
+    read lse = +inf, so their weights are 0."""
+    for start_m in range(start, end, BLOCK_M):
+        rows = start_m + tl.arange(0, BLOCK_M)
+        in_queries = rows < q_len
+        q = tl.load(Q + rows[:, None] * s_qt + offs_d[None, :],
+                    mask=in_queries[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        if CONTIGUOUS:
+            q_pos = rows + shift
+        else:
+            q_pos = tl.load(QPOS + q_pos_row + rows, mask=in_queries, other=0)
+        q_values = tl.load(QVAL + rows, mask=in_queries, other=0.0) if HAS_TOKENS else 0.0
+        s, entry = _tile_logits(q, tl.trans(k_tile), q_pos, k_pos, cols, table, n_entries, lowest, q_values,
+                                k_values, k_len, scale_log2, CAUSAL, MASKED, HAS_TABLE, HAS_TOKENS, DOT)
+        lse = tl.load(LSE + lse_row + rows, mask=in_queries, other=float("inf"))
+        p = tl.math.exp2(s - lse[:, None])  # (BLOCK_M, BLOCK_N); 0 where not allowed
+        grad = tl.load(DO + rows[:, None] * s_dot + offs_dv[None, :],
+                       mask=in_queries[:, None] & (offs_dv[None, :] < VALUE_DIM), other=0.0)
+        dv += _dot(tl.trans(p.to(grad.dtype)), grad, DOT)
+        dp = _dot(grad, tl.trans(v_tile), DOT)
+        delta = tl.load(DELTA + lse_row + rows, mask=in_queries, other=0.0)
+        ds = p * (dp - delta[:, None])  # the gradient of the natural-unit logits
+        dk += _dot(tl.trans(ds.to(q.dtype)), q, DOT)
+        if TOKEN_GRAD:
+            d_values -= tl.sum(ds, 0)
+    return dk, dv, d_values
+
+
+@triton.jit
 def _backward_keys(Q, K, V, DO, LSE, DELTA, DK, DV, TABLE, QPOS, KPOS, QVAL, KVAL, DKVAL,
                    s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb, s_vh, s_vt, s_dob, s_doh, s_dot,
                    s_dkb, s_dkh, s_dkt, s_dvb, s_dvh, s_dvt,
@@ -184,41 +220,35 @@ def _backward_keys(Q, K, V, DO, LSE, DELTA, DK, DV, TABLE, QPOS, KPOS, QVAL, KVA
         k_pos = cols
     else:
         k_pos = tl.load(KPOS + b * s_kpb + cols, mask=in_keys, other=0)
-    first = 0
-    if CONTIGUOUS and CAUSAL:  # the first query block that sees this key tile
-        first = tl.maximum(0, start_n - shift) // BLOCK_M * BLOCK_M
+    first = 0  # query tiles first .. unmasked_start − 1 may hold pairs that may not attend; the rest hold none
+    unmasked_start = q_len
+    if CONTIGUOUS:
+        if CAUSAL:
+            first = tl.maximum(0, start_n - shift) // BLOCK_M * BLOCK_M
+            unmasked_start = tl.minimum(q_len, tl.cdiv(tl.maximum(0, start_n + BLOCK_N - 1 - shift), BLOCK_M)
+                                        * BLOCK_M)
+        else:
+            unmasked_start = 0
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
     for member in range(group):
         h = kv_head * group + member
         k_values = tl.load(KVAL + b * s_kvb + h * s_kvh + cols, mask=in_keys, other=0.0) if HAS_TOKENS else 0.0
         d_values = tl.zeros([BLOCK_N], tl.float32)
-        for start_m in range(first, q_len, BLOCK_M):
-            rows = start_m + tl.arange(0, BLOCK_M)
-            in_queries = rows < q_len
-            q = tl.load(Q + b * s_qb + h * s_qh + rows[:, None] * s_qt + offs_d[None, :],
-                        mask=in_queries[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-            if CONTIGUOUS:
-                q_pos = rows + shift
-            else:
-                q_pos = tl.load(QPOS + b * s_qpb + rows, mask=in_queries, other=0)
-            q_values = tl.load(QVAL + b * s_qvb + h * s_qvh + rows, mask=in_queries, other=0.0) if HAS_TOKENS \
-                else 0.0
-            s, entry = _tile_logits(q, tl.trans(k_tile), q_pos, k_pos, cols, TABLE + h * s_table, n_entries,
-                                    lowest, q_values, k_values, k_len, scale_log2, CAUSAL, True, HAS_TABLE,
-                                    HAS_TOKENS, DOT)
-            row = (b * heads + h) * q_len + rows
-            lse = tl.load(LSE + row, mask=in_queries, other=float("inf"))
-            p = tl.math.exp2(s - lse[:, None])  # (BLOCK_M, BLOCK_N); 0 where not allowed
-            grad = tl.load(DO + b * s_dob + h * s_doh + rows[:, None] * s_dot + offs_dv[None, :],
-                           mask=in_queries[:, None] & (offs_dv[None, :] < VALUE_DIM), other=0.0)
-            dv += _dot(tl.trans(p.to(grad.dtype)), grad, DOT)
-            dp = _dot(grad, tl.trans(v_tile), DOT)
-            delta = tl.load(DELTA + row, mask=in_queries, other=0.0)
-            ds = p * (dp - delta[:, None])  # the gradient of the natural-unit logits
-            dk += _dot(tl.trans(ds.to(q.dtype)), q, DOT)
-            if TOKEN_GRAD:
-                d_values -= tl.sum(ds, 0)
+        Q_ = Q + b * s_qb + h * s_qh
+        DO_ = DO + b * s_dob + h * s_doh
+        QVAL_ = QVAL + b * s_qvb + h * s_qvh
+        lse_row = (b * heads + h) * q_len
+        dk, dv, d_values = _key_grads_span(
+            dk, dv, d_values, k_tile, v_tile, k_pos, k_values, cols, Q_, DO_, LSE, DELTA, QPOS, QVAL_, s_qt, s_dot,
+            b * s_qpb, lse_row, TABLE + h * s_table, n_entries, lowest, q_len, k_len, shift, scale_log2, first,
+            unmasked_start, offs_d, offs_dv, HEAD_DIM, VALUE_DIM, BLOCK_M, CAUSAL, True, CONTIGUOUS, HAS_TABLE,
+            HAS_TOKENS, TOKEN_GRAD, DOT)
+        dk, dv, d_values = _key_grads_span(
+            dk, dv, d_values, k_tile, v_tile, k_pos, k_values, cols, Q_, DO_, LSE, DELTA, QPOS, QVAL_, s_qt, s_dot,
+            b * s_qpb, lse_row, TABLE + h * s_table, n_entries, lowest, q_len, k_len, shift, scale_log2,
+            unmasked_start, q_len, offs_d, offs_dv, HEAD_DIM, VALUE_DIM, BLOCK_M, CAUSAL, False, CONTIGUOUS,
+            HAS_TABLE, HAS_TOKENS, TOKEN_GRAD, DOT)
         if TOKEN_GRAD:
             tl.store(DKVAL + (b * heads + h) * k_len + cols, d_values, mask=in_keys)
     tl.store(DK + b * s_dkb + kv_head * s_dkh + cols[:, None] * s_dkt + offs_d[None, :],
@@ -245,6 +275,42 @@ def _add_diagonal_sums(DTABLE, ds, base, n_entries, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _query_grads_span(dq, d_values, q, grad, lse, delta, q_pos, q_values, K, V, KPOS, k_pos_row, KVAL, s_kt, s_vt,
+                      table, dtable, n_entries, lowest, k_len, shift, start_m, scale_log2, start, end, offs_d,
+                      offs_dv, HEAD_DIM: tl.constexpr, VALUE_DIM: tl.constexpr, BLOCK: tl.constexpr,
+                      CAUSAL: tl.constexpr, MASKED: tl.constexpr, CONTIGUOUS: tl.constexpr,
+                      HAS_TABLE: tl.constexpr, TABLE_GRAD: tl.constexpr, HAS_TOKENS: tl.constexpr,
+                      TOKEN_GRAD: tl.constexpr, DOT: tl.constexpr):
+    """dq (and the queries' token-value and the table's gradients) over key tiles start, start + BLOCK, … < end."""
+    for start_n in range(start, end, BLOCK):
+        cols = start_n + tl.arange(0, BLOCK)
+        in_keys = cols < k_len
+        k_tile = tl.load(K + cols[None, :] * s_kt + offs_d[:, None],
+                         mask=in_keys[None, :] & (offs_d[:, None] < HEAD_DIM), other=0.0)  # (BLOCK_D, BLOCK)
+        v_tile = tl.load(V + cols[None, :] * s_vt + offs_dv[:, None],
+                         mask=in_keys[None, :] & (offs_dv[:, None] < VALUE_DIM), other=0.0)  # (BLOCK_DV, BLOCK)
+        if CONTIGUOUS:
+            k_pos = cols
+        else:
+            k_pos = tl.load(KPOS + k_pos_row + cols, mask=in_keys, other=0)
+        k_values = tl.load(KVAL + cols, mask=in_keys, other=0.0) if HAS_TOKENS else 0.0
+        s, entry = _tile_logits(q, k_tile, q_pos, k_pos, cols, table, n_entries, lowest, q_values, k_values, k_len,
+                                scale_log2, CAUSAL, MASKED, HAS_TABLE, HAS_TOKENS, DOT)
+        p = tl.math.exp2(s - lse[:, None])
+        dp = _dot(grad, v_tile, DOT)
+        ds = p * (dp - delta[:, None])
+        dq += _dot(ds.to(k_tile.dtype), tl.trans(k_tile), DOT)
+        if TOKEN_GRAD:
+            d_values += tl.sum(ds, 1)
+        if TABLE_GRAD:
+            if CONTIGUOUS:
+                _add_diagonal_sums(dtable, ds, shift + start_m - start_n - lowest, n_entries, BLOCK)
+            else:
+                tl.atomic_add(dtable + entry, ds, mask=ds != 0.0)  # masked pairs and padding add nothing
+    return dq, d_values
+
+
+@triton.jit
 def _backward_queries(Q, K, V, DO, LSE, DELTA, DQ, TABLE, DTABLE, QPOS, KPOS, QVAL, KVAL, DQVAL,
                       s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb, s_vh, s_vt, s_dob, s_doh, s_dot,
                       s_dqb, s_dqh, s_dqt,
@@ -260,7 +326,6 @@ def _backward_queries(Q, K, V, DO, LSE, DELTA, DQ, TABLE, DTABLE, QPOS, KPOS, QV
     h = tl.program_id(1) % heads
     kv_head = h // group
     rows = start_m + tl.arange(0, BLOCK)
-    offs_n = tl.arange(0, BLOCK)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     in_queries = rows < q_len
@@ -276,38 +341,29 @@ def _backward_queries(Q, K, V, DO, LSE, DELTA, DQ, TABLE, DTABLE, QPOS, KPOS, QV
     else:
         q_pos = tl.load(QPOS + b * s_qpb + rows, mask=in_queries, other=0)
     q_values = tl.load(QVAL + b * s_qvb + h * s_qvh + rows, mask=in_queries, other=0.0) if HAS_TOKENS else 0.0
+    end = k_len
+    unmasked_end = 0  # key tiles 0 .. unmasked_end − 1 hold only pairs that may attend
+    if CONTIGUOUS:
+        if CAUSAL:
+            end = tl.minimum(k_len, shift + start_m + BLOCK)
+            unmasked_end = tl.maximum(0, (shift + start_m + 1) // BLOCK * BLOCK)
+        else:
+            unmasked_end = k_len // BLOCK * BLOCK
     K_ = K + b * s_kb + kv_head * s_kh
     V_ = V + b * s_vb + kv_head * s_vh
-    end = k_len
-    if CONTIGUOUS and CAUSAL:
-        end = tl.minimum(k_len, shift + start_m + BLOCK)
+    KVAL_ = KVAL + b * s_kvb + h * s_kvh
     dq = tl.zeros([BLOCK, BLOCK_D], tl.float32)
     d_values = tl.zeros([BLOCK], tl.float32)
-    for start_n in range(0, end, BLOCK):
-        cols = start_n + offs_n
-        in_keys = cols < k_len
-        k_tile = tl.load(K_ + cols[None, :] * s_kt + offs_d[:, None],
-                         mask=in_keys[None, :] & (offs_d[:, None] < HEAD_DIM), other=0.0)  # (BLOCK_D, BLOCK)
-        v_tile = tl.load(V_ + cols[None, :] * s_vt + offs_dv[:, None],
-                         mask=in_keys[None, :] & (offs_dv[:, None] < VALUE_DIM), other=0.0)  # (BLOCK_DV, BLOCK)
-        if CONTIGUOUS:
-            k_pos = cols
-        else:
-            k_pos = tl.load(KPOS + b * s_kpb + cols, mask=in_keys, other=0)
-        k_values = tl.load(KVAL + b * s_kvb + h * s_kvh + cols, mask=in_keys, other=0.0) if HAS_TOKENS else 0.0
-        s, entry = _tile_logits(q, k_tile, q_pos, k_pos, cols, TABLE + h * s_table, n_entries, lowest, q_values,
-                                k_values, k_len, scale_log2, CAUSAL, True, HAS_TABLE, HAS_TOKENS, DOT)
-        p = tl.math.exp2(s - lse[:, None])
-        dp = _dot(grad, v_tile, DOT)
-        ds = p * (dp - delta[:, None])
-        dq += _dot(ds.to(k_tile.dtype), tl.trans(k_tile), DOT)
-        if TOKEN_GRAD:
-            d_values += tl.sum(ds, 1)
-        if TABLE_GRAD:
-            if CONTIGUOUS:
-                _add_diagonal_sums(DTABLE + h * s_table, ds, shift + start_m - start_n - lowest, n_entries, BLOCK)
-            else:
-                tl.atomic_add(DTABLE + h * s_table + entry, ds, mask=in_queries[:, None] & in_keys[None, :])
+    dq, d_values = _query_grads_span(
+        dq, d_values, q, grad, lse, delta, q_pos, q_values, K_, V_, KPOS, b * s_kpb, KVAL_, s_kt, s_vt,
+        TABLE + h * s_table, DTABLE + h * s_table, n_entries, lowest, k_len, shift, start_m, scale_log2, 0,
+        unmasked_end, offs_d, offs_dv, HEAD_DIM, VALUE_DIM, BLOCK, CAUSAL, False, CONTIGUOUS, HAS_TABLE, TABLE_GRAD,
+        HAS_TOKENS, TOKEN_GRAD, DOT)
+    dq, d_values = _query_grads_span(
+        dq, d_values, q, grad, lse, delta, q_pos, q_values, K_, V_, KPOS, b * s_kpb, KVAL_, s_kt, s_vt,
+        TABLE + h * s_table, DTABLE + h * s_table, n_entries, lowest, k_len, shift, start_m, scale_log2,
+        unmasked_end, end, offs_d, offs_dv, HEAD_DIM, VALUE_DIM, BLOCK, CAUSAL, True, CONTIGUOUS, HAS_TABLE,
+        TABLE_GRAD, HAS_TOKENS, TOKEN_GRAD, DOT)
     tl.store(DQ + b * s_dqb + h * s_dqh + rows[:, None] * s_dqt + offs_d[None, :],
              (dq * scale).to(DQ.dtype.element_ty), mask=in_queries[:, None] & (offs_d[None, :] < HEAD_DIM))
     if TOKEN_GRAD:

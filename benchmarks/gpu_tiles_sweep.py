@@ -1,0 +1,80 @@
+"""The Triton tiles' block sizes on a lent GPU: forward + backward of ``kernels.tiles_triton`` at (1, 16, 16,384, 64)
+bf16 causal, with no term, an offset table (no gradient: ALiBi, Sandwich), a learned table (its gradient: T5,
+Kerple) and FoX's token values, under each tile setting, beside SDPA without positions, round-robin.
+
+    python3 benchmarks/gpu_tiles_sweep.py [B H T Dh]
+
+Prints one line per (setting, contender): median ms over rounds and the ratio to SDPA's median. Each setting
+compiles its kernels once (a few seconds); the whole sweep is about a minute on an H200.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from posenc.kernels import tiles_triton
+
+#: (forward BLOCK_M, forward BLOCK_N, backward BLOCK, warps, stages), as ``tiles_triton._blocks`` returns them
+SETTINGS = ((128, 64, 64, 4, 3), (128, 128, 64, 8, 3), (64, 64, 64, 4, 2), (128, 64, 32, 4, 3))
+ROUNDS = 10
+
+
+def main(batch: int = 1, heads: int = 16, length: int = 16384, width: int = 64) -> None:
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, length, width, device=device, dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    upstream = torch.randn(batch, heads, length, width, device=device, dtype=torch.bfloat16)
+    slopes = 2.0 ** (-8.0 * torch.arange(1, heads + 1, device=device) / heads)
+    fixed = -slopes[:, None] * torch.arange(length, device=device)[None, :]  # ALiBi's table of offsets 0..T-1
+    learned = torch.randn(heads, length, device=device, requires_grad=True)
+    tokens = torch.nn.functional.logsigmoid(torch.randn(batch, heads, length, device=device) + 3).cumsum(-1)
+    tokens.requires_grad_()
+    scale = width ** -0.5
+
+    contenders = {
+        "sdpa (no positions)": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        "tiles, no term": lambda: tiles_triton.tiled_attention(q, k, v, scale=scale),
+        "tiles, fixed table": lambda: tiles_triton.tiled_attention(q, k, v, scale=scale, table=fixed),
+        "tiles, learned table": lambda: tiles_triton.tiled_attention(q, k, v, scale=scale, table=learned),
+        "tiles, token values": lambda: tiles_triton.tiled_attention(q, k, v, scale=scale, token_values=tokens),
+    }
+    wants = {name: [q, k, v] + ([learned] if "learned" in name else [tokens] if "token" in name else [])
+             for name in contenders}
+    original = tiles_triton._blocks
+    for setting in SETTINGS:
+        tiles_triton._blocks = lambda x, s=setting: s
+        runs = {name: (lambda f=f, w=wants[name]: torch.autograd.grad(f(), w, upstream))
+                for name, f in contenders.items()}
+        try:
+            times = _round_robin(runs)
+        except Exception as error:  # a setting the chip cannot hold (shared memory): say so, try the next
+            print(f"setting {setting}: failed: {str(error).splitlines()[0][:200]}", flush=True)
+            continue
+        base = times["sdpa (no positions)"]
+        for name, ms in times.items():
+            print(f"setting {setting} | {name:22s} | {ms:8.3f} ms | {ms / base:5.2f}x sdpa", flush=True)
+    tiles_triton._blocks = original
+
+
+def _round_robin(runs: dict) -> dict[str, float]:
+    for run in runs.values():  # compile and warm up
+        run()
+    samples = {name: [] for name in runs}
+    for _ in range(ROUNDS):
+        for name, run in runs.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            run()
+            end.record()
+            torch.cuda.synchronize()
+            samples[name].append(start.elapsed_time(end))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+if __name__ == "__main__":
+    main(*(int(a) for a in sys.argv[1:5]))
