@@ -20,7 +20,17 @@ REFERENCE = textwrap.dedent(
     import torch
     from posenc.kernels.tiles_triton import tiled_attention
 
-    def reference(q, k, v, scale, causal, table, lowest, tokens, q_pos, k_pos):
+    def formula_bias(kind, params, offset):
+        '''The formulas in float64: (H, 2) params against (B, 1, Tq, Tk) offsets.'''
+        a, b = (params[:, i][None, :, None, None] for i in (0, 1))
+        distance = offset.double() if kind == "linear" else offset.abs().double()
+        if kind in ("linear", "linear_abs"):
+            return a * distance
+        if kind == "kerple_log":
+            return -a * torch.log1p(b * distance)
+        return -a * distance.pow(b)
+
+    def reference(q, k, v, scale, causal, table, lowest, tokens, q_pos, k_pos, formula=None):
         '''float64 softmax(scale·q·kᵀ + table[h, offset − lowest] + c_i − c_j)·v, GQA by repeating k and v.'''
         heads, q_len, k_len = q.shape[1], q.shape[2], k.shape[2]
         k, v = (x.repeat_interleave(heads // x.shape[1], 1) for x in (k, v))
@@ -33,6 +43,8 @@ REFERENCE = textwrap.dedent(
             logits = logits + table[torch.arange(heads)[None, :, None, None], entry]
         if tokens is not None:
             logits = logits + (tokens[..., k_len - q_len:, None] - tokens[..., None, :])
+        if formula is not None:
+            logits = logits + formula_bias(*formula, offset)
         if causal:
             logits = logits.masked_fill(offset < 0, float("-inf"))
         return torch.softmax(logits, -1).nan_to_num(0.0) @ v
@@ -129,18 +141,23 @@ def test_the_tiles_form_equals_eager_for_every_encoding_it_serves():
 
     torch.manual_seed(2)
     served = []
-    for entry in REGISTRY:
-        if entry.axes != 1 or not entry.in_attention:
-            continue
-        encoding = posenc.encodings.build_for_model(entry.name, sizes={"head_dim": 8, "num_heads": 2, "dim": 16, "max_positions": 64},
-                                                   **({"sinusoid_dim": 8} if entry.name == "sandwich" else {}))
+    sizes = {"head_dim": 8, "num_heads": 2, "dim": 16, "max_positions": 64}
+    built = [(entry.name, posenc.encodings.build_for_model(
+        entry.name, sizes=sizes, **({"sinusoid_dim": 8} if entry.name == "sandwich" else {})))
+        for entry in REGISTRY if entry.axes == 1 and entry.in_attention]
+    # T5 whose last buckets start within 24 tokens, so whole tiles read one entry (flat_offsets)
+    built += [(f"t5 short{' both ways' if both else ''}", posenc.build("t5", num_heads=2, num_buckets=6,
+                                                                       max_distance=6, bidirectional=both))
+              for both in (False, True)]
+    built.append(("kerple power", posenc.build("kerple", num_heads=2, variant="power")))
+    for name, encoding in built:
         with torch.no_grad():
             for parameter in encoding.parameters():
                 parameter.add_(0.1 * torch.randn_like(parameter))
         for causal, contiguous in ((True, True), (False, True), (True, False)):
             if (not causal and encoding.causal_only) or (encoding.has_token_gates and not contiguous):
                 continue
-            q_len, k_len = (24, 24) if contiguous else (20, 30)
+            q_len, k_len = (40, 40) if contiguous else (20, 30)  # 40: tiles wholly past a short T5's buckets
             q_pos = torch.arange(k_len - q_len, k_len)[None] if contiguous else torch.randperm(40)[:q_len][None]
             k_pos = torch.arange(k_len)[None] if contiguous else torch.randperm(40)[:k_len][None]
             q, k, v = torch.randn(2, 2, q_len, 8), torch.randn(2, 2, k_len, 8), torch.randn(2, 2, k_len, 8)
@@ -168,10 +185,77 @@ def test_the_tiles_form_equals_eager_for_every_encoding_it_serves():
                     assert a is None or float(a.abs().max()) == 0.0
                     continue
                 error = float((a.double() - b).abs().max() / b.abs().max().clamp_min(1.0))
-                assert error < 2e-5, (entry.name, causal, contiguous, error)
-            served.append((entry.name, causal, contiguous))
+                assert error < 2e-5, (name, causal, contiguous, error)
+            served.append((name, causal, contiguous))
     names = {name for name, _, _ in served}
-    assert {"alibi", "t5", "kerple", "sandwich", "fire", "fox"} <= names, names
+    assert {"alibi", "t5", "kerple", "sandwich", "fire", "fox", "t5 short", "t5 short both ways", "kerple power"} <= names, names
     assert ("t5", True, False) in served and ("fox", True, True) in served
+    print("ok")
+    """)
+
+
+def test_tiles_equal_float64_with_a_formula_bias():
+    """ALiBi's linear kinds and Kerple's two, computed inside the tiles: values and the gradients of q, k, v and the
+    (H, 2) parameters, at contiguous and explicit positions."""
+    _run("""
+    from posenc.kernels.tiles_triton import Formula
+    torch.manual_seed(3)
+    q_pos, k_pos = torch.randperm(50)[:21][None], torch.randperm(50)[:35][None]
+    for kind in ("linear", "linear_abs", "kerple_log", "kerple_power"):
+        for causal in (True, False):
+            for positions in ({}, {"q_pos": q_pos, "k_pos": k_pos}):
+                q_len, k_len = (21, 35) if positions else (37, 37)
+                q, k, v = torch.randn(2, 2, q_len, 8), torch.randn(2, 1, k_len, 8), torch.randn(2, 1, k_len, 8)
+                params = torch.rand(2, 2) + 0.2
+                exact = [x.double().requires_grad_() for x in (q, k, v, params)]
+                fast = [x.clone().requires_grad_() for x in (q, k, v, params)]
+                expected = reference(*exact[:3], 0.4, causal, None, 0, None, positions.get("q_pos"),
+                                     positions.get("k_pos"), formula=(kind, exact[3]))
+                got = tiled_attention(*fast[:3], scale=0.4, causal=causal, formula=Formula(kind, fast[3]),
+                                      **positions)
+                upstream = torch.randn_like(expected)
+                wanted = torch.autograd.grad(expected, exact, upstream)
+                grads = torch.autograd.grad(got, fast, upstream.float())
+                for name, a, b in zip(("out", "dq", "dk", "dv", "dparams"), (got, *grads), (expected, *wanted)):
+                    error = float((a.double() - b).abs().max() / b.abs().max())
+                    # the parameters' gradient sums ds times offsets up to 50 over every pair: float32's rounding
+                    assert error < (1e-4 if name == "dparams" else 2e-5), (kind, causal, bool(positions), name, error)
+    print("ok")
+    """)
+
+
+def test_a_tile_on_a_flat_run_of_the_table_reads_one_entry_and_adds_one_sum():
+    """A table whose entries from 9 on (and up to 2, bidirectionally) are one value: the output equals float64,
+    and the gradient summed over each run (what one shared parameter receives) equals float64's; entries between
+    the runs get their own. Tiles wholly on a run add their sum at its first entry, tiles across its edge per
+    entry."""
+    _run("""
+    torch.manual_seed(4)
+    for causal in (True, False):
+        q, k, v = torch.randn(1, 2, 40, 8), torch.randn(1, 2, 40, 8), torch.randn(1, 2, 40, 8)
+        lowest = 0 if causal else -39
+        low, high = (-1, 9) if causal else (2, 48)  # entries: offsets 9.. (causal); -37.. and 9.. (both ways)
+        table = torch.randn(2, 40 - lowest)
+        table[:, high:] = table[:, high:high + 1]
+        if low >= 0:
+            table[:, :low + 1] = table[:, :1]
+        exact = [x.double().requires_grad_() for x in (q, k, v, table)]
+        fast = [x.clone().requires_grad_() for x in (q, k, v, table)]
+        expected = reference(*exact[:3], 0.4, causal, exact[3], lowest, None, None, None)
+        got = tiled_attention(*fast[:3], scale=0.4, causal=causal, table=fast[3], lowest=lowest, flat=(low, high))
+        upstream = torch.randn_like(expected)
+        wanted = torch.autograd.grad(expected, exact, upstream)
+        grads = torch.autograd.grad(got, fast, upstream.float())
+
+        def folded(g):
+            middle = g[:, max(low, 0) + (low >= 0):high]
+            runs = [g[:, high:].sum(1, keepdim=True)] + ([g[:, :low + 1].sum(1, keepdim=True)] if low >= 0 else [])
+            return torch.cat([middle, *runs], 1)
+        for name, a, b in zip(("out", "dq", "dk", "dv", "dtable"), (got, *grads[:3], folded(grads[3])),
+                              (expected, *wanted[:3], folded(wanted[3]))):
+            error = float((a.double() - b).abs().max() / b.abs().max())
+            assert error < 2e-5, (causal, name, error)
+        # tiles wholly on the run put their sum at its first entry (per entry it differs from float64's)
+        assert float((grads[3][:, high] - wanted[3][:, high]).abs().max()) > 1e-3
     print("ok")
     """)

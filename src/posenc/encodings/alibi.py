@@ -70,6 +70,12 @@ class ALiBi(PositionalEncoding):
         distance = offset.abs() if self.symmetric else offset
         return -slopes[head] * distance
 
+    def offset_formula(self) -> tuple[str, Tensor]:
+        """−slope·o (−slope·|o| when symmetric): the linear kinds, a_h = −slope_h."""
+        slopes = torch.tensor(self.slope_values, dtype=torch.float32)
+        params = torch.stack([-slopes, torch.zeros_like(slopes)], dim=1)
+        return ("linear_abs" if self.symmetric else "linear"), params
+
     @property
     def has_score_channels(self) -> bool:
         return not self.symmetric

@@ -1,4 +1,4 @@
-"""The encoding protocol: position enters attention at four doors.
+"""The encoding protocol: position enters attention at six doors.
 
 | door                   | hook                             | schemes                  |
 | ---------------------- | -------------------------------- | ------------------------ |
@@ -9,18 +9,16 @@
 | normalization          | ``weights(logits, allowed)``     | stick-breaking           |
 | token gates            | ``log_forget(x)`` → score bias   | FoX                      |
 
-A score term that factors into query-side times key-side numbers may also offer
-``score_channels``: q and k widened by extra channels whose dot product *is* the term,
-so a fused kernel that takes no bias (SDPA's causal path) runs it exactly (ALiBi,
-Transformer-XL). The bias or content-position door stays the reference it must equal.
+A score term that factors into query-side times key-side numbers may also offer ``score_channels``: q and k widened
+by extra channels whose dot product *is* the term, so a fused kernel that takes no bias (SDPA's causal path) runs it
+exactly (ALiBi, Transformer-XL). The bias or content-position door stays the reference it must equal.
 
-The base class is NoPE: every hook is the identity or absent. A scheme overrides
-only its own doors and sets the matching ``has_*`` flag, so ``attention()`` and
-the model compose whatever a scheme offers without asking which scheme it is.
+The base class is NoPE: every hook is the identity or absent. A scheme overrides only its own doors and sets the
+matching ``has_*`` flag, so ``attention()`` and the model compose whatever a scheme offers without asking which
+scheme it is.
 
-``encoding.at(q_pos, k_pos)`` fixes the positions of one forward pass: what depends
-on positions alone (RoPE's cos/sin, a dense score bias) is then built once, on first
-use, and shared by every layer that attends with it.
+``encoding.at(q_pos, k_pos)`` fixes the positions of one forward pass: what depends on positions alone (RoPE's
+cos/sin, a dense score bias) is then built once, on first use, and shared by every layer that attends with it.
 
 Shapes: B batch, H heads, Tq/Tk query/key length, Dh head width, D model width.
 Positions are int64 (B or 1, T); ``offset = q_position - k_position`` everywhere.
@@ -35,9 +33,7 @@ from .. import checks
 from ..kernels.channels import materialized, widen
 from ..kernels.offset_bias import offsets
 
-#: the widest table of offsets ``spanning_offset_table`` builds at explicit positions (H · 2^23 float32 entries at
-#: most: positions 2^22 apart each way)
-MAX_SPANNED_OFFSETS = 1 << 23
+MAX_SPANNED_OFFSETS = 1 << 23  # the widest table ``spanning_offset_table`` builds: H · 2^23 float32 at most
 
 
 class PositionedEncoding:
@@ -154,21 +150,17 @@ class PositionedEncoding:
         return self.memo(("offset_table", causal, dtype), build)
 
     def spanning_offset_table(self, causal: bool) -> tuple[Tensor, int] | None:
-        """``offset_table`` in float32 at any positions, for ``kernels.tiles_triton``: at explicit positions the
-        table spans every offset from the smallest to the largest q_pos − k_pos (causally from 0), read from
-        the positions (a sync on a GPU); None where the bias is no function of the offset here, or the span
-        exceeds ``MAX_SPANNED_OFFSETS``."""
+        """``offset_table`` in float32 at any positions (``kernels.tiles_triton``): at explicit ones it spans the
+        offsets the positions reach (causally from 0; a sync on a GPU), None past ``MAX_SPANNED_OFFSETS``."""
         if self.contiguous:
             return self.offset_table(causal, torch.float32)
 
         def build() -> tuple[Tensor, int] | None:
             if not self.encoding.has_bias or not self.q_pos.numel() or not self.k_pos.numel():
                 return None
-            last_query = int(self.q_pos.max())
-            lowest = int(self.q_pos.min()) - int(self.k_pos.max())
-            highest = last_query - int(self.k_pos.min())
+            last_query, lowest = int(self.q_pos.max()), int(self.q_pos.min()) - int(self.k_pos.max())
             lowest = max(lowest, 0) if causal else lowest
-            highest = max(highest, lowest)
+            highest = max(last_query - int(self.k_pos.min()), lowest)
             if highest - lowest + 1 > MAX_SPANNED_OFFSETS:
                 return None
             table = self.encoding.offset_table(lowest, highest, last_query, self.q_pos.device, torch.float32)
@@ -317,6 +309,16 @@ class PositionalEncoding(nn.Module):
         offset = torch.arange(lowest, highest + 1, device=device)[None, :]
         return self.bias_at(offset, torch.arange(self.num_heads, device=device)[:, None], dtype)
 
+    def offset_formula(self) -> tuple[str, Tensor] | None:
+        """The bias as (kind, params (H, 2) float32, differentiable) that ``kernels.tiles_triton`` computes in its
+        tiles (kind: its ``FORMULAS``); None: it reads ``offset_table``."""
+        return None
+
+    def flat_offsets(self, lowest: int, highest: int) -> tuple[int, int] | None:
+        """(low, high): of offsets lowest..highest, those ≤ low share one bias and one parameter, and so do those
+        ≥ high (lowest − 1, highest + 1: none); None: no such runs."""
+        return None
+
     def score_bias(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
         """Dense bias (B or 1, H, Tq, Tk) in ``dtype``, added to the scaled logits; positions (T,) or (B or 1, T)."""
         q_pos, k_pos = checks.batched_positions("q_pos", q_pos), checks.batched_positions("k_pos", k_pos)
@@ -365,15 +367,9 @@ class PositionalEncoding(nn.Module):
     @property
     def doors(self) -> tuple[str, ...]:
         """Names of the doors this encoding uses, for reports and error messages."""
-        flags = {
-            "input": self.has_input,
-            "rotation": self.has_rotation,
-            "bias": self.has_bias,
-            "relative_logits": self.has_relative_logits,
-            "relative_values": self.has_relative_values,
-            "normalization": self.replaces_softmax,
-            "token_gates": self.has_token_gates,
-        }
+        flags = {"input": self.has_input, "rotation": self.has_rotation, "bias": self.has_bias,
+                 "relative_logits": self.has_relative_logits, "relative_values": self.has_relative_values,
+                 "normalization": self.replaces_softmax, "token_gates": self.has_token_gates}
         return tuple(name for name, used in flags.items() if used)
 
 
@@ -389,10 +385,9 @@ def _finite(encoding: PositionalEncoding, what: str, term: Tensor) -> Tensor:
 def channels_from_keys(encoding: PositionalEncoding, device: torch.device) -> float:
     """Key count from which an encoding's channel form beats its reference door on ``device``.
 
-    On CPU, SDPA's flash kernel runs an explicit bias nearly as fast as its causal path at a few
-    hundred keys, while the channels widen every head; past a measured length (per encoding,
-    ``cpu_channels_from_keys``) skipping the masked blocks wins. Elsewhere (CUDA), fused kernels
-    take no bias at all, so the channels always serve.
+    On CPU, SDPA's flash kernel runs an explicit bias nearly as fast as its causal path at a few hundred keys, while
+    the channels widen every head; past a measured length (per encoding, ``cpu_channels_from_keys``) skipping the
+    masked blocks wins. Elsewhere (CUDA), fused kernels take no bias at all, so the channels always serve.
     """
     return encoding.cpu_channels_from_keys if device.type == "cpu" else 0
 

@@ -51,5 +51,9 @@ class Kerple(PositionalEncoding):
             return -r1[head] * torch.log1p(r2[head] * distance)
         return -r1[head] * distance.pow(r2[head])
 
+    def offset_formula(self) -> tuple[str, Tensor]:
+        """(r1, r2) as the forward pass clamps them, differentiable: ``kerple_log`` or ``kerple_power``."""
+        return f"kerple_{self.variant}", torch.stack(self.kernel_parameters(torch.float32), dim=1)
+
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, variant={self.variant!r}"

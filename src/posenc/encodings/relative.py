@@ -110,6 +110,19 @@ class T5RelativeBias(PositionalEncoding):
             bias = torch.lerp(bias, table[self.bucket(upper), head], weight.to(dtype))
         return bias
 
+    def flat_offsets(self, lowest: int, highest: int) -> tuple[int, int]:
+        """The runs at both ends of lowest..highest whose offsets read one bucket (both buckets of an
+        interpolated read: one table entry)."""
+        offset = torch.arange(lowest, highest + 1)
+        lower, upper, _ = interpolated(-offset, self.interpolate_factor)
+        bucket, other = self.bucket(lower), self.bucket(upper)
+        one_entry = bucket == other
+        tail = one_entry & (bucket == bucket[-1]) & (other == other[-1])
+        head = one_entry & (bucket == bucket[0]) & (other == other[0])
+        high = highest + 1 - int(tail.flip(0).long().cumprod(0).sum())
+        low = lowest - 1 + int(head.long().cumprod(0).sum())
+        return low, high
+
     def extra_repr(self) -> str:
         return (
             f"num_heads={self.num_heads}, num_buckets={self.num_buckets}, max_distance={self.max_distance}, "

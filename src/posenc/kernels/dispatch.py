@@ -46,8 +46,8 @@ def cache_path() -> Path:
 
 def fingerprint(kernels: Path = Path(__file__).parent) -> str:
     """What a timing is only valid for: torch, the CPU and the kernels' sources (in ``kernels``, this folder): the C++
-    ones and the Python kernels that are timed forms (``blockwise``, ``tiles_triton``)."""
-    python = [kernels / name for name in ("blockwise.py", "tiles_triton.py") if (kernels / name).exists()]
+    ones and the Python kernels that are timed forms (``blockwise``, ``tiles_*``)."""
+    python = [path for path in [kernels / "blockwise.py"] if path.exists()] + sorted(kernels.glob("tiles_*.py"))
     sources = sorted(kernels.glob("*.cpp")) + sorted(kernels.glob("*.h")) + python
     parts = [torch.__version__, native.cpu_identity(), *(path.read_text() for path in sources)]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]

@@ -78,14 +78,15 @@ def gpu_score_forms(q: Tensor, at, causal: bool, mask: Tensor | None) -> dict:
 
 def tiles_serve(q: Tensor, at, causal: bool) -> bool:
     """Whether ``tiles_triton`` runs these score terms on q's device: Triton there, and a bias of offsets at any
-    positions (``PositionedEncoding.spanning_offset_table``) or FoX's token values at the model's own positions."""
+    positions (a formula, or ``PositionedEncoding.spanning_offset_table``) or FoX's token values at the model's own
+    positions."""
     encoding = at.encoding
     if not encoding.has_bias or encoding.has_relative_logits or encoding.has_relative_values or (
             not triton_available()) or not tiles_triton().serves(q):
         return False
     if encoding.has_token_gates:
         return causal and at.contiguous and at.log_forget is not None
-    return at.spanning_offset_table(causal) is not None
+    return encoding.offset_formula() is not None or at.spanning_offset_table(causal) is not None
 
 
 def tiles_triton():
@@ -96,12 +97,21 @@ def tiles_triton():
 
 
 def _tiles_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
-    if at.encoding.has_token_gates:
-        return tiles_triton().tiled_attention(q, k, v, scale=scale, causal=causal, token_values=at.cumulative_gates())
-    table, lowest = at.spanning_offset_table(causal)
+    kernel, encoding = tiles_triton(), at.encoding
+    if encoding.has_token_gates:
+        return kernel.tiled_attention(q, k, v, scale=scale, causal=causal, token_values=at.cumulative_gates())
     positions = {} if at.contiguous else {"q_pos": at.q_pos, "k_pos": at.k_pos}
-    return tiles_triton().tiled_attention(q, k, v, scale=scale, causal=causal, table=table, lowest=lowest,
-                                          **positions)
+    formula = encoding.offset_formula()
+    if formula is not None:
+        kind, params = formula
+        return kernel.tiled_attention(q, k, v, scale=scale, causal=causal,
+                                      formula=kernel.Formula(kind, params.to(q.device)), **positions)
+    table, lowest = at.spanning_offset_table(causal)
+    highest = lowest + table.shape[1] - 1
+    runs = at.memo(("flat_offsets", lowest, highest), lambda: encoding.flat_offsets(lowest, highest))
+    flat = None if runs is None else (runs[0] - lowest, runs[1] - lowest)
+    return kernel.tiled_attention(q, k, v, scale=scale, causal=causal, table=table, lowest=lowest, flat=flat,
+                                  **positions)
 
 
 def _table_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
