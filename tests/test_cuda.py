@@ -220,3 +220,36 @@ def _tiles_reference(q, k, v, table, lowest, tokens, causal, q_pos=None, k_pos=N
     if causal:
         logits = logits.masked_fill(offset < 0, float("-inf"))
     return torch.softmax(logits, -1).nan_to_num(0.0) @ v
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("partial_rotary_factor", [1.0, 0.5])
+def test_in_place_triton_rope_on_qkv_views_equals_the_float64_rotation(layout, dtype, tolerance,
+                                                                       partial_rotary_factor):
+    """The model's CUDA path: q and k, views of one qkv projection, rotated inside it (one in-place Triton launch)
+    at positions near 2^20; values, gradients, and the v slice untouched, against float64 on the CPU."""
+    from posenc.encodings.rotary import RoPE
+
+    torch.manual_seed(0)
+    rope = RoPE(64, layout=layout, scaling={"partial_rotary_factor": partial_rotary_factor})
+    positions = torch.arange(2**20 - 300, 2**20)[None]
+    x = torch.randn(2, 300, 3, 8, 64).to(dtype)  # (B, T, 3, H, Dh), as the projection's output
+    leaf = x.to(CUDA).requires_grad_()
+    qkv = leaf.clone().permute(2, 0, 3, 1, 4)  # (3, B, H, T, Dh); not a leaf, so it may be rotated in place
+    q, k = qkv[0], qkv[1]
+    pointers = q.data_ptr(), k.data_ptr()
+    got = rope.to(CUDA).rotate_positioned(rope.at(positions.to(CUDA), positions.to(CUDA)), q, k, in_place=True)
+    assert (got[0].data_ptr(), got[1].data_ptr()) == pointers  # rotated where they lie
+    assert torch.equal(qkv[2].cpu(), x.permute(2, 0, 3, 1, 4)[2])
+    inv_freq, factor = rope.frequencies()
+    tables = rope_cos_sin(positions, inv_freq.double(), factor, torch.float64)
+    x64 = x.double().requires_grad_()
+    qkv64 = x64.permute(2, 0, 3, 1, 4)
+    expected = [rotate_pairs(qkv64[i], *tables, layout) for i in (0, 1)]
+    upstream = [torch.randn_like(e) for e in expected]
+    (got_grad,) = torch.autograd.grad(got, leaf, [u.to(CUDA, dtype) for u in upstream])
+    (expected_grad,) = torch.autograd.grad(expected, x64, upstream)
+    for a, b in zip((*got, got_grad), (*expected, expected_grad)):
+        assert a.dtype == dtype and a.shape == b.shape
+        assert _relative_error(a, b) < tolerance

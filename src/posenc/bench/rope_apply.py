@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from ..encodings.scaling import rope_frequencies
-from ..kernels import rope_cos_sin, rope_qk_triton, rotate_pairs, rotate_pairs_, triton_available
+from ..kernels import rope_cos_sin, rope_qk_triton, rope_qk_triton_, rotate_pairs, rotate_pairs_, triton_available
 from .timing import round_robin
 
 
@@ -63,7 +63,10 @@ def bench_rope_apply(device: str = "cpu", dtype: torch.dtype = torch.float32, sh
         "posenc rotate_pairs_ (in place)": lambda: (rotate_pairs_(q, cos, sin), rotate_pairs_(k, cos, sin)),
         **_peers(q, k),
     }
-    if device.type == "cuda" and triton_available():  # what the model runs on CUDA
+    if device.type == "cuda" and triton_available():
         contenders["posenc Triton (q and k, one launch)"] = lambda: rope_qk_triton(q, k, cos, sin, cos, sin, "half")
+        # what the model runs on CUDA: the same launch, written into q and k
+        contenders["posenc Triton in place (q and k, one launch)"] = (
+            lambda: rope_qk_triton_(q, k, cos, sin, cos, sin, "half"))
     timed = round_robin(contenders, baseline="copy_ (baseline)", rounds=rounds, device=device, label="rope apply")
     return [{"contender": name, "shape": list(shape), **numbers} for name, numbers in timed.items()]

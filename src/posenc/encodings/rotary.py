@@ -17,7 +17,8 @@ import torch
 from torch import Tensor
 
 from .. import checks
-from ..kernels import rope_angles, rope_cos_sin, rope_qk_triton, rotate_pairs, rotate_pairs_, triton_available
+from ..kernels import (rope_angles, rope_cos_sin, rope_qk_triton, rope_qk_triton_, rotate_pairs, rotate_pairs_,
+                       triton_available)
 from .base import PositionalEncoding, PositionedEncoding
 from .scaling import SCALINGS, normalize_scaling, rope_frequencies
 
@@ -90,8 +91,9 @@ class RoPE(PositionalEncoding):
         q_cos, q_sin, k_cos, k_sin = at.memo(("rope", compute), lambda: self._cos_sin(at, compute))
         if self.rotary_heads is not None:
             return self._rotate_some_heads(q, k, q_cos, q_sin, k_cos, k_sin)
-        if q.is_cuda and not in_place and not torch.compiler.is_compiling() and triton_available():
-            return rope_qk_triton(q, k, q_cos, q_sin, k_cos, k_sin, self.layout)  # q and k in one launch
+        if q.is_cuda and not torch.compiler.is_compiling() and triton_available():  # q and k in one launch
+            kernel = rope_qk_triton_ if in_place else rope_qk_triton
+            return kernel(q, k, q_cos, q_sin, k_cos, k_sin, self.layout)
         rotate = rotate_pairs_ if in_place else rotate_pairs
         return rotate(q, q_cos, q_sin, self.layout), rotate(k, k_cos, k_sin, self.layout)
 

@@ -23,4 +23,12 @@ def rope_qk_triton(*args, **kwargs):
     return kernel(*args, **kwargs)
 
 
-__all__ = ["rope_angles", "rope_cos_sin", "rope_cpu", "rope_qk_triton", "rotate_pairs", "rotate_pairs_", "triton_available"]
+def rope_qk_triton_(*args, **kwargs):
+    """``rope_triton.rope_qk_triton_`` (in place), imported on first use."""
+    from .rope_triton import rope_qk_triton_ as kernel
+
+    return kernel(*args, **kwargs)
+
+
+__all__ = ["rope_angles", "rope_cos_sin", "rope_cpu", "rope_qk_triton", "rope_qk_triton_", "rotate_pairs", "rotate_pairs_",
+           "triton_available"]
