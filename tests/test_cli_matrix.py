@@ -56,6 +56,8 @@ RUNS = {
               "--rounds", "2", "--backend", "eager", "--markdown", "OUT/bench.md", "--json", "OUT/bench.json"],
     "bench --compile": ["bench", "--tables", "training", "--encodings", "none", "--train-shapes", "8x2", "--rounds",
                         "2", "--compile", "--dtype", "bfloat16", "--json", "OUT/bench.json"],
+    "bench --tables long": ["bench", "--tables", "long", "--encodings", "fox", "--long-shapes", "1x2x16x8", "--rounds",
+                            "2", "--long-timeout", "60", "--long-json", "OUT/long.json"],
     "report": ["report", "--check", str(Path(__file__).resolve().parents[1] / "README.md")],
 }
 RESUMED = ("extend",)  # run again with --resume: every stage read back, the same results
@@ -205,9 +207,16 @@ def _check_compiled_bench(out, run, printed):
     assert {row["encoding"] for row in rows} == {"none"} and [row["compiled"] for row in rows] == [False, True]
 
 
+def _check_long_bench(out, run, printed):
+    rows = json.loads((out / "long.json").read_text())  # each row in its own process; flex has no CPU backward
+    assert [(row["encoding"], row["T"], "ms" in row) for row in rows] == [
+        ("sdpa (no positions)", 16, True), ("flex (no positions)", 16, False), ("flex + alibi score_mod", 16, False),
+        ("none", 16, True), ("fox", 16, True)]
+
+
 CHECKS = {"extrapolate --resume": _check_resumed, "extrapolate --compile": _check_compiled,
           "extrapolate --task copy": _check_copy, "extrapolate --task recall": _check_recall,
           "extend": _check_extend, "extend --from-scratch": _check_from_scratch,
           "extend --only-seeds": _check_one_seed_of_two, "extend --hf": _check_hf,
           "extend --hf self-extend": _check_self_extend, "verify": _check_verify, "plot": _check_plot,
-          "bench": _check_bench, "bench --compile": _check_compiled_bench}
+          "bench": _check_bench, "bench --compile": _check_compiled_bench, "bench --tables long": _check_long_bench}

@@ -6,6 +6,9 @@ Tables (each a function returning rows of plain dicts):
   - ``rope``: RoPE apply on q and k, time / ``copy_`` of the same bytes, beside peers.
   - ``forms``: ALiBi and Transformer-XL as a bias vs as q/k channels, attention fwd+bwd / NoPE.
   - ``memory``: activation memory of a training step per encoding, bytes / NoPE's.
+  - ``long`` (``long_context``, for a GPU): attention forward+backward at long context per encoding, beside
+    FlexAttention's causal and ALiBi recipes, time / SDPA without positions, and peak memory; each row in its own
+    process (``python -m posenc.bench.long_context``, which is why this package does not import it).
 Timings are round-robin (``timing.round_robin``): one call of each contender per round,
 per-round ratios, medians and quartiles over rounds.
 """

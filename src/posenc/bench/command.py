@@ -11,9 +11,10 @@ import torch
 from .. import storage
 from ..attention import BACKENDS
 from ..checks import choice, positive_int
-from . import attention, training
+from . import attention, long_context, training
 from .attention import bench_attention
 from .forms import bench_score_forms
+from .long_context import bench_long_context
 from .machine import describe, one_line
 from .report import TABLES, markdown, plain
 from .rope_apply import bench_rope_apply
@@ -21,9 +22,11 @@ from .training import bench_activation_memory, bench_training_step
 
 DESCRIPTION = ("Time attention() per encoding and backend (ratio to eager), a training step per encoding (ratio to "
                "NoPE), RoPE apply (ratio to copy_ of the same bytes), score terms as a bias vs as q/k channels (ratio "
-               "to NoPE) and count activation memory (ratio to NoPE). Every table names the CPU, its cores and the "
-               "torch version. Timings are round-robin.")
-ENCODINGS = tuple(dict.fromkeys(training.ENCODINGS + attention.ENCODINGS))  # every encoding a table times
+               "to NoPE), count activation memory (ratio to NoPE) and, on a GPU, time long-context attention forward "
+               "and backward per encoding, each in its own process (ratio to SDPA without positions). Every table "
+               "names the CPU, its cores and the torch version. Timings are round-robin.")
+# every encoding a table times
+ENCODINGS = tuple(dict.fromkeys(training.ENCODINGS + attention.ENCODINGS + long_context.ENCODINGS))
 
 
 def _positive_ints(text: str) -> tuple[int, ...]:
@@ -36,32 +39,61 @@ def _positive_ints(text: str) -> tuple[int, ...]:
     return values
 
 
-def _shapes(text: str) -> tuple[tuple[int, int], ...]:
-    """'64x32,512x8' -> ((64, 32), (512, 8)): training length x batch size."""
+def _shape_list(text: str, names: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+    """'64x32,512x8' -> ((64, 32), (512, 8)): one positive integer per name in each shape."""
     try:
         shapes = tuple(tuple(int(n) for n in part.split("x")) for part in text.split(",") if part.strip())
     except ValueError:
         shapes = ()
-    if not shapes or any(len(s) != 2 or min(s) < 1 for s in shapes):
-        raise argparse.ArgumentTypeError(f"expected LENGTHxBATCH[,LENGTHxBATCH...] with positive integers, got {text!r}")
+    if not shapes or any(len(s) != len(names) or min(s) < 1 for s in shapes):
+        pattern = "x".join(names)
+        raise argparse.ArgumentTypeError(f"expected {pattern}[,{pattern}...] with positive integers, got {text!r}")
     return shapes
+
+
+def _shapes(text: str) -> tuple[tuple[int, int], ...]:
+    """Training length x batch size."""
+    return _shape_list(text, ("LENGTH", "BATCH"))
+
+
+def _long_shapes(text: str) -> tuple[tuple[int, int, int, int], ...]:
+    return _shape_list(text, ("B", "H", "T", "Dh"))
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tables", default="attention,training,rope,forms,memory",
-                   help=f"comma list of: {', '.join(TABLES)} (default: all)")
+                   help=f"comma list of: {', '.join(TABLES)} (default: all but long, which is for --device cuda)")
     p.add_argument("--encodings", default="all",
-                   help=f"'all' or a comma list of: {', '.join(ENCODINGS)}; the attention, training and memory tables "
-                        "time only these (NoPE always runs, as the baseline)")
+                   help=f"'all' or a comma list of: {', '.join(ENCODINGS)}; the attention, training, memory and long "
+                        "tables time only these (NoPE always runs, as the baseline)")
     p.add_argument("--lengths", type=_positive_ints, default=(256, 1024), help="attention lengths (default 256,1024)")
     p.add_argument("--train-shapes", type=_shapes, default=((64, 32), (512, 8)),
                    help="training LENGTHxBATCH list (default 64x32,512x8)")
     p.add_argument("--rope-shape", type=_positive_ints, default=(4, 16, 2048, 64), help="B,H,T,Dh (default 4,16,2048,64)")
-    p.add_argument("--rounds", type=int, default=7, help="round-robin rounds per table (default 7)")
+    p.add_argument("--rounds", type=int, default=7,
+                   help="round-robin rounds per table; the long table: timed calls per row (default 7)")
     p.add_argument("--compile", action="store_true", help="also time the training step under torch.compile")
     p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="attention backend of the training and memory tables' models (NoPE, the baseline, stays on "
                         "auto; default auto)")
+    p.add_argument("--long-shapes", type=_long_shapes, default=long_context.SHAPES,
+                   help="the long table's BxHxTxDh list (default 1x16x16384x64,4x16x4096x64)")
+    p.add_argument("--long-timeout", type=_seconds, default=120.0,
+                   help="seconds a long-table row may take, warm-up and compiles included, before it is an error row "
+                        "(default 120)")
+    p.add_argument("--long-json", type=Path,
+                   help="also write the long table's rows, a JSON list, to this file (rows of shapes this run does "
+                        "not time are kept), after every row")
     p.add_argument("--markdown", type=Path, help="also write the tables as Markdown to this file")
 
 
@@ -82,11 +114,23 @@ def run(args) -> int:
         raise ValueError(f"--rope-shape must be B,H,T,Dh with an even Dh, got {args.rope_shape}")
     if args.compile and "training" not in tables:
         raise ValueError("--compile times the training table: add training to --tables")
+    if args.long_json and "long" not in tables:
+        raise ValueError("--long-json writes the long table: add long to --tables")
+    if args.long_json:
+        _merged_long_rows(args.long_json, [], args.long_shapes)  # a file of something else fails before any work
     encodings = chosen_encodings(args.encodings)
-    timed, trained = (tuple(n for n in encodings if n in names) for names in (attention.ENCODINGS, training.ENCODINGS))
+    timed, trained, attended = (tuple(n for n in encodings if n in names)
+                                for names in (attention.ENCODINGS, training.ENCODINGS, long_context.ENCODINGS))
     dtype = getattr(torch, args.dtype)
     # the models train in float32, or under autocast to a 16-bit --dtype (as extrapolate trains on a GPU)
     step = {"backend": args.backend, "autocast": None if dtype in (torch.float32, torch.float64) else dtype}
+    meta = {**describe(args.device), "dtype": args.dtype, "machine": platform.machine()}
+    results = {}
+
+    def keep_long(rows: list[dict]) -> None:  # after every row: a long table cut short keeps the rows it measured
+        results["long"] = rows
+        _write_files(args, meta, results)
+
     run_table = {
         "attention": lambda: bench_attention(args.device, dtype, args.lengths, rounds=args.rounds, encodings=timed),
         "training": lambda: bench_training_step(args.device, args.train_shapes, trained, rounds=args.rounds, **step)
@@ -95,9 +139,9 @@ def run(args) -> int:
         "rope": lambda: bench_rope_apply(args.device, dtype, args.rope_shape, rounds=args.rounds),
         "forms": lambda: bench_score_forms(args.device, rounds=args.rounds),
         "memory": lambda: bench_activation_memory(args.device, args.train_shapes, trained, **step),
+        "long": lambda: bench_long_context(args.device, args.dtype, args.long_shapes, attended, calls=args.rounds,
+                                           timeout=args.long_timeout, on_row=keep_long),
     }
-    meta = {**describe(args.device), "dtype": args.dtype, "machine": platform.machine()}
-    results = {}
     for name in tables:
         results[name] = run_table[name]()
         print(plain(name, results[name], one_line(meta)) + "\n", flush=True)
@@ -108,7 +152,20 @@ def run(args) -> int:
 def _write_files(args, meta: dict, results: dict) -> None:
     if args.json:
         storage.write_json(args.json, {**meta, "tables": results})
+    if args.long_json and "long" in results:
+        storage.write_json(args.long_json, _merged_long_rows(args.long_json, results["long"], args.long_shapes))
     if args.markdown:
         machine = one_line(meta)
         text = f"Measured on {machine}, {args.dtype}.\n\n"
         storage.write_text(args.markdown, text + "\n".join(markdown(n, rows, machine) for n, rows in results.items()))
+
+
+def _merged_long_rows(path: Path, rows: list[dict], shapes) -> list[dict]:
+    """``rows`` after the rows already in ``path`` of shapes other than this run's ``shapes``: a GPU call too short
+    for every shape can time one shape per call into the same file."""
+    kept = storage.read_json(path) if path.exists() else []
+    shaped = isinstance(kept, list) and all(isinstance(row, dict) and {"B", "H", "T", "Dh"} <= set(row) for row in kept)
+    if not shaped:
+        raise ValueError(f"--long-json {path} holds something other than long-table rows; name another file")
+    timed = {tuple(shape) for shape in shapes}
+    return [row for row in kept if (row["B"], row["H"], row["T"], row["Dh"]) not in timed] + rows

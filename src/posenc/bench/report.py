@@ -9,6 +9,10 @@ def _ratio(row: dict) -> str:
     return f"{row['ratio']:.2f} ({row['ratio_low']:.2f}–{row['ratio_high']:.2f})"
 
 
+def _optional(value: float | None, digits: int) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
 # table name -> (title, [(column header, cell function)])
 TABLES = {
     "attention": ("attention() time / eager", [
@@ -30,6 +34,11 @@ TABLES = {
     "memory": ("training-step activation memory / NoPE", [
         ("encoding", lambda r: r["encoding"]), ("L", lambda r: str(r["length"])), ("B", lambda r: str(r["batch"])),
         ("backend", lambda r: r.get("backend", "auto")), ("MiB saved for backward", lambda r: f"{r['mib']:.1f}"), ("/ NoPE", lambda r: f"{r['ratio']:.3f}")]),
+    "long": ("long-context attention forward+backward / SDPA without positions, each row in its own process", [
+        ("encoding", lambda r: r["encoding"]), ("B", lambda r: str(r["B"])), ("H", lambda r: str(r["H"])),
+        ("T", lambda r: str(r["T"])), ("Dh", lambda r: str(r["Dh"])),
+        ("ms", lambda r: f"{r['ms']:.2f}" if "ms" in r else f"error: {r['error']}"),
+        ("× SDPA", lambda r: _optional(r["x_sdpa_nope"], 2)), ("peak GiB", lambda r: _optional(r["peak_gib"], 2))]),
 }
 
 

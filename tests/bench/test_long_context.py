@@ -1,0 +1,107 @@
+"""The long-context table: each contender in its own process, SDPA without positions as the floor, and every way
+a child can fail ending as an error row. CPU, tiny shapes; FlexAttention has no backward pass on CPU, so its rows
+are error rows here (on CUDA they are timed, compiled)."""
+
+import json
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from posenc import attention, build
+from posenc.bench.long_context import BASELINE, FLEX, _flex, _short, bench_long_context, outcome, run_child
+from posenc.cli import main
+from posenc.lm.runtime import cpu_model
+
+KEYS = ["encoding", "B", "H", "T", "Dh", "ms", "x_sdpa_nope", "peak_gib", "device", "commit", "dtype", "torch"]
+NO_FLEX_BACKWARD = "NotImplementedError: FlexAttention does not support backward on CPU"
+
+
+def _error_keys(keys: list[str]) -> list[str]:
+    return [("error" if key == "ms" else key) for key in keys]
+
+
+def test_long_table_times_each_contender_in_its_own_process_against_sdpa():
+    seen = []
+    rows = bench_long_context("cpu", "float32", shapes=((1, 2, 64, 16),), encodings=("none", "alibi", "t5"), calls=2,
+                              on_row=lambda rows: seen.append(len(rows)))
+    assert [r["encoding"] for r in rows] == [BASELINE, *FLEX, "none", "alibi", "t5"]
+    assert seen == [1, 2, 3, 4, 5, 6]  # called after every row, so the command can write its files each time
+    timed, failed = rows[:1] + rows[3:], rows[1:3]
+    for row in timed:
+        assert list(row) == KEYS and row["ms"] > 0 and row["peak_gib"] is None  # CPU: no peak-memory counter
+        assert row["x_sdpa_nope"] == pytest.approx(row["ms"] / rows[0]["ms"])
+        assert (row["B"], row["H"], row["T"], row["Dh"]) == (1, 2, 64, 16) and row["device"] == cpu_model()
+    assert rows[0]["x_sdpa_nope"] == 1.0
+    for row in failed:  # a child that raised: its error, the rest of the table goes on
+        assert list(row) == _error_keys(KEYS) and row["error"].startswith(NO_FLEX_BACKWARD)
+        assert row["x_sdpa_nope"] is None and row["peak_gib"] is None
+
+
+def test_a_child_past_its_timeout_is_killed_and_is_an_error_row():
+    assert run_child(BASELINE, (1, 2, 64, 16), "cpu", "float32", 2, timeout=0.2) == {"error": "timed out after 0.2 s"}
+
+
+def test_a_child_that_crashed_reports_its_last_stderr_line():
+    assert outcome(-11, "", "loading\nFatal Python error: Segmentation fault\n\n") == {
+        "error": "exited with code -11: Fatal Python error: Segmentation fault"}
+    assert outcome(1, "{not json\n", "") == {"error": "exited with code 1: no output"}
+    reported = '{"ms": 1.5, "peak_gib": 0.25}\n{"a stray": "print"}\n'
+    assert outcome(0, reported, "warnings") == {"ms": 1.5, "peak_gib": 0.25}
+
+
+def test_an_error_is_one_short_line_and_out_of_memory_says_so():
+    assert _short(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.00 GiB.\nmore")) == (
+        "out of memory: CUDA out of memory. Tried to allocate 16.00 GiB.")
+    assert _short(ValueError("first\nsecond")) == "ValueError: first"
+    assert len(_short(RuntimeError("x" * 1000))) == 160
+
+
+def test_flex_contenders_compute_sdpa_and_posencs_alibi():
+    """The recipe's score_mod is ALiBi as posenc defines it (slope · (j − i)), so its row times the same math."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 32, 8) for _ in range(3))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+        plain, alibi = (_flex(name, q)(q, k, v) for name in FLEX)
+    torch.testing.assert_close(plain, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    torch.testing.assert_close(alibi, attention(q, k, v, build("alibi", num_heads=4), backend="eager"))
+
+
+def test_bench_cli_long_table_writes_its_rows_and_keeps_other_shapes(tmp_path, capsys):
+    long_json = tmp_path / "long.json"
+    other = {"encoding": BASELINE, "B": 9, "H": 1, "T": 8, "Dh": 8, "ms": 1.0}
+    stale = {**other, "B": 1, "H": 2, "T": 32, "Dh": 8}  # the shape this run times: replaced
+    long_json.write_text(json.dumps([other, stale]))
+    args = ["bench", "--tables", "long", "--encodings", "none", "--long-shapes", "1x2x32x8", "--rounds", "2",
+            "--long-timeout", "60", "--long-json", str(long_json), "--json", str(tmp_path / "b.json"),
+            "--markdown", str(tmp_path / "b.md")]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    rows = json.loads(long_json.read_text())
+    assert rows[0] == other and [r["encoding"] for r in rows[1:]] == [BASELINE, *FLEX, "none"]
+    assert json.loads((tmp_path / "b.json").read_text())["tables"] == {"long": rows[1:]}
+    assert "/ SDPA without positions" in captured.out and "| × SDPA | peak GiB |" in (tmp_path / "b.md").read_text()
+    assert captured.err.count("long 1x2x32x8 ") == 4  # a progress line per row
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tables", "rope", "--long-json", "LONG"], "--long-json writes the long table: add long to --tables"),
+    (["--tables", "long", "--long-json", "BENCH"], "holds something other than long-table rows"),
+])
+def test_bench_cli_long_json_is_refused_before_any_work(args, message, tmp_path, capsys):
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"tables": {}}))
+    paths = {"LONG": str(tmp_path / "long.json"), "BENCH": str(bench)}
+    assert main(["bench", *[paths.get(a, a) for a in args]]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "long.json").exists()
+
+
+@pytest.mark.parametrize("flag, value", [("--long-shapes", "1x2x64"), ("--long-shapes", "1x2x0x8"),
+                                         ("--long-timeout", "0"), ("--long-timeout", "soon")])
+def test_bench_cli_rejects_bad_long_flags(flag, value, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--tables", "long", flag, value])
+    assert exit_info.value.code == 2 and flag in capsys.readouterr().err
