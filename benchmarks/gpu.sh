@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # The GPU checks and tables in one call of a lent machine, each step time-boxed so a slow one cannot eat the rest.
-#   bash benchmarks/gpu.sh OUT_DIR
+#   bash benchmarks/gpu.sh OUT_DIR [STEP...]    (no STEP: every step, in this order)
+# Steps: tests, sweep (the Triton tiles' settings, gpu_tiles_sweep.py), bench-auto, bench-flex, rope, rope-launch,
+# verify, long (the long-context table at (1, 16, 16,384, 64) then (4, 16, 4,096, 64), each row in its own process:
+# gpu-long.json, gpu-long.md); tests-tiles runs only the CUDA tests of the Triton tiles. Every step together takes
+# more than one call's 10 minutes: name the steps a call has time for.
 # 1. tests/test_cuda.py (Triton RoPE, every backend and form forward and backward against float64 on the CPU, forms
 #    timed on the GPU, the tiny LM, extend --hf against the CPU); 2. `posenc bench` in bf16 on the auto backend (its
 #    forms timed at first use) for the bias encodings; 3. the same training step with FlexAttention forced; 4. RoPE
@@ -30,15 +34,24 @@ step() {  # step NAME SECONDS COMMAND...: run it time-boxed, then its exit, time
 torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__)"
   git log -1 --format='commit %H' 2>/dev/null; } > "$log" 2>&1
 
-step tests 160 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_cuda.py
-step bench-auto 130 python3 -m posenc bench --device cuda --dtype bfloat16 --tables training,memory,attention \
+wanted=${*:2}
+wanted=${wanted:-tests sweep bench-auto bench-flex rope rope-launch verify long}
+chosen() { [[ " $wanted " == *" $1 "* ]]; }
+
+chosen tests-tiles && step tests-tiles 60 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_cuda.py \
+    -k triton_tiles
+chosen tests && step tests 200 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_cuda.py
+chosen sweep && step sweep 150 python3 benchmarks/gpu_tiles_sweep.py
+chosen bench-auto && step bench-auto 130 python3 -m posenc bench --device cuda --dtype bfloat16 --tables training,memory,attention \
     --encodings $biases --train-shapes $shapes --lengths 1024,4096 --rounds 10 \
     --json "$out/bench-cuda-auto.json" --markdown "$out/bench-cuda-auto.md"
-step bench-flex 70 python3 -m posenc bench --device cuda --dtype bfloat16 --tables training --backend flex \
+chosen bench-flex && step bench-flex 70 python3 -m posenc bench --device cuda --dtype bfloat16 --tables training --backend flex \
     --encodings ${biases%,transformer_xl} --train-shapes $shapes --rounds 10 \
     --json "$out/bench-cuda-flex.json" --markdown "$out/bench-cuda-flex.md"
-step rope 40 python3 -m posenc bench --device cuda --dtype bfloat16 --tables rope --rounds 20 \
+chosen rope && step rope 40 python3 -m posenc bench --device cuda --dtype bfloat16 --tables rope --rounds 20 \
     --json "$out/bench-cuda-rope.json"
-step rope-launch 30 python3 benchmarks/gpu_rope_probe.py
-step verify 70 python3 -m posenc verify --device cuda --json "$out/verify-cuda.json"
+chosen rope-launch && step rope-launch 30 python3 benchmarks/gpu_rope_probe.py
+chosen verify && step verify 70 python3 -m posenc verify --device cuda --json "$out/verify-cuda.json"
+chosen long && step long 290 python3 -m posenc bench --device cuda --dtype bfloat16 --tables long --rounds 5 \
+    --long-timeout 45 --long-json "$out/gpu-long.json" --markdown "$out/gpu-long.md"
 grep -a "^== \|passed\|failed" "$log"

@@ -206,6 +206,40 @@ def test_the_triton_tiles_at_the_gpus_tile_sizes_equal_float64(dtype, tolerance,
             assert _relative_error(a, b) < tolerance, (what, positions != {})
 
 
+@pytest.mark.parametrize("name, kwargs", [("alibi", {}), ("alibi", {"symmetric": True}), ("kerple", {}),
+                                          ("kerple", {"variant": "power"}), ("t5", {"bidirectional": True}),
+                                          ("sandwich", {})])
+def test_the_triton_tiles_form_equals_float64_eager_at_long_context(name, kwargs):
+    """``forms._tiles_form`` in float32 at 1,500 tokens (T5's last buckets then fill whole tiles; ALiBi and Kerple
+    run as formulas): the output and the gradients of q, k, v and every parameter against float64 eager on the
+    CPU, causal and (but for nothing) bidirectional."""
+    import posenc
+    from posenc.kernels import forms
+
+    torch.manual_seed(5)
+    encoding = posenc.build(name, num_heads=2, **kwargs)
+    with torch.no_grad():
+        for parameter in encoding.parameters():
+            parameter.add_(0.1 * torch.randn_like(parameter))
+    positions = torch.arange(1500)[None]
+    q, k, v = (torch.randn(1, 2, 1500, 32) for _ in range(3))
+    for causal in (True, False):
+        reference = copy.deepcopy(encoding).double()
+        exact = [x.double().requires_grad_() for x in (q, k, v)]
+        expected = attention(*exact, reference, causal=causal, backend="eager")
+        on_gpu = copy.deepcopy(encoding).to(CUDA)
+        fast = [x.to(CUDA).requires_grad_() for x in (q, k, v)]
+        at = on_gpu.at(positions.to(CUDA), positions.to(CUDA), contiguous=True)
+        assert forms.tiles_serve(fast[0], at, causal)
+        got = forms._tiles_form(*fast, at, causal, None, 32 ** -0.5, causal)
+        upstream = torch.randn_like(expected)
+        wanted = torch.autograd.grad(expected, exact + list(reference.parameters()), upstream)
+        grads = torch.autograd.grad(got, fast + list(on_gpu.parameters()), upstream.to(CUDA, torch.float32))
+        for what, a, b in zip(("out", "dq", "dk", "dv", *(n for n, _ in on_gpu.named_parameters())), (got, *grads),
+                              (expected, *wanted)):
+            assert _relative_error(a, b, floor=1.0) < 1e-4, (name, kwargs, causal, what)
+
+
 def _tiles_reference(q, k, v, table, lowest, tokens, causal, q_pos=None, k_pos=None):
     """float64 softmax(q·kᵀ/8 + table[h, offset − lowest] + c_i − c_j)·v on the CPU."""
     heads, q_len, k_len = q.shape[1], q.shape[2], k.shape[2]
