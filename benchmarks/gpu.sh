@@ -38,7 +38,7 @@ wanted=${*:2}
 wanted=${wanted:-tests sweep bench-auto bench-flex rope rope-launch verify long}
 chosen() { [[ " $wanted " == *" $1 "* ]]; }
 
-chosen tests-tiles && step tests-tiles 60 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_cuda.py \
+chosen tests-tiles && step tests-tiles 45 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_cuda.py \
     -k triton_tiles
 chosen tests && step tests 200 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_cuda.py
 chosen sweep && step sweep 150 python3 benchmarks/gpu_tiles_sweep.py
@@ -52,6 +52,6 @@ chosen rope && step rope 40 python3 -m posenc bench --device cuda --dtype bfloat
     --json "$out/bench-cuda-rope.json"
 chosen rope-launch && step rope-launch 30 python3 benchmarks/gpu_rope_probe.py
 chosen verify && step verify 70 python3 -m posenc verify --device cuda --json "$out/verify-cuda.json"
-chosen long && step long 290 python3 -m posenc bench --device cuda --dtype bfloat16 --tables long --rounds 5 \
-    --long-timeout 45 --long-json "$out/gpu-long.json" --markdown "$out/gpu-long.md"
+chosen long && step long 270 python3 -m posenc bench --device cuda --dtype bfloat16 --tables long --rounds 5 \
+    --long-timeout 30 --long-json "$out/gpu-long.json" --markdown "$out/gpu-long.md"
 grep -a "^== \|passed\|failed" "$log"
