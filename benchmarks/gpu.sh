@@ -10,6 +10,8 @@
 #    forms timed at first use) for the bias encodings; 3. the same training step with FlexAttention forced; 4. RoPE
 #    apply, the Triton kernel among the contenders, then its device time apart from its launch (gpu_rope_probe.py);
 #    5. `posenc verify --device cuda`.
+# The machine receives the working tree beside the git metadata of an older commit: name the tree's commit with
+# POSENC_SOURCE_COMMIT=$(git rev-parse HEAD) in the call (on a clean tree), so the log and every row carry it.
 # It uses the machine's own torch/Triton/transformers and this checkout's source (no install); the CPU kernels stay
 # off, since the CPU only computes the float64 references here. One log and the tables' files land in OUT_DIR.
 set -u
@@ -32,7 +34,7 @@ step() {  # step NAME SECONDS COMMAND...: run it time-boxed, then its exit, time
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import platform, torch, triton, transformers; print('python', platform.python_version(), 'torch',
 torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__)"
-  git log -1 --format='commit %H' 2>/dev/null; } > "$log" 2>&1
+  echo "commit ${POSENC_SOURCE_COMMIT:-$(git log -1 --format=%H 2>/dev/null) (this machine's git metadata)}"; } > "$log" 2>&1
 
 wanted=${*:2}
 wanted=${wanted:-tests sweep bench-auto bench-flex rope rope-launch verify long}

@@ -28,8 +28,15 @@ def test_the_commit_of_a_checkout_is_named_and_a_modified_one_is_marked(tmp_path
     assert runtime.git_commit(tmp_path) == head + "+modified"
 
 
-def test_outside_a_checkout_there_is_no_commit(tmp_path):
+def test_outside_a_checkout_there_is_no_commit(tmp_path, monkeypatch):
+    monkeypatch.delenv(runtime.COMMIT_VARIABLE, raising=False)
     assert runtime.git_commit(tmp_path) is None
+
+
+def test_a_commit_vouched_for_by_the_caller_wins_over_the_checkouts(tmp_path, monkeypatch):
+    """A lent GPU machine gets the working tree beside an older commit's git metadata: gpu.sh's caller names it."""
+    monkeypatch.setenv(runtime.COMMIT_VARIABLE, "89cadbdbf669ae9189723b121f6d4d10f9f566ff")
+    assert runtime.git_commit(tmp_path) == "89cadbdbf669ae9189723b121f6d4d10f9f566ff"
 
 
 @pytest.fixture

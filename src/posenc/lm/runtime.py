@@ -76,9 +76,15 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
+COMMIT_VARIABLE = "POSENC_SOURCE_COMMIT"
+
+
 def git_commit(folder: Path = Path(__file__).resolve().parent) -> str | None:
     """The commit of the git checkout ``folder`` is in, "+modified" when tracked files differ from it; None when
-    posenc runs from an installed copy (no checkout) or git is missing."""
+    posenc runs from an installed copy (no checkout) or git is missing. ``POSENC_SOURCE_COMMIT``, where set, names
+    it instead: a lent GPU machine receives the working tree with the git metadata of an older commit."""
+    if os.environ.get(COMMIT_VARIABLE):
+        return os.environ[COMMIT_VARIABLE]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True, text=True, timeout=10)
         if head.returncode != 0:
