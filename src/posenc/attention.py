@@ -19,8 +19,10 @@ Backends (every one agrees with ``eager``; the tests say so for every encoding):
   - ``flex``: FlexAttention; the bias is a ``score_mod`` and the masks a block mask, so no H×Tq×Tk tensor is built;
     serves the input, rotation and bias doors. It is compiled on CUDA (``POSENC_FLEX_COMPILE=1`` compiles on CPU
     too, with the system compiler; ``0`` never compiles); it has no backward pass on CPU.
-  - ``auto``: sdpa where it serves, else eager. On a GPU sdpa times its forms for a bias (q/k channels, a float
-    mask, FlexAttention's score_mod) at first use per shape, as on CPU (``kernels.dispatch``).
+  - ``auto``: sdpa where it serves, else eager. On a GPU sdpa offers the Triton tiles (``kernels.tiles_triton``)
+    where they serve, else times its forms for a bias (q/k channels, a float mask, FlexAttention's score_mod) at
+    first use per shape, as on CPU (``kernels.dispatch``). On a GPU, dense logits past ``query_blocks``' budget
+    (eager, or a float mask) are formed one block of queries at a time, so memory stays linear in the keys.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import checks
-from .kernels import dispatch, sticks
+from .kernels import dispatch, query_blocks, sticks
 from .kernels.band import band_attention
 from .kernels.local import check_span, joined_mask, local_attention
 from .kernels.flex import flex_backend
@@ -204,6 +206,17 @@ def _weights(q, k, at: PositionedEncoding, causal, mask, scale, sink=None) -> Te
 
 
 def _eager(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal=False, sink=None) -> Tensor:
+    if query_blocks.needed(q, k) and not at.encoding.has_token_gates:  # FoX's bias needs every query at once
+        def attend(rows: slice, q_rows: Tensor) -> Tensor:
+            block = PositionedEncoding(at.encoding, at.q_pos[:, rows], at.k_pos, at.seq_len)
+            block.rotated = True
+            mask_rows = mask if mask is None or mask.shape[-2] == 1 else mask[..., rows, :]
+            return _dense(q_rows, k, v, block, causal, mask_rows, scale, sink)
+        return query_blocks.by_query_blocks(attend, q, query_blocks.rows_per_block(q, k))
+    return _dense(q, k, v, at, causal, mask, scale, sink)
+
+
+def _dense(q, k, v, at: PositionedEncoding, causal, mask, scale, sink=None) -> Tensor:
     dtype = q.dtype
     compute = math_dtype(q.dtype)
     q, k, v = q.to(compute), k.to(compute), v.to(compute)
@@ -271,6 +284,8 @@ def _sdpa(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) ->
         gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, **gqa)
     forms = score_forms(q, at, causal, mask, plain_causal)
+    if "mask" in forms and query_blocks.needed(q, k):  # a (B, H, Tq, Tk) float mask: the dense path by blocks
+        forms = {name: form for name, form in forms.items() if name != "mask"} or {"blocks": _eager}
     # where several serve: the fastest here, timed once per shape bucket (``kernels.dispatch``)
     needs_grad = _needs_grad(encoding, q, k, v)
     key = dispatch.shape_key(type(encoding).__name__, q, k, v, causal, needs_grad)

@@ -5,8 +5,9 @@ bias inside ``offset_bias``'s kernel), ``channels`` (the terms as extra q/k chan
 on SDPA or on the blockwise kernel), ``counts`` (CoPE inside ``gated_counts``' kernel, the one form offered
 where it serves), ``lookups`` (Transformer-XL's terms inside ``offset_lookup``'s kernel) and ``gates`` (FoX's
 c_i − c_j inside ``offset_bias``' kernel, the one form offered where it serves); on a GPU ``tiles`` (an offset table
-or FoX's token values inside ``tiles_triton``'s Triton tiles), ``channels``, ``mask`` (SDPA with a float mask) and
-``flex`` (the bias as FlexAttention's compiled ``score_mod``). Which is fastest depends on
+or FoX's token values inside ``tiles_triton``'s Triton tiles), ``channels``, ``mask`` (SDPA with a float mask),
+``flex`` (the bias as FlexAttention's compiled ``score_mod``) and ``blocks`` (the dense path by query blocks, where
+the mask would pass ``query_blocks``' budget and nothing else serves: the one form offered then). Which is fastest depends on
 the CPU (an AMD EPYC and an Intel Xeon disagree) or GPU,
 the shape and whether a gradient is needed, so no threshold is written down: the first call with a new key
 (encoding, shape bucket, dtype, gradient) times every form that serves it, round-robin, forward and backward on
@@ -31,7 +32,7 @@ import torch
 from .. import checks, storage
 from . import native
 
-FORMS = ("table", "channels", "mask", "counts", "lookups", "gates", "tiles", "flex")
+FORMS = ("table", "channels", "mask", "counts", "lookups", "gates", "tiles", "flex", "blocks")
 FORCE_VARIABLE = "POSENC_ATTENTION_FORM"
 CACHE_VARIABLE = "POSENC_FORMS_CACHE"
 ROUNDS = 3  # timed rounds after one warm-up call of each form: a few milliseconds to a second, once per key
