@@ -69,7 +69,7 @@ def test_a_dense_mask_form_gives_way_to_blocks_past_the_budget(monkeypatch):
     got = posenc.attention(q, k, v, encoding, causal=False, backend="sdpa")
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
     assert calls == [5]
-    key = dispatch.shape_key(type(encoding).__name__, q, k, v, causal=False, needs_grad=False)
+    key = dispatch.shape_key(type(encoding).__name__, q, k, v, causal=False, needs_grad=True)  # its parameters
     assert dispatch.chosen()[key] == "blocks"
 
 
