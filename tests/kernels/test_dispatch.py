@@ -130,3 +130,22 @@ def test_a_timing_of_token_gates_leaves_the_callers_graph_whole(fresh, monkeypat
     torch.testing.assert_close(timed, untimed, rtol=0, atol=1e-6)
     for a, b in zip(timed_grads, untimed_grads):  # the untimed call ran the gates kernel, the timed one the mask
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_a_form_that_fails_at_first_use_is_left_out_with_one_warning(fresh, clock):
+    """Out of memory (or a compile error) in one form's warm-up leaves the others to the timing, said once; the
+    choice and the file name only the forms that ran. When every form fails, the first error is raised."""
+    contenders, calls = make(clock, {"table": 2.0, "mask": 5.0, "flex": 1.0})
+
+    def out_of_memory():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 32.00 GiB")
+    contenders["flex"] = out_of_memory
+    with pytest.warns(RuntimeWarning, match="left out of the timing after failing at first use: flex: CUDA out of"):
+        assert dispatch.choose("key A", list(contenders), lambda: contenders) == "table"
+    assert calls["table"] == calls["mask"] == 1 + dispatch.ROUNDS
+    assert set(json.loads(fresh.read_text())["key A"]["ms"]) == {"table", "mask"}
+
+    def broken():
+        raise RuntimeError("first")
+    with pytest.raises(RuntimeError, match="first"):
+        dispatch.choose("key B", ["table", "mask"], lambda: {"table": broken, "mask": out_of_memory})

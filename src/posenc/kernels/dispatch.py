@@ -24,6 +24,7 @@ import math
 import os
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -138,9 +139,23 @@ def _same(tensor: torch.Tensor) -> torch.Tensor:
 
 def time_forms(contenders: dict[str, Callable[[], object]], rounds: int = ROUNDS) -> dict[str, float]:
     """Median milliseconds of each form, one call of each per round, after one warm-up call of each (which compiles
-    what compiles); GPU work is waited for inside each timing."""
-    for run in contenders.values():
-        run()
+    what compiles); GPU work is waited for inside each timing. A form whose warm-up raises (out of memory, a
+    compile error) is left out with one warning, and the others are timed; if none runs, the first error is
+    raised."""
+    failures = {}
+    for name, run in contenders.items():
+        try:
+            run()
+        except (RuntimeError, ValueError, NotImplementedError) as error:  # torch.OutOfMemoryError is a RuntimeError
+            failures[name] = error
+            _synchronize_quietly()
+    if len(failures) == len(contenders):
+        raise next(iter(failures.values()))
+    if failures:
+        warnings.warn("posenc: attention forms left out of the timing after failing at first use: "
+                      + "; ".join(f"{name}: {str(error).splitlines()[0][:120]}" for name, error in failures.items()),
+                      RuntimeWarning, stacklevel=2)
+    contenders = {name: run for name, run in contenders.items() if name not in failures}
     samples: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(rounds):
         for name, run in contenders.items():
@@ -150,6 +165,14 @@ def time_forms(contenders: dict[str, Callable[[], object]], rounds: int = ROUNDS
             _synchronize()
             samples[name].append(time.perf_counter() - start)
     return {name: statistics.median(times) * 1e3 for name, times in samples.items()}
+
+
+def _synchronize_quietly() -> None:
+    """Let a failed form's queued GPU work end before the next runs (its error, if any, was the form's)."""
+    try:
+        _synchronize()
+    except RuntimeError:
+        pass
 
 
 def _synchronize() -> None:
