@@ -1,11 +1,13 @@
-"""The Triton tiles' block sizes on a lent GPU: forward + backward of ``kernels.tiles_triton`` at (1, 16, 16,384, 64)
-bf16 causal, with no term, an offset table (no gradient: ALiBi, Sandwich), a learned table (its gradient: T5,
-Kerple) and FoX's token values, under each tile setting, beside SDPA without positions, round-robin.
+"""The Triton tiles' terms apart, and their block sizes, on a lent GPU: forward + backward of
+``kernels.tiles_triton`` at (1, 16, 16,384, 64) bf16 causal with no term, ALiBi's and Kerple's formulas (Kerple's
+parameters learned), an offset table read per pair (fixed: Sandwich; learned: its gradient by diagonal sums), the
+same learned table flat past offset 128 (T5's last bucket, one read per tile there) and FoX's token values, under
+each tile setting, beside SDPA without positions, round-robin.
 
     python3 benchmarks/gpu_tiles_sweep.py [B H T Dh]
 
 Prints one line per (setting, contender): median ms over rounds and the ratio to SDPA's median. Each setting
-compiles its kernels once (a few seconds); the whole sweep is about a minute on an H200.
+compiles its kernels once (a few seconds); the whole sweep is about a minute and a half on an H200.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch.nn.functional as F
 from posenc.kernels import tiles_triton
 
 #: (forward BLOCK_M, forward BLOCK_N, backward BLOCK, warps, stages), as ``tiles_triton._blocks`` returns them
-SETTINGS = ((128, 64, 64, 4, 3), (128, 128, 64, 8, 3), (64, 64, 64, 4, 2), (128, 64, 32, 4, 3))
+SETTINGS = ((128, 64, 64, 4, 3), (64, 64, 64, 4, 2), (128, 64, 64, 8, 2))
 ROUNDS = 10
 
 
@@ -32,24 +34,33 @@ def main(batch: int = 1, heads: int = 16, length: int = 16384, width: int = 64) 
     slopes = 2.0 ** (-8.0 * torch.arange(1, heads + 1, device=device) / heads)
     fixed = -slopes[:, None] * torch.arange(length, device=device)[None, :]  # ALiBi's table of offsets 0..T-1
     learned = torch.randn(heads, length, device=device, requires_grad=True)
+    flat = torch.randn(heads, length, device=device)
+    flat[:, 128:] = flat[:, 128:129]
+    flat.requires_grad_()
+    alibi = tiles_triton.Formula("linear", torch.stack([-slopes, torch.zeros_like(slopes)], 1))
+    kerple = tiles_triton.Formula("kerple_log", (torch.rand(heads, 2, device=device) + 0.1).requires_grad_())
     tokens = torch.nn.functional.logsigmoid(torch.randn(batch, heads, length, device=device) + 3).cumsum(-1)
     tokens.requires_grad_()
     scale = width ** -0.5
-
     contenders = {
-        "sdpa (no positions)": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-        "tiles, no term": lambda: tiles_triton.tiled_attention(q, k, v, scale=scale),
-        "tiles, fixed table": lambda: tiles_triton.tiled_attention(q, k, v, scale=scale, table=fixed),
-        "tiles, learned table": lambda: tiles_triton.tiled_attention(q, k, v, scale=scale, table=learned),
-        "tiles, token values": lambda: tiles_triton.tiled_attention(q, k, v, scale=scale, token_values=tokens),
+        "sdpa (no positions)": (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), []),
+        "tiles, no term": (lambda: tiles_triton.tiled_attention(q, k, v, scale=scale), []),
+        "tiles, alibi formula": (lambda: tiles_triton.tiled_attention(q, k, v, scale=scale, formula=alibi), []),
+        "tiles, kerple formula": (lambda: tiles_triton.tiled_attention(q, k, v, scale=scale, formula=kerple),
+                                  [kerple.params]),
+        "tiles, fixed table": (lambda: tiles_triton.tiled_attention(q, k, v, scale=scale, table=fixed), []),
+        "tiles, learned table": (lambda: tiles_triton.tiled_attention(q, k, v, scale=scale, table=learned),
+                                 [learned]),
+        "tiles, flat learned table": (lambda: tiles_triton.tiled_attention(q, k, v, scale=scale, table=flat,
+                                                                          flat=(-1, 128)), [flat]),
+        "tiles, token values": (lambda: tiles_triton.tiled_attention(q, k, v, scale=scale, token_values=tokens),
+                                [tokens]),
     }
-    wants = {name: [q, k, v] + ([learned] if "learned" in name else [tokens] if "token" in name else [])
-             for name in contenders}
     original = tiles_triton._blocks
     for setting in SETTINGS:
         tiles_triton._blocks = lambda x, s=setting: s
-        runs = {name: (lambda f=f, w=wants[name]: torch.autograd.grad(f(), w, upstream))
-                for name, f in contenders.items()}
+        runs = {name: (lambda f=f, w=[q, k, v, *extra]: torch.autograd.grad(f(), w, upstream))
+                for name, (f, extra) in contenders.items()}
         try:
             times = _round_robin(runs)
         except Exception as error:  # a setting the chip cannot hold (shared memory): say so, try the next
@@ -57,7 +68,7 @@ def main(batch: int = 1, heads: int = 16, length: int = 16384, width: int = 64) 
             continue
         base = times["sdpa (no positions)"]
         for name, ms in times.items():
-            print(f"setting {setting} | {name:22s} | {ms:8.3f} ms | {ms / base:5.2f}x sdpa", flush=True)
+            print(f"setting {setting} | {name:26s} | {ms:8.3f} ms | {ms / base:5.2f}x sdpa", flush=True)
     tiles_triton._blocks = original
 
 
