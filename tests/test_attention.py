@@ -256,6 +256,7 @@ def test_the_forms_timed_on_a_gpu_without_triton(key, q_len, dtype, forms):
     ("t5", 1, ["tiles"]),  # a KV-cache step too: nothing compiles per shape
     ("alibi", 16, ["tiles", "channels"]),  # both linear in T: timed
     ("alibi_symmetric", 16, ["tiles"]),  # no exact channels for a symmetric bias
+    ("fire", 16, ["tiles", "mask"]),  # a formula not yet checked on a GPU: the dense form beside it
 ])
 def test_the_tiles_are_offered_where_triton_serves(monkeypatch, key, q_len, forms):
     """With Triton serving q's device, a bias of offsets is offered the tiles (and the channels where exact),

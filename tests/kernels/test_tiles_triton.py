@@ -150,6 +150,8 @@ def test_the_tiles_form_equals_eager_for_every_encoding_it_serves():
                                                                        max_distance=6, bidirectional=both))
               for both in (False, True)]
     built.append(("kerple power", posenc.build("kerple", num_heads=2, variant="power")))
+    # FIRE past its threshold (queries beyond 12 divide by their own ψ(i)), and a query exactly at it
+    built.append(("fire past its threshold", posenc.build("fire", num_heads=2, width=8, init_threshold=12.0)))
     for name, encoding in built:
         with torch.no_grad():
             for parameter in encoding.parameters():
@@ -188,7 +190,8 @@ def test_the_tiles_form_equals_eager_for_every_encoding_it_serves():
                 assert error < 2e-5, (name, causal, contiguous, error)
             served.append((name, causal, contiguous))
     names = {name for name, _, _ in served}
-    assert {"alibi", "t5", "kerple", "sandwich", "fire", "fox", "t5 short", "t5 short both ways", "kerple power"} <= names, names
+    assert {"alibi", "t5", "kerple", "sandwich", "fire", "fox", "t5 short", "t5 short both ways", "kerple power",
+            "fire past its threshold"} <= names, names
     assert ("t5", True, False) in served and ("fox", True, True) in served
     print("ok")
     """)

@@ -57,9 +57,11 @@ def score_forms(q, at, causal, mask, plain_causal) -> dict:
 
 
 def gpu_score_forms(q: Tensor, at, causal: bool, mask: Tensor | None) -> dict:
-    """``score_forms`` on a GPU. Where ``tiles_triton`` serves (a bias that is a table of offsets, or FoX's token
-    values at the model's own positions; no mask), its tiles, beside the q/k channels where they are exact: no form
-    offered then builds a (B, H, Tq, Tk) tensor, so timing them cannot run out of memory. Elsewhere the channels,
+    """``score_forms`` on a GPU. Where ``tiles_triton`` serves (a bias of offsets, FIRE's, or FoX's token values at
+    the model's own positions; no mask), its tiles, beside the q/k channels where they are exact: no form offered
+    then builds a (B, H, Tq, Tk) tensor, so timing them cannot run out of memory; a formula not yet checked on a
+    GPU (``tiles_triton.CHECKED_ON_GPU``) also gets the float mask (by query blocks past their budget), which the
+    timing keeps should the tiles fail. Elsewhere the channels,
     FlexAttention's compiled score_mod for an offset bias of a full sequence (not for a KV-cache step, whose shape
     changes every call while the compiled kernel is specialised to shapes; not for a bias that also reads the
     query's position, whose captured dense bias crashed FlexAttention's compiled backward at 16,384 tokens on an
@@ -67,7 +69,9 @@ def gpu_score_forms(q: Tensor, at, causal: bool, mask: Tensor | None) -> dict:
     encoding, dtype = at.encoding, q.dtype
     forms = {"channels": _channel_form} if at.channels_exact(dtype) else {}
     if mask is None and tiles_serve(q, at, causal):
-        return {"tiles": _tiles_form, **forms}
+        formula = encoding.offset_formula()
+        unchecked = formula is not None and formula[0] not in tiles_triton().CHECKED_ON_GPU
+        return {"tiles": _tiles_form, **forms, **({"mask": _mask_form} if unchecked else {})}
     if encoding.has_relative_logits and forms:  # the mask form would keep (B, H, Tq, Tk) logits
         return forms
     if encoding.has_bias and encoding.bias_from_offset and not encoding.has_relative_logits and (

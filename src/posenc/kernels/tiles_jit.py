@@ -7,7 +7,9 @@ Logits are kept in base 2 (``scale_log2`` = scale · log2 e, each bias term time
     ``flat_low``), where every entry shares one value and one parameter (T5's last bucket), reads one scalar;
   - LINEAR / LINEAR_ABS: ``a_h · o`` / ``a_h · |o|`` (ALiBi: a_h = −slope);
   - KERPLE_LOG / KERPLE_POWER: ``−r1_h · log(1 + r2_h·|o|)`` / ``−r1_h · |o|^r2_h``;
-with ``params`` (H, 2) holding a_h or (r1_h, r2_h). Token values (FoX's c) add ``c_i − c_j``, each side taken
+with ``params`` (H, 2) holding a_h or (r1_h, r2_h);
+  - FIRE: its MLP of the interpolated distance, per pair, the MLP read from the table's row of this head
+    (``tiles_terms._fire_input``), its gradient added per tile and hidden unit. Token values (FoX's c) add ``c_i − c_j``, each side taken
 relative to one float64 reference per program before it is rounded to float32, so the float32 difference keeps
 its digits where it matters (near keys) however large c grows.
 
@@ -19,10 +21,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles_terms import add_diagonal_sums, dot, parameter_grads, tile_logits
+from .tiles_terms import add_diagonal_sums, add_fire_grads, dot, parameter_grads, tile_logits
 
 NATIVE, IEEE, UPCAST = 0, 1, 2  # how ``tiles_terms.dot`` multiplies
-NONE, TABLE, LINEAR, LINEAR_ABS, KERPLE_LOG, KERPLE_POWER = 0, 1, 2, 3, 4, 5  # BIAS
+NONE, TABLE, LINEAR, LINEAR_ABS, KERPLE_LOG, KERPLE_POWER, FIRE = 0, 1, 2, 3, 4, 5, 6  # BIAS
 
 
 @triton.jit
@@ -235,7 +237,9 @@ def _query_grads_span(dq, d_values, low_rows, high_rows, first_rows, second_rows
         dq += dot(ds.to(k_tile.dtype), tl.trans(k_tile), DOT)
         if TOKEN_GRAD:
             d_values += tl.sum(ds, 1)
-        if TABLE_GRAD:
+        if TABLE_GRAD and BIAS == 6:
+            add_fire_grads(dtable, ds, q_pos, k_pos, table, n_entries)
+        elif TABLE_GRAD:
             if shared >= 0:
                 row_sums = tl.sum(ds, 1)
                 low_rows += tl.where(shared == flat_low, row_sums, 0.0)

@@ -38,13 +38,24 @@ from . import tiles_jit
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x · log2 e): the kernels work in base 2
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FORMULAS = {"linear": tiles_jit.LINEAR, "linear_abs": tiles_jit.LINEAR_ABS, "kerple_log": tiles_jit.KERPLE_LOG,
-            "kerple_power": tiles_jit.KERPLE_POWER}
+            "kerple_power": tiles_jit.KERPLE_POWER, "fire": tiles_jit.FIRE}
+#: the formulas timed and checked on a GPU so far; a GPU offers the others beside a dense form, which its first-use
+#: timing keeps should the tiles fail there
+CHECKED_ON_GPU = ("linear", "linear_abs", "kerple_log", "kerple_power")
 
 
 @dataclass(frozen=True)
 class Formula:
-    """A bias of offsets computed inside the tiles: ``kind`` one of FORMULAS, ``params`` (H, 2) float (a_h in
-    column 0 for the linear kinds; r1_h, r2_h for Kerple's), differentiable."""
+    """A bias computed inside the tiles: ``kind`` one of FORMULAS, ``params`` float, differentiable: (H, 2) with
+    a_h in column 0 for the linear kinds, r1_h and r2_h for Kerple's; for FIRE (H, 3W + 3), per head its MLP
+    [w1 (W), b1 (W), w2_h (W), b2_h, c, L] (a bias of the query's position too, not of the offset alone)."""
+
+    def __post_init__(self):
+        columns = 2 if self.kind != "fire" else self.params.shape[-1] if self.params.dim() == 2 else 0
+        if self.kind not in FORMULAS or self.params.dim() != 2 or self.params.shape[-1] != columns or (
+                self.kind == "fire" and (columns < 6 or columns % 3)):
+            raise ValueError(f"formula must be one of {sorted(FORMULAS)} with params (H, 2), or (H, 3W + 3) for "
+                             f"fire, got {self.kind!r} with {tuple(self.params.shape)}")
 
     kind: str
     params: Tensor
@@ -91,9 +102,8 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bo
         raise ValueError("pass the bias as a table or as a formula, not both")
     if table is not None and (table.dim() != 2 or table.shape[0] != heads or table.shape[1] < 1):
         raise ValueError(f"table must be (H, N) = ({heads}, N >= 1), got {tuple(table.shape)}")
-    if formula is not None and (formula.kind not in FORMULAS or tuple(formula.params.shape) != (heads, 2)):
-        raise ValueError(f"formula must be one of {sorted(FORMULAS)} with params (H, 2) = ({heads}, 2), got "
-                         f"{formula.kind!r} with {tuple(formula.params.shape)}")
+    if formula is not None and formula.params.shape[0] != heads:
+        raise ValueError(f"the formula's params must have a row per head ({heads}), got {tuple(formula.params.shape)}")
     q_values = k_values = None
     if token_values is not None:
         if token_values.dim() != 3 or token_values.shape[0] not in (1, batch) or (
@@ -106,7 +116,7 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bo
     bias = table if formula is None else formula.params
     bias = None if bias is None else bias.to(torch.float32).contiguous()
     kind = tiles_jit.NONE if bias is None else tiles_jit.TABLE if formula is None else FORMULAS[formula.kind]
-    entries = 1 if table is None else table.shape[1]
+    entries = 1 if bias is None else bias.shape[1]
     flat = (-1, entries) if flat is None or table is None else (int(flat[0]), int(flat[1]))
     settings = _Settings(kind, int(lowest), flat, causal, float(scale))
     return _TiledAttention.apply(q, k, v, bias, q_values, k_values, *positions, settings)
@@ -166,7 +176,7 @@ class _TiledAttention(torch.autograd.Function):
         kv_heads, k_len = k.shape[1], k.shape[2]
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         d_bias = torch.zeros_like(bias) if ctx.needs_input_grad[3] else None
-        table_grad = d_bias is not None and ctx.settings.kind == tiles_jit.TABLE
+        table_grad = d_bias is not None and ctx.settings.kind in (tiles_jit.TABLE, tiles_jit.FIRE)
         token_grad = q_values is not None and (ctx.needs_input_grad[4] or ctx.needs_input_grad[5])
         d_q_values = lse.new_empty(batch, heads, q_len) if token_grad else None
         d_k_values = lse.new_empty(batch, heads, k_len) if token_grad else None
@@ -196,8 +206,9 @@ class _Terms:
         self.q, self.q_values, self.k_values, self.q_pos, self.k_pos = q, q_values, k_values, q_pos, k_pos
         self.settings = settings
         self.stand_in = q.new_zeros(1, 2, dtype=torch.float32)
-        self.table = bias if settings.kind == tiles_jit.TABLE else self.stand_in
-        self.params = bias if settings.kind not in (tiles_jit.NONE, tiles_jit.TABLE) else self.stand_in
+        rows = settings.kind in (tiles_jit.TABLE, tiles_jit.FIRE)  # a row per head the programs read from
+        self.table = bias if rows else self.stand_in
+        self.params = bias if not rows and settings.kind != tiles_jit.NONE else self.stand_in
         self.group = q.shape[1] // k.shape[1]
         self.q_len, self.k_len, self.value_dim = q.shape[2], k.shape[2], v.shape[-1]
 
