@@ -21,7 +21,7 @@ PACKAGE = SRC / "posenc"
 # "posenc" is the package's own __init__ (public names and __version__ over encodings and attention).
 UNITS = ("checks", "storage", "positions", "kernels", "encodings", "attention", "posenc", "lm", "extension",
          "hf", "figures", "experiments", "verify", "bench", "cli", "__main__")
-COMMANDS = ("extrapolate", "extend", "pretrained")
+COMMANDS = ("extrapolate", "tasks", "extend", "pretrained")
 TOP_LEVEL_MODULES_AT_MOST = 9
 #: the one experiments module above the commands: it renders their reports into the README's and docs' tables
 PUBLISHER = "posenc.experiments.published"
