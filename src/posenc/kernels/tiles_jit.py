@@ -57,6 +57,36 @@ def _forward_span(acc, m_i, l_i, q, q_pos, q_side, reference, K, V, s_kt, s_vt, 
 
 
 @triton.jit
+def _query_rows(Q, QPOS, QVAL, s_qt, start_m, offs_m, offs_d, q_len, shift, HEAD_DIM: tl.constexpr,
+                CONTIGUOUS: tl.constexpr, HAS_TOKENS: tl.constexpr):
+    """One query tile's q (BLOCK_M, BLOCK_D), positions, token values relative to the program's float64 reference,
+    and the reference. Q, QPOS, QVAL point at this (batch, head)'s rows."""
+    in_queries = offs_m < q_len
+    q = tl.load(Q + offs_m[:, None] * s_qt + offs_d[None, :], mask=in_queries[:, None] & (offs_d[None, :] < HEAD_DIM),
+                other=0.0)
+    q_pos = offs_m + shift if CONTIGUOUS else tl.load(QPOS + offs_m, mask=in_queries, other=0)
+    reference = tl.load(QVAL + tl.minimum(start_m, q_len - 1)) if HAS_TOKENS else 0.0
+    q_side = (tl.load(QVAL + offs_m, mask=in_queries, other=0.0) - reference).to(tl.float32) if HAS_TOKENS else 0.0
+    return q, q_pos, q_side, reference
+
+
+@triton.jit
+def _key_range(start_m, shift, k_len, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+               CONTIGUOUS: tl.constexpr):
+    """(end, unmasked_end) of the key tiles a query tile visits: causally none past its last query; the tiles
+    below unmasked_end hold only pairs that may attend (at explicit positions: none known)."""
+    end = k_len
+    unmasked_end = 0
+    if CONTIGUOUS:
+        if CAUSAL:
+            end = tl.minimum(k_len, shift + start_m + BLOCK_M)
+            unmasked_end = tl.maximum(0, (shift + start_m + 1) // BLOCK_N * BLOCK_N)
+        else:
+            unmasked_end = k_len // BLOCK_N * BLOCK_N
+    return end, unmasked_end
+
+
+@triton.jit
 def forward(Q, K, V, OUT, LSE, TABLE, PARAMS, QPOS, KPOS, QVAL, KVAL,
             s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb, s_vh, s_vt, s_ob, s_oh, s_ot,
             s_table, s_qpb, s_kpb, s_qvb, s_qvh, s_kvb, s_kvh,
@@ -73,24 +103,13 @@ def forward(Q, K, V, OUT, LSE, TABLE, PARAMS, QPOS, KPOS, QVAL, KVAL,
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     in_queries = offs_m < q_len
-    q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qt + offs_d[None, :],
-                mask=in_queries[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    q_pos = offs_m + shift if CONTIGUOUS else tl.load(QPOS + b * s_qpb + offs_m, mask=in_queries, other=0)
-    QVAL_ = QVAL + b * s_qvb + h * s_qvh
-    reference = tl.load(QVAL_ + tl.minimum(start_m, q_len - 1)) if HAS_TOKENS else 0.0
-    q_side = (tl.load(QVAL_ + offs_m, mask=in_queries, other=0.0) - reference).to(tl.float32) if HAS_TOKENS \
-        else 0.0
+    q, q_pos, q_side, reference = _query_rows(Q + b * s_qb + h * s_qh, QPOS + b * s_qpb, QVAL + b * s_qvb + h * s_qvh,
+                                              s_qt, start_m, offs_m, offs_d, q_len, shift, HEAD_DIM, CONTIGUOUS,
+                                              HAS_TOKENS)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-    end = k_len
-    unmasked_end = 0  # key tiles below it hold only pairs that may attend
-    if CONTIGUOUS:
-        if CAUSAL:
-            end = tl.minimum(k_len, shift + start_m + BLOCK_M)
-            unmasked_end = tl.maximum(0, (shift + start_m + 1) // BLOCK_N * BLOCK_N)
-        else:
-            unmasked_end = k_len // BLOCK_N * BLOCK_N
+    end, unmasked_end = _key_range(start_m, shift, k_len, BLOCK_M, BLOCK_N, CAUSAL, CONTIGUOUS)
     K_, V_ = K + b * s_kb + kv_head * s_kh, V + b * s_vb + kv_head * s_vh
     KPOS_, KVAL_ = KPOS + b * s_kpb, KVAL + b * s_kvb + h * s_kvh
     TABLE_, PARAMS_ = TABLE + h * s_table, PARAMS + h * 2
@@ -274,25 +293,15 @@ def backward_queries(Q, K, V, DO, LSE, DELTA, DQ, TABLE, DTABLE, PARAMS, DPARAMS
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     in_queries = rows < q_len
-    q = tl.load(Q + b * s_qb + h * s_qh + rows[:, None] * s_qt + offs_d[None, :],
-                mask=in_queries[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    q, q_pos, q_side, reference = _query_rows(Q + b * s_qb + h * s_qh, QPOS + b * s_qpb, QVAL + b * s_qvb + h * s_qvh,
+                                              s_qt, start_m, rows, offs_d, q_len, shift, HEAD_DIM, CONTIGUOUS,
+                                              HAS_TOKENS)
     grad = tl.load(DO + b * s_dob + h * s_doh + rows[:, None] * s_dot + offs_dv[None, :],
                    mask=in_queries[:, None] & (offs_dv[None, :] < VALUE_DIM), other=0.0)
     row = (b * heads + h) * q_len + rows
     lse = tl.load(LSE + row, mask=in_queries, other=float("inf"))
     delta = tl.load(DELTA + row, mask=in_queries, other=0.0)
-    q_pos = rows + shift if CONTIGUOUS else tl.load(QPOS + b * s_qpb + rows, mask=in_queries, other=0)
-    QVAL_ = QVAL + b * s_qvb + h * s_qvh
-    reference = tl.load(QVAL_ + tl.minimum(start_m, q_len - 1)) if HAS_TOKENS else 0.0
-    q_side = (tl.load(QVAL_ + rows, mask=in_queries, other=0.0) - reference).to(tl.float32) if HAS_TOKENS else 0.0
-    end = k_len
-    unmasked_end = 0  # key tiles below it hold only pairs that may attend
-    if CONTIGUOUS:
-        if CAUSAL:
-            end = tl.minimum(k_len, shift + start_m + BLOCK)
-            unmasked_end = tl.maximum(0, (shift + start_m + 1) // BLOCK * BLOCK)
-        else:
-            unmasked_end = k_len // BLOCK * BLOCK
+    end, unmasked_end = _key_range(start_m, shift, k_len, BLOCK, BLOCK, CAUSAL, CONTIGUOUS)
     K_, V_ = K + b * s_kb + kv_head * s_kh, V + b * s_vb + kv_head * s_vh
     KPOS_, KVAL_ = KPOS + b * s_kpb, KVAL + b * s_kvb + h * s_kvh
     TABLE_, DTABLE_, PARAMS_ = TABLE + h * s_table, DTABLE + h * s_table, PARAMS + h * 2
