@@ -65,3 +65,21 @@ def test_too_short_a_haystack_or_too_many_keys_is_refused():
     assert retrieval.read_answer(" candle.\n The") == "candle" and retrieval.read_answer(" 123.") is None
     assert retrieval.read_answer(" candles") == "candles"  # exact match: the plural is not the key
     assert retrieval.read_answer(" Candle!") == "Candle"  # capitals are letters (and not the lower-case key)
+
+
+@pytest.mark.parametrize("answer, correct", [
+    (" {key}.\nThe", True), ("{key}", True), (" {key}, and more", True),
+    (" {key}s", False), (" x{key}", False), (" {key}light", False), (" {stem}", False), (" the {key}", False),
+    (" {key}{key}", False), ("", False)])
+def test_a_key_is_found_only_when_the_answers_first_word_is_exactly_it(answer, correct):
+    """Pins the wrong version that credits an answer merely holding the key (``key in answer``, or a first word that
+    starts with it or contains it): the record of ``retrieve``, whose ``correct`` the tables average, must score the
+    first word of the greedy continuation by exact match. ``decode`` here stands in for the model's continuation."""
+    model = tiny_llama(0, 64).double()
+    haystack = retrieval.make_haystack(TOKENS.encode, TEXT, 200, 1, 1, seed=3)
+    key = haystack.needles[0].key
+    text = answer.format(key=key, stem=key[:-1])
+    [record] = retrieval.retrieve(model, haystack, TOKENS.encode, lambda ids: text, max_new_tokens=2)
+    assert record["answer"] == text and record["key"] == key
+    assert record["correct"] == correct
+    assert (retrieval.read_answer(text) == key) is correct  # the word it scores is the continuation's first

@@ -105,3 +105,38 @@ def test_every_encoding_starts_from_the_same_shared_weights_at_the_same_seed():
     assert reference["blocks.0.mlp.0.bias"].abs().sum() == 0  # biases start at zero
     deep = reference["blocks.1.attn_out.weight"].std().item()
     assert deep == pytest.approx(0.02 / 2, rel=0.15)  # GPT-2's shrunk residual branch: 0.02 / sqrt(2 · 2 layers)
+
+
+def test_dynamic_ntk_decoding_past_the_original_length_equals_the_full_pass_at_each_length():
+    """Pins the wrong version that gives a length-dependent scaling the count of the step's new tokens (1) as its
+    context length instead of the cache's length plus them. ``test_kv_cache_decoding_equals_full_forward`` runs no
+    dynamic scaling at all (``ENCODINGS`` holds none), and counting the rotary tables, as the test above does, sees
+    the same table sizes either way. Dynamic NTK is the identity up to its original 8 positions and rescales past
+    them, so a step at length 9..20 read with length 1 gets unscaled frequencies and other logits; each step must
+    equal the last logits of a full pass over the same prefix (that pass's own length sets its frequencies).
+    One layer: its keys come straight from the embeddings, so re-rotating the cached history at the new length is
+    exactly the full pass; a deeper layer's cached keys were computed from hidden states of the shorter lengths'
+    frequencies, which no cache that keeps them can match (with two layers a cached step differs from the re-read
+    by ~1e-6 at init, ~1e-3 with this test's sharpened weights)."""
+    def one_layer(encoding_kwargs: dict) -> LanguageModel:
+        config = ModelConfig(encoding="rope", encoding_kwargs=encoding_kwargs, dim=32, num_layers=1, num_heads=4)
+        return LanguageModel(config).double().eval()
+
+    lm = one_layer(DYNAMIC)
+    with torch.no_grad():  # sharpen attention: at init (weights ~0.02) positions move the logits by only ~1e-5
+        for block in lm.blocks:
+            block.qkv.weight.mul_(10)
+    tokens = torch.randint(0, 256, (2, 20))
+    cache = KVCache(len(lm.blocks))
+    with torch.no_grad():
+        torch.testing.assert_close(lm(tokens[:, :4], cache=cache), lm(tokens[:, :4]), rtol=1e-9, atol=1e-9)
+        for t in range(4, 20):  # step t: the token at position t, after a cache of t tokens
+            step = lm(tokens[:, t : t + 1], cache=cache)[:, 0]  # (B, V)
+            full = lm(tokens[:, : t + 1])[:, -1]  # (B, V): the pass over t + 1 tokens, at its own frequencies
+            torch.testing.assert_close(step, full, rtol=1e-9, atol=1e-9, msg=f"step at length {t + 1}")
+        assert cache.length == 20
+        # the scaling acts past the original length only, and there enough to see (else this pins nothing)
+        plain = one_layer({})
+        plain.load_state_dict(lm.state_dict())
+        torch.testing.assert_close(plain(tokens[:, :8]), lm(tokens[:, :8]), rtol=1e-9, atol=1e-9)
+        assert (plain(tokens[:, :9])[:, -1] - lm(tokens[:, :9])[:, -1]).abs().max() > 1e-3

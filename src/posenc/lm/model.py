@@ -75,7 +75,11 @@ class KVCache:
     only its new key and no cos/sin is recomputed for the history. When the rotation
     depends on the context length (``encoding.length_dependent``: dynamic NTK, LongRoPE),
     keys are stored unrotated instead and the whole history is rotated with the current
-    length's frequencies at every step, so step t equals the full pass over t + 1 tokens.
+    length's frequencies at every step: in the first layer step t then equals the full pass
+    over t + 1 tokens; deeper layers' cached keys come from hidden states computed at the
+    shorter lengths before (as with transformers' dynamic NTK and a cache), so there a step
+    differs from the full pass (1e-6 at initialisation in a 2-layer model, 1e-3 once
+    attention sharpens; tests/lm/test_model.py checks one layer to 1e-9).
     """
 
     def __init__(self, num_layers: int):

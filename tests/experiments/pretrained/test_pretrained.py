@@ -434,3 +434,41 @@ def test_a_run_pinned_before_wordings_were_calibrated_resumes_only_in_its_own_wo
     with pytest.raises(ValueError, match=r"differs in \['retrieval_format'\]"):
         _pin(tmp_path, config, resume=True)
     _pin(tmp_path, PretrainedConfig.from_preset("smoke", retrieval_format="secret-word"), resume=True)
+
+
+class _Searched(Exception):
+    """Raised once the LongRoPE search has run: what follows it is not this test's."""
+
+
+def test_the_longrope_search_scores_its_candidates_on_dev_text_only(tmp_path, monkeypatch):
+    """Pins the wrong version that searches LongRoPE's factors on a test document (the rows are then reported on
+    the text they were tuned to). The flags test checks only the row's rope type; here every text the search's
+    objective scores is recorded and must be a dev window, as ``long_documents`` makes the dev split, and no test
+    window (nor a test haystack, keys planted, which is no dev window either). The run stops after the search."""
+    from posenc.experiments.pretrained import stages
+
+    config = PretrainedConfig.from_preset("smoke", methods="none,longrope", finetune="none", retrieval_format="remember",
+                                          search_population=4, search_generations=1)
+    searching, scored = [], []
+    real_search, real_losses = stages.search, stages.position_losses
+
+    def recording_losses(model, text, chunk, *args, **kwargs):
+        if searching:
+            scored.append(torch.as_tensor(text).clone())
+        return real_losses(model, text, chunk, *args, **kwargs)
+
+    def search_then_stop(*args, **kwargs):
+        searching.append(True)
+        real_search(*args, **kwargs)
+        raise _Searched
+
+    monkeypatch.setattr(stages, "position_losses", recording_losses)
+    monkeypatch.setattr(stages, "search", search_then_stop)
+    with pytest.raises(_Searched):
+        stages.run(config, tmp_path / "run", device="cpu", log=lambda *a, **k: None)
+    dev = [w["ids"] for w in long_documents(config, ByteTokens(), "dev", config.dev_documents, config.to)]
+    test = [w["ids"] for w in long_documents(config, ByteTokens(), "test", config.documents, config.to)]
+    assert len(scored) >= 4  # every seed candidate of the first generation was scored
+    for text in scored:
+        assert any(torch.equal(text, window) for window in dev), "the search scored a text that is no dev window"
+        assert not any(torch.equal(text, window) for window in test), "the search scored a test window"
