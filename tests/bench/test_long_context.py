@@ -89,11 +89,15 @@ def test_bench_cli_long_table_writes_its_rows_and_keeps_other_shapes(tmp_path, c
 @pytest.mark.parametrize("args, message", [
     (["--tables", "rope", "--long-json", "LONG"], "--long-json writes the long table: add long to --tables"),
     (["--tables", "long", "--long-json", "BENCH"], "holds something other than long-table rows"),
+    (["--tables", "long", "--long-json", "UNDER_A_FILE"], "--long-json: cannot write"),
+    (["--tables", "rope", "--json", "UNDER_A_FILE"], "--json: cannot write"),
+    (["--tables", "rope", "--markdown", "UNDER_A_FILE"], "--markdown: cannot write"),
 ])
 def test_bench_cli_long_json_is_refused_before_any_work(args, message, tmp_path, capsys):
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps({"tables": {}}))
-    paths = {"LONG": str(tmp_path / "long.json"), "BENCH": str(bench)}
+    paths = {"LONG": str(tmp_path / "long.json"), "BENCH": str(bench),
+             "UNDER_A_FILE": str(bench / "out.json")}  # its folder would be a file: it cannot be made
     assert main(["bench", *[paths.get(a, a) for a in args]]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "long.json").exists()

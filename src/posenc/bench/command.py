@@ -118,6 +118,8 @@ def run(args) -> int:
         raise ValueError("--long-json writes the long table: add long to --tables")
     if args.long_json:
         _merged_long_rows(args.long_json, [], args.long_shapes)  # a file of something else fails before any work
+    for flag, path in (("--json", args.json), ("--markdown", args.markdown), ("--long-json", args.long_json)):
+        _writable_folder(flag, path)
     encodings = chosen_encodings(args.encodings)
     timed, trained, attended = (tuple(n for n in encodings if n in names)
                                 for names in (attention.ENCODINGS, training.ENCODINGS, long_context.ENCODINGS))
@@ -169,3 +171,14 @@ def _merged_long_rows(path: Path, rows: list[dict], shapes) -> list[dict]:
         raise ValueError(f"--long-json {path} holds something other than long-table rows; name another file")
     timed = {tuple(shape) for shape in shapes}
     return [row for row in kept if (row["B"], row["H"], row["T"], row["Dh"]) not in timed] + rows
+
+
+def _writable_folder(flag: str, path: Path | None) -> None:
+    """The folder of an output file, made now: one line naming the flag where it cannot be, before any timing."""
+    if path is None:
+        return
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"{flag}: cannot write {path} ({error.strerror or error})") from None
+
