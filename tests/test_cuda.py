@@ -287,3 +287,29 @@ def test_in_place_triton_rope_on_qkv_views_equals_the_float64_rotation(layout, d
     for a, b in zip((*got, got_grad), (*expected, expected_grad)):
         assert a.dtype == dtype and a.shape == b.shape
         assert _relative_error(a, b) < tolerance
+
+
+@pytest.mark.parametrize("name", ["cope", "stick-breaking", "fire", "shaw"])
+def test_dense_paths_by_query_blocks_on_cuda_equal_float64(monkeypatch, name):
+    """Past the logits budget a GPU forms dense attention one block of queries at a time (``kernels.query_blocks``,
+    forced here at 600 queries in blocks of 128): values and the gradients of q, k, v and every parameter against
+    float64 eager on the CPU."""
+    from posenc.kernels import query_blocks
+
+    encoding = _encoding(name)
+    torch.manual_seed(6)
+    q, k, v = (torch.randn(1, 4, 600, 32) for _ in range(3))
+    reference = copy.deepcopy(encoding).double()
+    exact = [x.double().requires_grad_() for x in (q, k, v)]
+    expected = attention(*exact, reference, backend="eager")
+    upstream = torch.randn_like(expected)
+    wanted = torch.autograd.grad(expected, exact + list(reference.parameters()), upstream)
+    monkeypatch.setattr(query_blocks, "GPU_DENSE_ELEMENTS", 4 * 600 * 128)
+    on_gpu = copy.deepcopy(encoding).to(CUDA)
+    fast = [x.to(CUDA).requires_grad_() for x in (q, k, v)]
+    assert query_blocks.needed(fast[0], fast[1]) and query_blocks.rows_per_block(fast[0], fast[1]) == 128
+    got = attention(*fast, on_gpu, backend="eager")
+    grads = torch.autograd.grad(got, fast + list(on_gpu.parameters()), upstream.to(CUDA, torch.float32))
+    for what, a, b in zip(("out", "dq", "dk", "dv", *(n for n, _ in on_gpu.named_parameters())), (got, *grads),
+                          (expected, *wanted)):
+        assert _relative_error(a, b, floor=1.0) < LOOSER.get(name, FLOAT32), (name, what)
