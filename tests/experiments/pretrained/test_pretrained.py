@@ -43,6 +43,7 @@ def test_hf_smoke_writes_every_file_row_and_measure(smoke):
         assert (out / name).stat().st_size > 0, name
     assert list(results["rows"]) == ROWS and results["factor"] == 2.0 and results["original_context"] == 512
     assert results["provenance"] == provenance()  # versions, commit, CPU
+    assert results["commits"] == [provenance()["commit"]]
     assert provenance_line(results["provenance"]) in (out / "results.md").read_text()
     config = results["config"]
     for name, row in results["rows"].items():
@@ -472,3 +473,25 @@ def test_the_longrope_search_scores_its_candidates_on_dev_text_only(tmp_path, mo
     for text in scored:
         assert any(torch.equal(text, window) for window in dev), "the search scored a text that is no dev window"
         assert not any(torch.equal(text, window) for window in test), "the search scored a test window"
+
+
+def test_a_resumed_run_keeps_its_corpus_and_lists_every_commit_that_measured(tmp_path):
+    """#54 item 5: a run's files may be measured over several commits (a resume) but never over two corpora (the
+    2× run once read another Python's stdlib): the pin holds the corpus's fingerprint and the commits in order."""
+    from posenc import storage
+    from posenc.experiments.pretrained.stages import _pin
+
+    config = PretrainedConfig.from_preset("smoke")
+    stdlib = {"source": "python3.11.7 stdlib", "sha256": "6542f7510a0b9f4f"}
+    assert _pin(tmp_path, config, resume=False, corpus=stdlib, commit="a1") == ["a1"]
+    assert _pin(tmp_path, config, resume=True, corpus=stdlib, commit="b2") == ["a1", "b2"]
+    assert _pin(tmp_path, config, resume=True, corpus=stdlib, commit="a1") == ["b2", "a1"]
+    assert storage.read_json(tmp_path / "config.json")["corpus"] == stdlib
+    other = {"source": "python3.12.3 stdlib", "sha256": "0123456789abcdef"}
+    with pytest.raises(ValueError, match=r"^--resume: .* was measured on another corpus \(python3.11.7 stdlib, "
+                                         r"sha256 6542f7510a0b, not python3.12.3 stdlib, sha256 0123456789ab\)"):
+        _pin(tmp_path, config, resume=True, corpus=other, commit="c3")
+    assert storage.read_json(tmp_path / "config.json")["commits"] == ["b2", "a1"]  # the refused run wrote nothing
+    storage.write_json(tmp_path / "config.json", {"hf": config.to_dict()})  # pinned before corpora were
+    assert _pin(tmp_path, config, resume=True, corpus=other, commit="c3") == ["c3"]
+    assert storage.read_json(tmp_path / "config.json")["corpus"] == other

@@ -96,8 +96,9 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
     for wording in formats:  # every format's keys fit, in context and at --to, before the long work
         keys.haystack(tokens, test[0]["ids"][: original // 2], original // 2, config, 0, wording)
         keys.haystack(tokens, test[0]["ids"], config.to, config, 0, wording)
+    commits = [provenance()["commit"]]
     if runtime.rank == 0:
-        _pin(out, config, resume)
+        commits = _pin(out, config, resume, corpus_of(config.text, config.corpus).fingerprint, commits[0])
     runtime.barrier()
     stages = {"load model and text": time.perf_counter() - began}
     log(f"model: {config.model} ({model.config.model_type}, context {original}, rope_theta {theta:g}); to "
@@ -142,8 +143,8 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
                    string_shift=shift, dca=dict(zip(("chunk_size", "local"), default_sizes(original)))
                    if "dca" in rows else None, device=runtime.label, processes=runtime.world_size,
                    peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-                   provenance=provenance(), model_file=None if config.model == "tiny" else hf.model_provenance(
-                       config.model))
+                   provenance=provenance(), commits=commits, model_file=None if config.model == "tiny" else
+                   hf.model_provenance(config.model))
     report.write_all(results, out)
     log(report.terminal_table(results))
     log(f"\nwrote {out / 'results.json'}, results.md, loss_by_position.png, retrieval.png, rope_parameters.json")
@@ -319,17 +320,25 @@ def _export(model, tokens, results, pristine, out, folder, log) -> None:
         f"AutoModelForCausalLM.from_pretrained({str(folder)!r})")
 
 
-def _pin(out: Path, config: PretrainedConfig, resume: bool) -> None:
-    """Pin the config in ``out``; a resumed run must match it, except where it only adds rows: other ``methods``,
-    or fine-tuned rows added to a zero-shot run (``--finetune`` where the pinned run had none). Every finished
-    measurement is a function of its row, document and the pinned fields, so the files of the rows both runs
-    share stay valid."""
+def _pin(out: Path, config: PretrainedConfig, resume: bool, corpus: dict | None = None,
+         commit: str | None = None) -> list:
+    """Pin the config, the corpus's fingerprint and the commits that measured in ``out``; a resumed run must match
+    the config, except where it only adds rows: other ``methods``, or fine-tuned rows added to a zero-shot run
+    (``--finetune`` where the pinned run had none), and must read the same corpus (a run pinned before corpora were
+    pinned takes this one's). Every finished measurement is a function of its row, document and the pinned fields,
+    so the files of the rows both runs share stay valid. Returns every commit that has measured for the run, in
+    order (this one last)."""
     pinned = out / "config.json"
-    current = {"hf": config.to_dict()}
+    current = {"hf": config.to_dict(), "corpus": corpus, "commits": [commit]}
     if pinned.exists():
         if not resume:
             raise ValueError(f"--out {out} already holds a run; pass --resume to continue it or choose another --out")
-        previous = storage.read_json(pinned).get("hf", {})
+        held = storage.read_json(pinned)
+        if corpus is not None and held.get("corpus") not in (None, corpus):
+            raise ValueError(f"--resume: {out} was measured on another corpus ({_corpus_name(held['corpus'])}, "
+                             f"not {_corpus_name(corpus)}); its measurements cannot be merged with this one's")
+        current["commits"] = [c for c in held.get("commits", []) if c != commit] + [commit]
+        previous = held.get("hf", {})
         adds_rows = {"methods", "preset"} | ({"finetune"} if previous.get("finetune") == "none" else set())
         defaults = {field.name: field.default for field in dataclasses.fields(PretrainedConfig)}
         defaults.update(BEFORE_THE_FIELD)  # a field newer than the run: what the run did then, else its default
@@ -342,6 +351,11 @@ def _pin(out: Path, config: PretrainedConfig, resume: bool) -> None:
         raise ValueError(f"--resume: {out} holds no posenc extend --hf run (no config.json there); start one "
                          f"with: posenc extend --hf {config.model} --out {out}")
     storage.write_json(pinned, current)
+    return current["commits"]
+
+
+def _corpus_name(fingerprint: dict) -> str:
+    return f"{fingerprint.get('source', '?')}, sha256 {str(fingerprint.get('sha256', '?'))[:12]}"
 
 
 def _search(model, text, config, factor, original, theta, out, log) -> dict:
