@@ -69,8 +69,8 @@ def gpu_score_forms(q: Tensor, at, causal: bool, mask: Tensor | None) -> dict:
     encoding, dtype = at.encoding, q.dtype
     forms = {"channels": _channel_form} if at.channels_exact(dtype) else {}
     if mask is None and tiles_serve(q, at, causal):
-        formula = encoding.offset_formula()
-        unchecked = formula is not None and formula[0] not in tiles_triton().CHECKED_ON_GPU
+        formula = offset_formula(at, q.device)
+        unchecked = formula is not None and formula.kind not in tiles_triton().CHECKED_ON_GPU
         return {"tiles": _tiles_form, **forms, **({"mask": _mask_form} if unchecked else {})}
     if encoding.has_relative_logits and forms:  # the mask form would keep (B, H, Tq, Tk) logits
         return forms
@@ -90,7 +90,16 @@ def tiles_serve(q: Tensor, at, causal: bool) -> bool:
         return False
     if encoding.has_token_gates:
         return causal and at.contiguous and at.log_forget is not None
-    return encoding.offset_formula() is not None or at.spanning_offset_table(causal) is not None
+    return offset_formula(at, q.device) is not None or at.spanning_offset_table(causal) is not None
+
+
+def offset_formula(at, device: torch.device):
+    """The encoding's ``offset_formula`` as a ``tiles_triton.Formula`` on ``device``, built once per forward (the
+    layers of a model share it); None where it has none."""
+    def build():
+        formula = at.encoding.offset_formula()
+        return None if formula is None else tiles_triton().Formula(formula[0], formula[1].to(device))
+    return at.memo(("offset_formula", device), build)
 
 
 def tiles_triton():
@@ -105,11 +114,9 @@ def _tiles_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
     if encoding.has_token_gates:
         return kernel.tiled_attention(q, k, v, scale=scale, causal=causal, token_values=at.cumulative_gates())
     positions = {} if at.contiguous else {"q_pos": at.q_pos, "k_pos": at.k_pos}
-    formula = encoding.offset_formula()
+    formula = offset_formula(at, q.device)
     if formula is not None:
-        kind, params = formula
-        return kernel.tiled_attention(q, k, v, scale=scale, causal=causal,
-                                      formula=kernel.Formula(kind, params.to(q.device)), **positions)
+        return kernel.tiled_attention(q, k, v, scale=scale, causal=causal, formula=formula, **positions)
     table, lowest = at.spanning_offset_table(causal)
     highest = lowest + table.shape[1] - 1
     runs = at.memo(("flat_offsets", lowest, highest), lambda: encoding.flat_offsets(lowest, highest))
