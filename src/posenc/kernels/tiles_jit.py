@@ -28,6 +28,25 @@ NONE, TABLE, LINEAR, LINEAR_ABS, KERPLE_LOG, KERPLE_POWER, FIRE = 0, 1, 2, 3, 4,
 
 
 @triton.jit
+def _key_tile(q, q_pos, q_side, reference, start_n, K, s_kt, KPOS, KVAL, table, params, n_entries, lowest,
+              flat_low, flat_high, k_len, scale_log2, offs_d, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+              CAUSAL: tl.constexpr, MASKED: tl.constexpr, CONTIGUOUS: tl.constexpr, BIAS: tl.constexpr,
+              HAS_TOKENS: tl.constexpr, DOT: tl.constexpr):
+    """A query tile against the key tile from ``start_n``: (its keys, which lie within Tk, k (BLOCK_D, BLOCK_N),
+    their positions, and ``tile_logits``' logits, entries and shared entry)."""
+    cols = start_n + tl.arange(0, BLOCK_N)
+    in_keys = cols < k_len
+    k_tile = tl.load(K + cols[None, :] * s_kt + offs_d[:, None], mask=in_keys[None, :] & (offs_d[:, None] < HEAD_DIM),
+                     other=0.0)
+    k_pos = cols if CONTIGUOUS else tl.load(KPOS + cols, mask=in_keys, other=0)
+    k_side = (tl.load(KVAL + cols, mask=in_keys, other=0.0) - reference).to(tl.float32) if HAS_TOKENS else 0.0
+    s, entry, shared = tile_logits(q, k_tile, q_pos, k_pos, cols, table, params, n_entries, lowest, flat_low,
+                                   flat_high, q_side, k_side, k_len, scale_log2, CAUSAL, MASKED, BIAS, HAS_TOKENS,
+                                   DOT)
+    return cols, in_keys, k_tile, k_pos, s, entry, shared
+
+
+@triton.jit
 def _forward_span(acc, m_i, l_i, q, q_pos, q_side, reference, K, V, s_kt, s_vt, KPOS, KVAL, table, params,
                   n_entries, lowest, flat_low, flat_high, k_len, scale_log2, start, end, offs_d, offs_dv,
                   HEAD_DIM: tl.constexpr, VALUE_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
@@ -35,15 +54,9 @@ def _forward_span(acc, m_i, l_i, q, q_pos, q_side, reference, K, V, s_kt, s_vt, 
                   DOT: tl.constexpr):
     """The online softmax over key tiles start, start + BLOCK_N, … < end."""
     for start_n in range(start, end, BLOCK_N):
-        cols = start_n + tl.arange(0, BLOCK_N)
-        in_keys = cols < k_len
-        k_tile = tl.load(K + cols[None, :] * s_kt + offs_d[:, None],
-                         mask=in_keys[None, :] & (offs_d[:, None] < HEAD_DIM), other=0.0)  # (BLOCK_D, BLOCK_N)
-        k_pos = cols if CONTIGUOUS else tl.load(KPOS + cols, mask=in_keys, other=0)
-        k_side = (tl.load(KVAL + cols, mask=in_keys, other=0.0) - reference).to(tl.float32) if HAS_TOKENS else 0.0
-        s, entry, shared = tile_logits(q, k_tile, q_pos, k_pos, cols, table, params, n_entries, lowest, flat_low,
-                                        flat_high, q_side, k_side, k_len, scale_log2, CAUSAL, MASKED, BIAS,
-                                        HAS_TOKENS, DOT)
+        cols, in_keys, k_tile, k_pos, s, entry, shared = _key_tile(
+            q, q_pos, q_side, reference, start_n, K, s_kt, KPOS, KVAL, table, params, n_entries, lowest, flat_low,
+            flat_high, k_len, scale_log2, offs_d, HEAD_DIM, BLOCK_N, CAUSAL, MASKED, CONTIGUOUS, BIAS, HAS_TOKENS, DOT)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing allowed yet
         p = tl.math.exp2(s - m_safe[:, None])
@@ -54,6 +67,16 @@ def _forward_span(acc, m_i, l_i, q, q_pos, q_side, reference, K, V, s_kt, s_vt, 
         acc = acc * alpha[:, None] + dot(p.to(v_tile.dtype), v_tile, DOT)
         m_i = m_new
     return acc, m_i, l_i
+
+
+@triton.jit
+def _query_program(heads, group, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """What a program over one query tile of one (batch, head) works on: its first query, batch, head, key/value
+    head, query rows and channel offsets."""
+    start_m = tl.program_id(0) * BLOCK_M
+    b = tl.program_id(1) // heads
+    h = tl.program_id(1) % heads
+    return start_m, b, h, h // group, start_m + tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
 
 
 @triton.jit
@@ -95,13 +118,7 @@ def forward(Q, K, V, OUT, LSE, TABLE, PARAMS, QPOS, KPOS, QVAL, KVAL,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, CONTIGUOUS: tl.constexpr,
             BIAS: tl.constexpr, HAS_TOKENS: tl.constexpr, DOT: tl.constexpr):
     """OUT (B, H, Tq, Dv) and LSE (B·H, Tq), the base-2 log-sum-exp of each row (+inf for a row that sees no key)."""
-    start_m = tl.program_id(0) * BLOCK_M
-    b = tl.program_id(1) // heads
-    h = tl.program_id(1) % heads
-    kv_head = h // group
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
+    start_m, b, h, kv_head, offs_m, offs_d, offs_dv = _query_program(heads, group, BLOCK_M, BLOCK_D, BLOCK_DV)
     in_queries = offs_m < q_len
     q, q_pos, q_side, reference = _query_rows(Q + b * s_qb + h * s_qh, QPOS + b * s_qpb, QVAL + b * s_qvb + h * s_qvh,
                                               s_qt, start_m, offs_m, offs_d, q_len, shift, HEAD_DIM, CONTIGUOUS,
@@ -239,17 +256,11 @@ def _query_grads_span(dq, d_values, low_rows, high_rows, first_rows, second_rows
     (flat_high) add to it; ``first_rows`` and ``second_rows``, the two parameters' gradients; the caller adds
     their sums to memory once per program."""
     for start_n in range(start, end, BLOCK):
-        cols = start_n + tl.arange(0, BLOCK)
-        in_keys = cols < k_len
-        k_tile = tl.load(K + cols[None, :] * s_kt + offs_d[:, None],
-                         mask=in_keys[None, :] & (offs_d[:, None] < HEAD_DIM), other=0.0)  # (BLOCK_D, BLOCK)
+        cols, in_keys, k_tile, k_pos, s, entry, shared = _key_tile(
+            q, q_pos, q_side, reference, start_n, K, s_kt, KPOS, KVAL, table, params, n_entries, lowest, flat_low,
+            flat_high, k_len, scale_log2, offs_d, HEAD_DIM, BLOCK, CAUSAL, MASKED, CONTIGUOUS, BIAS, HAS_TOKENS, DOT)
         v_tile = tl.load(V + cols[None, :] * s_vt + offs_dv[:, None],
                          mask=in_keys[None, :] & (offs_dv[:, None] < VALUE_DIM), other=0.0)  # (BLOCK_DV, BLOCK)
-        k_pos = cols if CONTIGUOUS else tl.load(KPOS + cols, mask=in_keys, other=0)
-        k_side = (tl.load(KVAL + cols, mask=in_keys, other=0.0) - reference).to(tl.float32) if HAS_TOKENS else 0.0
-        s, entry, shared = tile_logits(q, k_tile, q_pos, k_pos, cols, table, params, n_entries, lowest, flat_low,
-                                        flat_high, q_side, k_side, k_len, scale_log2, CAUSAL, MASKED, BIAS,
-                                        HAS_TOKENS, DOT)
         p = tl.math.exp2(s - lse[:, None])
         dp = dot(grad, v_tile, DOT)
         ds = p * (dp - delta[:, None])
@@ -285,13 +296,7 @@ def backward_queries(Q, K, V, DO, LSE, DELTA, DQ, TABLE, DTABLE, PARAMS, DPARAMS
                      BIAS: tl.constexpr, TABLE_GRAD: tl.constexpr, PARAM_GRAD: tl.constexpr,
                      HAS_TOKENS: tl.constexpr, TOKEN_GRAD: tl.constexpr, DOT: tl.constexpr):
     """dq of one query tile (and Σ_j ds for its token values, and the table's or parameters' gradients)."""
-    start_m = tl.program_id(0) * BLOCK
-    b = tl.program_id(1) // heads
-    h = tl.program_id(1) % heads
-    kv_head = h // group
-    rows = start_m + tl.arange(0, BLOCK)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
+    start_m, b, h, kv_head, rows, offs_d, offs_dv = _query_program(heads, group, BLOCK, BLOCK_D, BLOCK_DV)
     in_queries = rows < q_len
     q, q_pos, q_side, reference = _query_rows(Q + b * s_qb + h * s_qh, QPOS + b * s_qpb, QVAL + b * s_qvb + h * s_qvh,
                                               s_qt, start_m, rows, offs_d, q_len, shift, HEAD_DIM, CONTIGUOUS,
