@@ -310,8 +310,8 @@ class PositionalEncoding(nn.Module):
         return self.bias_at(offset, torch.arange(self.num_heads, device=device)[:, None], dtype)
 
     def offset_formula(self) -> tuple[str, Tensor] | None:
-        """The bias as (kind, params (H, 2) float32, differentiable) that ``kernels.tiles_triton`` computes in its
-        tiles (kind: its ``FORMULAS``); None: it reads ``offset_table``."""
+        """The bias as (kind, params (H, P) float32, differentiable) that ``kernels.tiles_triton`` computes in its
+        tiles (kind and P: its ``Formula``); None: it reads ``offset_table``."""
         return None
 
     def flat_offsets(self, lowest: int, highest: int) -> tuple[int, int] | None:
