@@ -9,6 +9,7 @@ import pytest
 
 from posenc.experiments.pretrained import report
 from posenc.experiments.pretrained.config import PretrainedConfig
+from posenc.experiments.verdicts import direction, sentences
 
 FILES = ["kjv/A", "kjv/B", "stdlib/c.py", "stdlib/d.py", "kjv/E", "kjv/F"]
 
@@ -80,12 +81,19 @@ def test_keys_found_are_per_document_shares_and_positive_means_more(monkeypatch)
 
 def test_a_verdict_needs_the_corrected_interval_and_holms_p(monkeypatch):
     got = results(monkeypatch)
-    lines = report.verdicts(got)
+    lines = sentences(got["comparisons"], "document")
+    assert lines[0].startswith("Family of 12 comparisons over 6 documents.") and "a family of 12 needs 9 documents." in lines[0]
     for name, c in got["comparisons"].items():
-        line = next(line for line in lines if line.startswith(f"- {name}:"))
-        assert ("no verdict" in line) == (not c["verdict"]), name
+        measure, pair = name.split(": ")
+        said = (f"No verdict: {pair}, {measure}: ", f"{direction(name, c['mean'])} in every document ({measure}: ",
+                f"**{direction(name, c['mean'])}** ({measure}: ")
+        line = next(line for line in lines if any(words in line for words in said))
+        assert line.startswith("- **") == c["verdict"], name
         if c["verdict"]:
             assert not c["corrected"][0] <= 0 <= c["corrected"][1] and c["p_holm"] < 0.05
+    # +0.4..+0.6 on 6 of 6 documents: consistent, yet out of Holm's reach with six documents
+    assert "- Consistent, not a verdict: none higher than context control in every document (loss past: +0.483 " \
+           "[+0.404, +0.562], corrected [+0.330, +0.636], Holm p 0.38)." in lines
     markdown = report.markdown({**got, "peak_rss_gib": 1.0, "device": "cpu",
                                 "provenance": {"posenc": "0", "torch": "0", "python": "3", "commit": "abc",
                                                "cpu": "AMD EPYC 9B14"}})
@@ -187,10 +195,11 @@ def test_task_questions_are_counted_apart_from_the_keys_and_compared_per_documen
     facts = {"posenc": "0", "torch": "2", "python": "3", "cpu": "x"}
     text = report.markdown({**got, "peak_rss_gib": 1.0, "device": "cpu", "provenance": facts})
     assert "| yarn | 8/12 [" in text and "; words 83% |" in text and "| none, in context (first 256) | 0/6 [" in text
-    clear = {"mean": 0.5, "low": 0.4, "high": 0.6, "corrected": [0.3, 0.7], "p_holm": 0.01, "verdict": True}
-    assert report.verdicts({"comparisons": {"variable-tracking found: yarn − none": clear}}) == [
-        "- variable-tracking found: yarn − none: +0.500 [+0.400, +0.600]; corrected [+0.300, +0.700], Holm p 0.01 "
-        "— yarn finds more variable-tracking answers."]
+    clear = {"mean": 0.5, "low": 0.4, "high": 0.6, "corrected": [0.3, 0.7], "p_holm": 0.01, "verdict": True,
+             "comparisons": 1, "per_document": dict.fromkeys(FILES, 0.5)}
+    assert sentences({"variable-tracking found: yarn − none": clear}, "document")[2:] == [
+        "- **yarn finds more variable-tracking answers than none** (variable-tracking found: +0.500 "
+        "[+0.400, +0.600], corrected [+0.300, +0.700], Holm p 0.010)."]
 
 
 def test_row_cells_are_document_means_with_t_intervals_and_band_log_probs(monkeypatch):
@@ -278,21 +287,23 @@ def test_the_rendered_report_of_the_hand_worked_run_is_the_one_read_line_by_line
 def test_each_kind_of_verdict_is_worded_by_its_sign_and_marked_yes():
     def clear(mean):
         return {"mean": mean, "low": mean - 0.1, "high": mean + 0.1, "corrected": [mean - 0.2, mean + 0.2],
-                "p": 0.001, "p_holm": 0.004, "verdict": True}
+                "p": 0.001, "p_holm": 0.004, "verdict": True, "comparisons": 5,
+                "per_document": dict.fromkeys(FILES, mean)}
     family = {"loss past: yarn+pose − yarn": clear(-0.5), "loss past: string − yarn": clear(0.5),
               "keys found: self-extend − none": clear(0.3), "keys found: self-extend − yarn": clear(-0.3),
               "multi-value found: yarn − none": clear(-0.4)}
-    tail = "corrected [{:+.3f}, {:+.3f}], Holm p 0.004 — "
-    assert report.verdicts({"comparisons": family}) == [
-        "- loss past: yarn+pose − yarn: -0.500 [-0.600, -0.400]; " + tail.format(-0.7, -0.3) + "yarn+pose is lower "
-        "(better).",
-        "- loss past: string − yarn: +0.500 [+0.400, +0.600]; " + tail.format(0.3, 0.7) + "string is higher (worse).",
-        "- keys found: self-extend − none: +0.300 [+0.200, +0.400]; " + tail.format(0.1, 0.5) + "self-extend finds "
-        "more keys.",
-        "- keys found: self-extend − yarn: -0.300 [-0.400, -0.200]; " + tail.format(-0.5, -0.1) + "self-extend finds "
-        "fewer keys.",
-        "- multi-value found: yarn − none: -0.400 [-0.500, -0.300]; " + tail.format(-0.6, -0.2) + "yarn finds fewer "
-        "multi-value answers."]
+    lines = sentences(family, "document")[2:]
+    tail = "corrected [{:+.3f}, {:+.3f}], Holm p 0.0040)."
+    assert lines == [
+        "- **yarn+pose lower than yarn** (loss past: -0.500 [-0.600, -0.400], "
+        + tail.format(-0.7, -0.3),
+        "- **string higher than yarn** (loss past: +0.500 [+0.400, +0.600], " + tail.format(0.3, 0.7),
+        "- **self-extend finds more keys than none** (keys found: +0.300 [+0.200, +0.400], "
+        + tail.format(0.1, 0.5),
+        "- **self-extend finds fewer keys than yarn** (keys found: -0.300 [-0.400, -0.200], "
+        + tail.format(-0.5, -0.1),
+        "- **yarn finds fewer multi-value answers than none** (multi-value found: -0.400 "
+        "[-0.500, -0.300], " + tail.format(-0.6, -0.2)]
     _, body = report.comparison_rows({"comparisons": family})
     assert body[0] == ["loss past: yarn+pose − yarn", "-0.500 [-0.600, -0.400]", "[-0.700, -0.300]", "0.0010",
                        "0.0040", "yes"]

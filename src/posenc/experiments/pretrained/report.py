@@ -4,8 +4,7 @@ The unit is the document (``experiments.documents``). Per row: test means over d
 context, past it) with a 95% t interval; keys found at ``--to`` with a Wilson interval, by depth band. Comparisons
 are paired over the same test documents: loss past the context (a − b, negative: a is lower) and the share of keys
 found per document (a − b, positive: a finds more). All of a run's comparisons form one family: each gets its raw
-interval, the Bonferroni interval over the family and Holm's p; a verdict is written only where the corrected
-interval excludes zero and Holm's p is below 0.05. The exported row is the lowest mean dev loss past the context among the rows that change
+interval, the Bonferroni interval over the family and Holm's p; its sentence follows ``verdicts``' rule. The exported row is the lowest mean dev loss past the context among the rows that change
 the model's rotary scaling.
 """
 
@@ -18,6 +17,7 @@ from ... import storage
 from ...lm.runtime import provenance_line
 from ..documents import correct, paired, t_interval, wilson
 from ..tables import markdown_table, stage_rows, text_table
+from ..verdicts import exploratory, family_line, sentences
 
 MEASURES = ("first", "inside", "past")
 CONTROL = "context control"
@@ -154,7 +154,7 @@ def main_rows(results: dict, compact: bool = False) -> tuple[list[str], list[lis
     context, to = results["original_context"], results["config"]["to"]
     m = len(results["comparisons"])
     header = ["row", f"first {results['config']['first_tokens']:,}", f"inside {context:,}", f"past {context:,}",
-              f"− {CONTROL} [raw 95%]", f"corrected (m = {m})", "Holm p", f"keys found @ {to:,} [95%]", "dev past"]
+              f"− {CONTROL} [raw 95%]", f"corrected (m = {m}{', exploratory' if exploratory(results) else ''})", "Holm p", f"keys found @ {to:,} [95%]", "dev past"]
     body = []
     for name, row in results["rows"].items():
         c = results["comparisons"].get(f"loss past: {name} − {CONTROL}")
@@ -179,7 +179,8 @@ def comparison_rows(results: dict) -> tuple[list[str], list[list[str]]]:
     body = [[name, f"{c['mean']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}]",
              f"[{c['corrected'][0]:+.3f}, {c['corrected'][1]:+.3f}]", _p(c["p"]), _p(c["p_holm"]),
              "yes" if c["verdict"] else "no"] for name, c in results["comparisons"].items()]
-    return ["comparison (a − b)", "raw 95%", "corrected", "sign-flip p", "Holm p", "verdict"], body
+    corrected = "corrected (exploratory)" if exploratory(results) else "corrected"
+    return ["comparison (a − b)", "raw 95%", corrected, "sign-flip p", "Holm p", "verdict"], body
 
 
 def band_rows(results: dict) -> tuple[list[str], list[list[str]]]:
@@ -249,29 +250,14 @@ def terminal_table(results: dict) -> str:
                          text_table(["paired difference over test documents", "a − b"], differences)])
 
 
-def verdicts(results: dict) -> list[str]:
-    """One line per comparison; a verdict only where the corrected interval excludes zero and Holm's p < 0.05."""
-    lines = []
-    for name, c in results["comparisons"].items():
-        a = name.split(": ", 1)[1].split(" − ")[0]
-        if not c["verdict"]:
-            lines.append(f"- {name}: {_difference(c)} — no verdict (the corrected interval covers zero or Holm's p "
-                         "is not below 0.05).")
-        elif name.startswith("loss"):
-            lines.append(f"- {name}: {_difference(c)} — {a} is {'lower (better)' if c['mean'] < 0 else 'higher (worse)'}.")
-        else:
-            what = "keys" if name.startswith("keys") else name.split(" found")[0] + " answers"
-            lines.append(f"- {name}: {_difference(c)} — {a} finds {'more' if c['mean'] > 0 else 'fewer'} {what}.")
-    return lines
-
-
 def markdown(results: dict) -> str:
     lines = [f"# {title(results)}", ""] + markdown_table(*main_rows(results)) + ["", in_context_line(results)]
     m = len(results["comparisons"])
     lines += ["", f"## Paired differences over the same test documents ({m} comparisons, corrected together)", "",
               "Raw: 95% paired t interval; corrected: Bonferroni at 1 − 0.05/m; Holm p: of the exact sign-flip "
-              "test. A verdict needs both the corrected interval to exclude zero and Holm's p < 0.05.", ""]
-    lines += markdown_table(*comparison_rows(results)) + [""] + verdicts(results)
+              "test.", ""]
+    lines += markdown_table(*comparison_rows(results)) + [""] + sentences(results["comparisons"], "document")
+    lines += ["", family_line(results)]
     lines += ["", "## Keys found by depth band (band 1: the start of the document, farthest from the question); in "
               "brackets the mean log-probability of the right word", ""] + markdown_table(*band_rows(results))
     if results["config"].get("retrieval_tasks"):

@@ -143,6 +143,7 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
                    string_shift=shift, dca=dict(zip(("chunk_size", "local"), default_sizes(original)))
                    if "dca" in rows else None, device=runtime.label, processes=runtime.world_size,
                    peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+                   family={**declared_family(out, rows), "comparisons": list(results["comparisons"])},
                    provenance=provenance(), commits=commits, model_file=None if config.model == "tiny" else
                    hf.model_provenance(config.model))
     report.write_all(results, out)
@@ -327,9 +328,10 @@ def _pin(out: Path, config: PretrainedConfig, resume: bool, corpus: dict | None 
     (``--finetune`` where the pinned run had none), and must read the same corpus (a run pinned before corpora were
     pinned takes this one's). Every finished measurement is a function of its row, document and the pinned fields,
     so the files of the rows both runs share stay valid. Returns every commit that has measured for the run, in
-    order (this one last)."""
+    order (this one last). ``first_rows``, the rows the first invocation planned, dates the run's family
+    (``declared_family``)."""
     pinned = out / "config.json"
-    current = {"hf": config.to_dict(), "corpus": corpus, "commits": [commit]}
+    current = {"hf": config.to_dict(), "corpus": corpus, "commits": [commit], "first_rows": list(plan_rows(config))}
     if pinned.exists():
         if not resume:
             raise ValueError(f"--out {out} already holds a run; pass --resume to continue it or choose another --out")
@@ -338,6 +340,7 @@ def _pin(out: Path, config: PretrainedConfig, resume: bool, corpus: dict | None 
             raise ValueError(f"--resume: {out} was measured on another corpus ({_corpus_name(held['corpus'])}, "
                              f"not {_corpus_name(corpus)}); its measurements cannot be merged with this one's")
         current["commits"] = [c for c in held.get("commits", []) if c != commit] + [commit]
+        current["first_rows"] = held.get("first_rows")  # None: pinned before families were declared
         previous = held.get("hf", {})
         adds_rows = {"methods", "preset"} | ({"finetune"} if previous.get("finetune") == "none" else set())
         defaults = {field.name: field.default for field in dataclasses.fields(PretrainedConfig)}
@@ -352,6 +355,20 @@ def _pin(out: Path, config: PretrainedConfig, resume: bool, corpus: dict | None 
                          f"with: posenc extend --hf {config.model} --out {out}")
     storage.write_json(pinned, current)
     return current["commits"]
+
+
+def declared_family(out: Path, rows: dict) -> dict:
+    """{"declared": when the comparisons of a run's ``rows`` were fixed, "exploratory"}: with its first invocation,
+    or (exploratory) after rows were added on --resume to a run whose earlier rows' results were known."""
+    first = storage.read_json(out / "config.json").get("first_rows")
+    if first is None:
+        return {"declared": "not recorded (the run was pinned before families were)", "exploratory": False}
+    added = [name for name in rows if name not in first]
+    if not added:
+        return {"declared": "before the run: extend --hf's fixed comparisons of the rows its first invocation planned",
+                "exploratory": False}
+    return {"declared": f"after results were seen: {', '.join(added)} joined on --resume a run whose earlier rows "
+                        "had been measured", "exploratory": True}
 
 
 def _corpus_name(fingerprint: dict) -> str:

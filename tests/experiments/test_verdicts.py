@@ -1,0 +1,135 @@
+"""The verdict rule and its sentences: which comparisons may carry a verdict, which are only consistent, the
+family a tiny-model run declares, and the README's generated verdicts against their results files."""
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from posenc.experiments import published, verdicts
+from posenc.experiments.documents import correct, paired
+
+ROOT = Path(__file__).resolve().parents[2]
+T_975_4 = 2.7764451051977987  # Student t, 97.5% quantile, 4 degrees of freedom (tables)
+
+
+def family(*columns, names=None) -> dict:
+    """A corrected family of paired comparisons, one per column of per-unit differences (b = 0)."""
+    names = names or [f"loss past: row{i} − base" for i in range(len(columns))]
+    units = [f"unit {k}" for k in range(len(columns[0]))]
+    return correct({name: paired(list(c), [0.0] * len(c), units) for name, c in zip(names, columns)})
+
+
+@pytest.mark.parametrize("size, needed", [(1, 6), (12, 9), (18, 10), (19, 10), (40, 11)])
+def test_the_units_a_family_needs_follow_from_the_smallest_sign_flip_p(size, needed):
+    # m · 2 / 2^n < 0.05, the smallest n: 2^n > 40 m
+    assert verdicts.units_needed(size) == needed
+    assert size * verdicts.smallest_p(needed) < 0.05 <= size * verdicts.smallest_p(needed - 1)
+    assert verdicts.smallest_p(5) == 1 / 16 and verdicts.smallest_p(17) == 1 / (1 + (1 << 16))
+
+
+def test_five_units_that_agree_are_consistent_not_a_verdict():
+    (c,) = family([0.30, 0.31, 0.29, 0.33, 0.30]).values()
+    assert not c["verdict"] and c["p_holm"] == pytest.approx(1 / 16)
+    assert verdicts.outcome(c) == verdicts.CONSISTENT
+    one_disagrees = family([0.30, 0.31, 0.29, 0.33, -0.01])
+    assert verdicts.outcome(one_disagrees["loss past: row0 − base"]) == verdicts.NONE
+
+
+def test_sixteen_units_can_carry_a_verdict_and_an_interval_at_zero_cannot():
+    strong = [0.1 + 0.01 * k for k in range(16)]
+    around_zero = [(-1) ** k * 0.1 + 0.001 for k in range(16)]
+    got = family(strong, around_zero)
+    assert verdicts.outcome(got["loss past: row0 − base"]) == verdicts.VERDICT
+    assert verdicts.outcome(got["loss past: row1 − base"]) == verdicts.NONE
+    lines = verdicts.sentences(got, "document")
+    assert lines[0].startswith("Family of 2 comparisons over 16 documents. A verdict needs") and "needs 7" not in lines[0]
+    assert lines[2].startswith("- **row0 higher than base** (loss past: +0.175 [")
+    assert lines[3].startswith("- No verdict: row1 − base, loss past: +0.001 [")
+
+
+def test_parse_and_expand_a_declared_family_and_refuse_what_the_run_lacks():
+    spec = verdicts.parse_family(" alibi:sandwich@8, rope+yarn:rope ")
+    assert spec == (("alibi", "sandwich", 8), ("rope+yarn", "rope", None))
+    expanded = verdicts.expand_family(spec, ["alibi", "sandwich", "rope", "rope+yarn"], (1, 2, 8))
+    assert expanded == [{"a": "alibi", "b": "sandwich", "factor": 8}] + [
+        {"a": "rope+yarn", "b": "rope", "factor": f} for f in (1, 2, 8)]
+    for text, rows, message in [("alibi:sandwich@4", ["alibi", "sandwich"], "4 is not one of --eval-factors"),
+                                ("alibi:fire", ["alibi", "sandwich"], "'fire' is not a row of this run"),
+                                ("alibi:alibi", ["alibi"], "compares a row with itself"),
+                                ("alibi:sandwich,alibi:sandwich@8", ["alibi", "sandwich"], "named twice")]:
+        with pytest.raises(ValueError, match=message):
+            verdicts.expand_family(verdicts.parse_family(text), rows, (1, 2, 8))
+    for bad in ("alibi", "alibi:", ":sandwich", "alibi:sandwich@x"):
+        with pytest.raises(ValueError, match="ROW:ROW or ROW:ROW@FACTOR"):
+            verdicts.parse_family(bad)
+
+
+def tiny_results(per_seed: dict[str, list[dict]], comparisons: list[dict]) -> dict:
+    return {"config": {"seed": 3}, "train_length": 16, "family": {"declared": "before the run", "exploratory": False,
+                                                                  "comparisons": comparisons},
+            "rows": [{"name": name, "per_seed": seeds} for name, seeds in per_seed.items()]}
+
+
+def test_seed_comparisons_pair_each_seeds_mean_and_correct_the_family():
+    a = [{"16": 2.0 + s, "32": 2.5 + s} for s in (0.0, 0.1, 0.3, 0.2, 0.4)]
+    b = [{"16": 2.1 + s, "32": None} for s in (0.0, 0.1, 0.3, 0.2, 0.5)]
+    results = tiny_results({"a": a, "b": b}, [{"a": "a", "b": "b", "factor": 1}, {"a": "a", "b": "b", "factor": 2}])
+    got = verdicts.seed_comparisons(results)
+    (name, c), = got.items()
+    assert name == "bits at 1× (16): a − b" and list(c["per_document"]) == [f"seed {s}" for s in range(3, 8)]
+    differences = [-0.1, -0.1, -0.1, -0.1, -0.2]
+    assert list(c["per_document"].values()) == pytest.approx(differences)
+    mean = sum(differences) / 5
+    sd = (sum((d - mean) ** 2 for d in differences) / 4) ** 0.5
+    assert c["mean"] == pytest.approx(-0.12) and c["comparisons"] == 1
+    assert c["corrected"] == pytest.approx([mean - T_975_4 * sd / 5 ** 0.5, mean + T_975_4 * sd / 5 ** 0.5])
+    assert verdicts.without_values(results) == ["a − b at 2×"]
+    lines = verdicts.tiny_lines(results)
+    assert "- No value (a row has none at that length): a − b at 2×." in lines
+    assert lines[-1] == "When the family was fixed: before the run."
+
+
+def test_a_results_file_without_a_family_is_refused_for_verdicts():
+    with pytest.raises(ValueError, match="declares no family"):
+        verdicts.tiny_lines({"rows": []})
+
+
+def readme_verdicts(results: dict) -> list[str]:
+    return [line for line in verdicts.pretrained_lines(results, compact=True) if line.startswith("- **")]
+
+
+def test_a_verdict_sentence_goes_when_its_interval_stops_excluding_zero(tmp_path):
+    """The committed 1.5× run: pull one verdict's per-document differences to zero mean and its sentence leaves the
+    verdicts for the 'No verdict' paragraph, which the README check then reports as stale."""
+    source = ROOT / "docs" / "results" / "smollm2-1.5x-calibrated-all.json"
+    results = json.loads(source.read_text())
+    name = "loss past: self-extend − yarn"
+    assert any(line.startswith("- **self-extend lower than yarn**") for line in readme_verdicts(results))
+    moved = copy.deepcopy(results)
+    per_document = moved["comparisons"][name]["per_document"]
+    shift = sum(per_document.values()) / len(per_document)
+    raw = {key: {**c, "per_document": {d: v - (shift if key == name else 0.0) for d, v in c["per_document"].items()}}
+           for key, c in moved["comparisons"].items()}
+    moved["comparisons"] = correct({key: paired(list(c["per_document"].values()), [0.0] * len(c["per_document"]),
+                                                list(c["per_document"])) for key, c in raw.items()})
+    lowest, highest = moved["comparisons"][name]["corrected"]
+    assert lowest <= 0 <= highest
+    assert not any("self-extend lower than yarn" in line for line in readme_verdicts(moved))
+    assert "self-extend − yarn, loss past +0.000" in " ".join(verdicts.pretrained_lines(moved, compact=True))
+    page = tmp_path / "page.md"
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    page.write_text("<!-- generated by `posenc report`: pretrained-verdicts-compact results.json -->\n"
+                    + published.render("pretrained-verdicts-compact", results) + published.END + "\n")
+    assert published.stale([page]) == []
+    (tmp_path / "results.json").write_text(json.dumps(moved))
+    assert published.stale([page]) == [page]
+
+
+def test_every_bold_verdict_in_the_readme_has_a_corrected_interval_off_zero():
+    text = (ROOT / "README.md").read_text()
+    bold = re.findall(r"^- \*\*.*?corrected \[([-+]\d\.\d+), ([-+]\d\.\d+)\]", text, flags=re.M)
+    assert len(bold) >= 10
+    assert all(not float(low) <= 0 <= float(high) for low, high in bold)
