@@ -17,7 +17,7 @@ SMALL = ["--preset", "smoke", "--steps", "4", "--batch-size", "4", "--lr", "2e-3
 RUNS = {
     "extrapolate": ["extrapolate", *SMALL, "--encodings", "rope,alibi", "--text", str(TEXT), "--train-length", "16",
                     "--eval-factors", "1,2", "--eval-stride", "8", "--eval-windows", "2", "--seeds", "2", "--seed", "3",
-                    "--lrs", "1e-3,3e-3", "--lr-widenings", "0", "--out", "RUN"],
+                    "--lrs", "1e-3,3e-3", "--lr-widenings", "0", "--compare", "alibi:rope@2", "--out", "RUN"],
     "extrapolate --resume": ["extrapolate", *SMALL, "--encodings", "rope,alibi", "--text", str(TEXT),
                              "--train-length", "16", "--eval-factors", "1,2", "--eval-stride", "8", "--eval-windows",
                              "2", "--seeds", "2", "--seed", "3", "--lrs", "1e-3,3e-3", "--lr-widenings", "0",

@@ -3,62 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path
 
-
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+from .experiments.arguments import comma_ints, comma_positive_floats
 
 
 def _add_extrapolate(commands) -> None:
-    from .experiments.extrapolate import DEFAULT_ROWS, PRESETS, ROWS
+    from .experiments.extrapolate import command
 
     p = commands.add_parser(
         "extrapolate", help="train tiny LMs at one length, report bits-per-byte at 1x..8x",
         description="Train a tiny byte-level LM per encoding at --train-length and evaluate bits-per-byte at "
                     "multiples of it (the main job). Defaults: the embedded Python-stdlib corpus, preset 'default'.",
     )
-    p.add_argument("--preset", default="default", choices=sorted(PRESETS), help="model/training size (default: default)")
-    p.add_argument("--task", default="lm", choices=["lm", "copy", "recall"],
-                   help="lm: bits per byte on text (default); copy, recall: exact match on a synthetic task, where "
-                        "length generalisation is pass or fail")
-    p.add_argument("--encodings", default="default",
-                   help=f"'all', 'default' ({', '.join(DEFAULT_ROWS)}) or a comma list of: {', '.join(ROWS)}; with "
-                        "--task: encoding names, each optionally +randomized (default: a row per encoding and "
-                        "rope+randomized)")
-    p.add_argument("--text", help="a text file or folder to use instead of the embedded stdlib corpus")
-    p.add_argument("--out", type=Path, help="run directory (default: runs/<timestamp>)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished work")
-    p.add_argument("--train-length", type=int, help="training window length in bytes")
-    p.add_argument("--eval-factors", type=_ints, help="eval lengths as multiples of the train length (default 1,2,4,8)")
-    p.add_argument("--eval-stride", type=int, help="sliding-window evaluation with this stride (default: non-overlapping)")
-    p.add_argument("--eval-windows", type=int, help="number of longest-length windows in the eval span")
-    p.add_argument("--steps", type=int, help="training steps")
-    p.add_argument("--batch-size", type=int, help="global batch size (split across DDP processes)")
-    p.add_argument("--lr", type=float, help="peak learning rate")
-    p.add_argument("--lrs", type=_positive_floats,
-                   help="peak learning rates to choose from, per trained encoding (--task: per row) and seed, by "
-                        "the loss on dev windows (sequences) at the training length (default: --lr alone)")
-    p.add_argument("--lr-widenings", type=int,
-                   help="with --lrs: rates a row may add, a grid step at a time, past the grid's edge while its "
-                        "best rate sits there (default 2)")
-    p.add_argument("--lr-sweep-seeds", type=int, help="with --lrs: only the first K seeds sweep the grid; later seeds "
-                   "train once, at the rate with the lowest mean dev loss over those K (default: every seed sweeps)")
-    p.add_argument("--dim", type=int, help="model width")
-    p.add_argument("--layers", dest="num_layers", type=int, help="transformer blocks")
-    p.add_argument("--heads", dest="num_heads", type=int, help="attention heads")
-    p.add_argument("--seeds", type=int, help="repeat with this many seeds and report mean ± std (default 1)")
-    p.add_argument("--seed", type=int, help="first seed (default 0)")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="auto: CUDA (bf16 autocast) when present")
-    p.add_argument("--compile", action="store_true", default=None,
-                   help="train under torch.compile(fullgraph=True); pays on a GPU, not on the 2-core CPU "
-                        "(see benchmarks/README.md)")
+    command.add_arguments(p)
     p.set_defaults(run=_run_extrapolate)
 
 
@@ -67,13 +27,9 @@ def _run_extrapolate(args) -> int:
         raise ValueError("--lr-widenings widens a grid of --lrs; give --lrs too")
     if args.task != "lm":
         return _run_task(args)
-    from .experiments.extrapolate import ExperimentConfig, run
+    from .experiments.extrapolate import ExperimentConfig, command, run
 
-    overrides = {k: getattr(args, k) for k in (
-        "encodings", "train_length", "eval_factors", "eval_stride", "eval_windows", "steps", "batch_size", "lr", "lrs",
-        "lr_widenings", "lr_sweep_seeds", "dim", "num_layers", "num_heads", "seeds", "seed", "device", "text",
-        "compile")}
-    config = ExperimentConfig.from_preset(args.preset, **overrides)
+    config = ExperimentConfig.from_preset(args.preset, **command.overrides(args))
     run(config, _run_dir(args, "%Y%m%d-%H%M%S"), resume=args.resume)
     return 0
 
@@ -88,6 +44,8 @@ def _run_dir(args, pattern: str) -> Path:
 def _run_task(args) -> int:
     from .experiments.tasks import TaskConfig, run
 
+    if args.compare:
+        raise ValueError("--compare declares comparisons of bits per byte; --task reports exact match per row")
     for flag in ("text", "eval_stride", "eval_windows", "compile"):
         if getattr(args, flag) not in (None, False):
             raise ValueError(f"--{flag.replace('_', '-')} is for --task lm; a synthetic task makes its own sequences")
@@ -124,7 +82,7 @@ def _add_extend(commands) -> None:
     p.add_argument("--finetune-warmup", type=int, help="warm-up steps per fine-tune (default: the preset's share "
                                                        "of --finetune-steps, a tenth for default)")
     p.add_argument("--finetune-batch", type=int, help="windows per fine-tuning step")
-    p.add_argument("--finetune-lrs", type=_positive_floats,
+    p.add_argument("--finetune-lrs", type=comma_positive_floats,
                    help="fine-tuning peak learning rates to sweep; each row keeps the one best on dev windows "
                         "(default 1e-4,3e-4,1e-3; one rate: no sweep)")
     p.add_argument("--finetune-widenings", type=int,
@@ -132,7 +90,7 @@ def _add_extend(commands) -> None:
                         "sits there (default 2; 0: the grid as given)")
     p.add_argument("--seeds", type=int, help="repeat base models, search and fine-tuning with this many seeds "
                                              "(default 1)")
-    p.add_argument("--only-seeds", type=_ints,
+    p.add_argument("--only-seeds", type=comma_ints,
                    help="with --run: do only these of the --seeds seeds' stages and stop before the tables, so two "
                         "processes can share a run's seeds; then --resume without it writes the tables")
     p.add_argument("--search-population", type=int, help="LongRoPE search: candidates per generation (>= 4)")
@@ -319,16 +277,6 @@ def _run_plot(args) -> int:
     for path in write_figures(args.out, models, window):
         print(path)
     return 0
-
-
-def _positive_floats(text: str) -> tuple[float, ...]:
-    try:
-        values = tuple(float(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        values = ()
-    if not values or min(values) <= 0 or not all(math.isfinite(v) for v in values):
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers > 0, got {text!r}")
-    return values
 
 
 def _add_bench(commands) -> None:

@@ -147,9 +147,23 @@ def test_every_encoding_scores_the_same_bytes(tmp_path, scored):
     assert all(t.equal(scored[0]) for t in scored)
 
 
-def test_seeds_report_mean_and_std(tmp_path):
-    config = ExperimentConfig.from_preset("smoke", encodings="rope,rope+yarn", steps=3, seeds=2, eval_factors=(1, 2))
+def test_seeds_report_mean_and_std_and_the_declared_family(tmp_path, capsys):
+    config = ExperimentConfig.from_preset("smoke", encodings="rope,rope+yarn", steps=3, seeds=2, eval_factors=(1, 2),
+                                          compare="rope+yarn:rope@2")
     results = run(config, tmp_path / "seeds", log=lambda *_: None)
+    assert results["family"] == {"declared": "before the run: --compare, pinned in config.json by its first invocation",
+                                 "exploratory": False, "comparisons": [{"a": "rope+yarn", "b": "rope", "factor": 2}]}
+    (name, compared), = results["comparisons"].items()
+    yarn, rope = ([seed["32"] for seed in row["per_seed"]] for row in results["rows"][::-1])
+    assert name == "bits at 2× (32): rope+yarn − rope" and compared["comparisons"] == 1
+    assert list(compared["per_document"].values()) == pytest.approx([yarn[0] - rope[0], yarn[1] - rope[1]])
+    assert "## Declared comparisons" in (tmp_path / "seeds" / "results.md").read_text()
+    # the same run resumed with another family: fixed after its results could be seen
+    assert main(["extrapolate", "--preset", "smoke", "--encodings", "rope,rope+yarn", "--steps", "3", "--seeds", "2",
+                 "--eval-factors", "1,2", "--compare", "rope:rope+yarn", "--resume", "--out", str(tmp_path / "seeds")]) == 0
+    family = json.loads((tmp_path / "seeds" / "results.json").read_text())["family"]
+    assert family["exploratory"] and "changed on --resume" in family["declared"] and len(family["comparisons"]) == 2
+    assert "Exploratory: its corrections hold only" in " ".join((tmp_path / "seeds" / "results.md").read_text().split())
     for row in results["rows"]:
         assert len(row["per_seed"]) == 2
         for length in ("16", "32"):
@@ -183,6 +197,8 @@ def test_too_small_corpus_fails_before_training(tmp_path, capsys):
     ("--eval-stride", "0", "eval_stride must be an integer >= 1"),
     ("--dim", "31", "dim (31) must be divisible by num_heads (2)"),
     ("--dim", "6", "head_dim must be an even integer >= 2, got 3"),
+    ("--compare", "none:alibi", "--compare pairs rows over seeds: it needs --seeds >= 2"),
+    ("--compare", "none-alibi", "each comparison is ROW:ROW or ROW:ROW@FACTOR"),
 ])
 def test_bad_settings_fail_before_anything_runs(tmp_path, capsys, flag, value, message):
     assert main(["extrapolate", "--preset", "smoke", flag, value, "--out", str(tmp_path / "o")]) == 2

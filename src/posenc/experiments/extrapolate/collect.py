@@ -12,6 +12,7 @@ from ...lm.evaluate import protocol
 from ...lm.leakage import train_overlap
 from ...lm.runtime import provenance
 from .. import intervals
+from ..verdicts import seed_comparisons
 
 
 def versus(best: str | None, own: list, per_seed: dict, length: str, groups: list[int]) -> dict | None:
@@ -55,7 +56,7 @@ def collect(config, rows, corpus, windows: Windows, out: Path, runtime, training
             "train_wall_time_s": statistics.fmean(t["wall_time_s"] for t in train_runs),
             "eval_wall_time_s": statistics.fmean(e["wall_time_s"] for e in runs),
         })
-    return {
+    results = {
         "config": config.to_dict(),
         "train_length": config.train_length,
         "eval_lengths": config.eval_lengths,
@@ -71,6 +72,19 @@ def collect(config, rows, corpus, windows: Windows, out: Path, runtime, training
         "this_invocation_s": wall,
         "rows": table,
     }
+    if config.compare:
+        results["family"] = {**declared(config, out), "comparisons": config.family}
+        results["comparisons"] = seed_comparisons(results)
+    return results
+
+
+def declared(config, out: Path) -> dict:
+    """{"declared", "exploratory"}: whether --compare is the one the run's first invocation pinned in config.json
+    (written before anything trained), or was changed on --resume, after results may have been seen."""
+    if storage.read_json(out / "config.json").get("compare", "") == config.compare:
+        return {"declared": "before the run: --compare, pinned in config.json by its first invocation",
+                "exploratory": False}
+    return {"declared": "after results could be seen: --compare changed on --resume", "exploratory": True}
 
 
 def compute_seconds(training: dict) -> float:

@@ -15,6 +15,7 @@ from ...lm.layouts import LAYOUTS
 from ...lm.model import ModelConfig
 from ..presets import preset_values
 from ..rate_grid import check_grid, sweeping_seeds
+from ..verdicts import expand_family, parse_family
 from .rows import Row, parse_rows
 
 PRESETS: dict[str, dict] = {
@@ -55,6 +56,7 @@ class ExperimentConfig:
     text: str | None = None
     checkpoint_every: int = 100
     compile: bool = False  # torch.compile the training forward pass; speed only, not a training field
+    compare: str = ""  # the family of comparisons, declared before the run (verdicts.parse_family): "a:b@8,…"
 
     @classmethod
     def from_preset(cls, preset: str, **overrides) -> "ExperimentConfig":
@@ -90,11 +92,21 @@ class ExperimentConfig:
                              f"eval length, here {self.window_length} bytes; choose factors that divide the largest")
         checks.choice("device", self.device, ("auto", "cpu", "cuda"))
         parse_rows(self.encodings)  # unknown names fail here, before anything runs
+        if self.compare:
+            self.family  # so does a comparison of rows or lengths the run does not have
+            if self.seeds < 2:
+                raise ValueError(f"--compare pairs rows over seeds: it needs --seeds >= 2, got {self.seeds}")
 
     @property
     def sweep_seeds(self) -> range:
         """The seeds that sweep the rate grid (``rate_grid.sweeping_seeds``)."""
         return sweeping_seeds(self.seed, self.seeds, self.lr_sweep_seeds, self.lrs)
+
+    @property
+    def family(self) -> list[dict]:
+        """The declared comparisons, one per length: [{"a", "b", "factor"}, …] (``verdicts.expand_family``)."""
+        names = [row.name for row in parse_rows(self.encodings)]
+        return expand_family(parse_family(self.compare), names, self.eval_factors)
 
     @property
     def eval_lengths(self) -> list[int]:

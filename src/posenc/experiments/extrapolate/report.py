@@ -8,6 +8,7 @@ from ... import storage
 from ...lm.runtime import provenance_line
 from .. import tables
 from ..rate_grid import rates_label
+from ..verdicts import tiny_lines
 
 
 def _header(results: dict, first: str) -> list[str]:
@@ -90,6 +91,8 @@ def markdown_table(results: dict) -> str:
     if rates:
         lines += ["", "## Learning rates, chosen on dev (bits per byte on dev windows at the training length)", ""]
         lines += tables.markdown_table(*rates)
+    if "family" in results:
+        lines += ["", "## Declared comparisons (paired over seeds, corrected together)", ""] + tiny_lines(results)
     lines += ["", "## Rows", ""] + [f"- `{row['name']}`: {row['description']}" for row in results["rows"]]
     lines += [
         "",
