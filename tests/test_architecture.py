@@ -179,3 +179,34 @@ def test_extend_may_use_extrapolates_public_names_only():
 def test_cycles_are_found():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+#: modules whose lists of encoding names are choices, not traits: the default preset's rows (a preset is data), and
+#: ``extend``, which compares RoPE with ALiBi by design
+NAME_LISTS_ALLOWED = {"posenc.encodings.registry", "posenc.experiments.extrapolate.rows",
+                      "posenc.experiments.extend.plan"}
+
+
+def listed_encoding_names(text: str) -> list[tuple[int, list[str]]]:
+    """(line, names) of every tuple, list or set literal in ``text`` holding two or more encoding names (or rows
+    named after one, "rope+yarn")."""
+    from posenc.encodings.registry import ENTRIES
+
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            listed = [e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)
+                      and e.value.split("+")[0] in ENTRIES]
+            if len(listed) >= 2:
+                found.append((node.lineno, listed))
+    return found
+
+
+def test_no_list_of_encoding_names_outside_the_registry():
+    """Benches, checks and commands pick encodings by trait (``registry.having``, ``one_axis``), so a new encoding
+    joins them without an edit; a list of names would leave it out silently."""
+    found = [f"{module_name(path)}:{line} {names}" for path in sorted(PACKAGE.rglob("*.py"))
+             if module_name(path) not in NAME_LISTS_ALLOWED for line, names in listed_encoding_names(path.read_text())]
+    assert not found, found
+    assert listed_encoding_names('for name in ("alibi", "sandwich"):\n    pass\n') == [(1, ["alibi", "sandwich"])]
+    assert listed_encoding_names('ROWS = ["rope+yarn", "none"]\n') == [(1, ["rope+yarn", "none"])]

@@ -22,7 +22,7 @@ import torch
 from . import attention, rope_frequencies, sinusoidal_table
 from .attention import serves
 from .encodings import build_for_model
-from .encodings.registry import ENTRIES, one_axis, symmetric
+from .encodings.registry import ENTRIES, having, one_axis, symmetric
 from .encodings.rotary import apply_rope
 from .kernels.channels import attend_with_channels
 
@@ -114,7 +114,7 @@ def check_dog_bites_man(device, dtype) -> list[Check]:
     projections = [_draw(HEADS * HEAD_DIM, HEADS * HEAD_DIM, device=device, dtype=dtype) / 8 for _ in range(3)]
     sizes = {"dim": HEADS * HEAD_DIM, "max_positions": 3, "init_std": 1.0}
     encodings = {name: _encoding(name, device, dtype) for name in ATTENTION_ENCODINGS}
-    for name in ("sinusoidal", "learned"):  # input-door encodings
+    for name in one_axis(in_attention=False):  # input-door encodings
         encodings[name] = build_for_model(name, sizes=sizes).to(device=device, dtype=dtype)
 
     def run(sentence: torch.Tensor, enc, causal: bool) -> torch.Tensor:
@@ -239,7 +239,7 @@ def check_score_channels(device, dtype) -> list[Check]:
     """ALiBi, Sandwich and Transformer-XL carried as extra q/k channels (the form ``attention()`` takes
     where that times faster) = their bias form in float64, near 0 and at offset 2^20."""
     rows = []
-    for name in ("alibi", "sandwich", "transformer_xl"):
+    for name in having(lambda cls: cls.has_score_channels):
         enc = _encoding(name, device, dtype)
         reference_encoding = copy.deepcopy(enc).double()
         q, k, v = _qkv(device, dtype)

@@ -12,6 +12,7 @@ its oracle test and its docs line; bench, verify and ``posenc extrapolate``'s ro
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from .absolute import Learned, Sinusoidal
 from .alibi import ALiBi
@@ -80,6 +81,12 @@ REGISTRY: tuple[Entry, ...] = (
 )
 
 ENTRIES: dict[str, Entry] = {entry.name: entry for entry in REGISTRY}
+
+
+def having(trait: Callable[[type[PositionalEncoding]], bool]) -> tuple[str, ...]:
+    """Names of the one-axis encodings whose class has ``trait`` (e.g. ``lambda cls: cls.has_score_channels``), in
+    registry order: how a bench or a check picks its encodings, by what they do rather than by name."""
+    return tuple(e.name for e in REGISTRY if e.axes == 1 and trait(e.cls))
 
 
 def one_axis(*, in_attention: bool | None = None, from_positions: bool = False) -> tuple[str, ...]:

@@ -23,8 +23,7 @@ DEV_SEED = 2_000_003  # dev sequences, likewise
 SPLIT_SEEDS = {"dev": DEV_SEED, "test": TEST_SEED}
 
 RANDOMIZED = "+randomized"
-TASK_ROWS = ("none", "sinusoidal", "learned", "alibi", "rope", "t5", "kerple", "sandwich", "fire", "xpos", "cope",
-             "rope+randomized")
+TASK_ROWS = (*one_axis(), "rope+randomized")  # a row per encoding, and RoPE trained at randomized positions
 PRESETS: dict[str, dict] = {
     # tests: seconds
     "smoke": dict(dim=32, num_layers=1, num_heads=2, train_length=8, batch_size=16, steps=20, lr=3e-3, warmup=5,
