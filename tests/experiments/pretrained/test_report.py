@@ -330,3 +330,18 @@ def test_the_markdown_names_its_optional_sections_and_prints_the_exported_dict(m
     assert ("\n\n## RULER's multi-value and variable-tracking questions, planted beside the keys (exact lists, any "
             "order)\n\n| row | multi-value (lists of 2) @ 1,024 [95%] |") in text
     assert text.startswith(f"# {report.title(got)}\n\n| row |")
+
+
+def test_the_quick_preset_has_the_documents_its_family_needs_for_a_verdict():
+    """The quick look's family (each row against the control, the scaling's keys against none's) can pass the rule
+    only with ``verdicts.units_needed`` documents; three, its size before, never could."""
+    from posenc.experiments.pretrained.stages import plan_rows
+    from posenc.experiments.verdicts import units_needed
+
+    config = PretrainedConfig.from_preset("quick")
+    documents = [{"past": 1.0 + i / 10, "retrieval": [{"correct": i % 2 == 0}]} for i in range(config.documents)]
+    rows = {name: {"test": documents} for name in plan_rows(config)}
+    family = report.comparisons(rows, {"test": documents}, [f"d{i}" for i in range(config.documents)],
+                                config.finetune_method)
+    assert len(family) == 3 and config.documents >= units_needed(len(family)) == 7
+    assert config.control_stride == PretrainedConfig.from_preset("default").control_stride  # one control
