@@ -1,5 +1,6 @@
 // What posenc's tiled CPU attention kernels share: torch's BLAS for the tile products, a vectorizable float
-// exp, and row access to (B, H, T, D) tensors with unit stride along D.
+// exp, row access to (B, H, T, D) tensors with unit stride along D, and the softmax of a tile whose rows see all
+// their keys at once (forward) and its probabilities again from the log-sum-exp (backward).
 #pragma once
 
 #include <torch/extension.h>
@@ -8,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 extern "C" {
@@ -81,5 +83,41 @@ struct Rows {
       : data(x.data_ptr<T>()), batch_stride(x.stride(0)), head_stride(x.stride(1)), row_stride(x.stride(2)) {}
   T* at(int64_t b, int64_t h) const { return data + b * batch_stride + h * head_stride; }
 };
+
+// Each row r of a rows × stride tile softmaxed in place over its first allowed(r) entries, the rest zeroed;
+// lse[r] gets the row's log-sum-exp (the backward's ``probabilities``).
+template <typename T, typename Allowed>
+void softmax_rows(T* tile, int64_t rows, int64_t stride, Allowed allowed, T* lse) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t n = allowed(r);
+    T* s = tile + r * stride;
+    T top = -std::numeric_limits<T>::infinity();
+    for (int64_t j = 0; j < n; ++j) top = std::max(top, s[j]);
+    T sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < n; ++j) {
+      s[j] = exp_of(s[j] - top);
+      sum += s[j];
+    }
+    const T inverse = T(1) / sum;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) s[j] *= inverse;
+    std::fill(s + n, s + stride, T(0));
+    lse[r] = top + std::log(sum);
+  }
+}
+
+// The tile's logits, each row's first allowed(r) of them, turned back into the forward's probabilities
+// exp(s − lse[r]) in place, the rest zeroed.
+template <typename T, typename Allowed>
+void probabilities(T* tile, int64_t rows, int64_t stride, Allowed allowed, const T* lse) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t n = allowed(r);
+    T* p = tile + r * stride;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) p[j] = exp_of(p[j] - lse[r]);
+    std::fill(p + n, p + stride, T(0));
+  }
+}
 
 }  // namespace posenc_tiles

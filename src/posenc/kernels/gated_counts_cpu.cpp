@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -99,24 +98,8 @@ void forward_tiles(const torch::Tensor& q, const torch::Tensor& k, const torch::
       const int64_t index = task % tiles, h = (task / tiles) % g.heads, b = task / (tiles * g.heads);
       const T* q_rows = Q.at(b, h) + index * QUERY_TILE * Q.row_stride;
       tile.logits(index * QUERY_TILE, q_rows, Q.row_stride, K.at(b, h), K.row_stride, table_data);
-      T* lse_rows = lse_data + (b * g.heads + h) * g.queries + tile.q0;
-      for (int64_t r = 0; r < tile.rows; ++r) {
-        const int64_t n = g.allowed(tile.q0 + r);
-        T* s = tile.dots.data() + r * tile.key_end;
-        T top = -std::numeric_limits<T>::infinity();
-        for (int64_t j = 0; j < n; ++j) top = std::max(top, s[j]);
-        T sum = 0;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < n; ++j) {
-          s[j] = exp_of(s[j] - top);
-          sum += s[j];
-        }
-        const T inverse = T(1) / sum;
-#pragma omp simd
-        for (int64_t j = 0; j < n; ++j) s[j] *= inverse;
-        std::fill(s + n, s + tile.key_end, T(0));
-        lse_rows[r] = top + std::log(sum);
-      }
+      softmax_rows(tile.dots.data(), tile.rows, tile.key_end, [&](int64_t r) { return g.allowed(tile.q0 + r); },
+                   lse_data + (b * g.heads + h) * g.queries + tile.q0);
       gemm(TransposeType::NoTranspose, TransposeType::NoTranspose, g.value_width, tile.rows, tile.key_end, T(1),
            V.at(b, h), V.row_stride, tile.dots.data(), tile.key_end, T(0), O.at(b, h) + tile.q0 * O.row_stride,
            O.row_stride);
@@ -148,13 +131,7 @@ void backward_tiles(const torch::Tensor& grad_out, const torch::Tensor& q, const
         const T* lse_rows = lse_data + task * g.queries + q0;
         const T* terms = row_term_data + task * g.queries + q0;
         T* probs = tile.dots.data();
-        for (int64_t r = 0; r < rows; ++r) {
-          const int64_t n = g.allowed(q0 + r);
-          T* p = probs + r * keys;
-#pragma omp simd
-          for (int64_t j = 0; j < n; ++j) p[j] = exp_of(p[j] - lse_rows[r]);
-          std::fill(p + n, p + keys, T(0));
-        }
+        probabilities(probs, rows, keys, [&](int64_t r) { return g.allowed(q0 + r); }, lse_rows);
         // dV += Pᵀ·dO; dP = dO·Vᵀ
         gemm(TransposeType::NoTranspose, TransposeType::Transpose, g.value_width, keys, rows, T(1), do_rows,
              dO.row_stride, probs, keys, T(1), dV.at(b, h), dV.row_stride);

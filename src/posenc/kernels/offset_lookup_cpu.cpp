@@ -14,7 +14,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <vector>
 
 namespace {
@@ -75,24 +74,8 @@ void forward_tiles(const torch::Tensor& c, const torch::Tensor& l, const torch::
       const int64_t q0 = index * QUERY_TILE;
       tile.compute(q0, C.at(b, h) + q0 * C.row_stride, C.row_stride, L.at(b, h) + q0 * L.row_stride, L.row_stride,
                    K.at(b, h), K.row_stride, tables + h * g.entries * g.width);
-      T* lse_rows = lse_data + (b * g.heads + h) * g.queries + q0;
-      for (int64_t r = 0; r < tile.rows; ++r) {
-        const int64_t n = g.allowed(q0 + r);
-        T* s = tile.logits.data() + r * tile.key_end;
-        T top = -std::numeric_limits<T>::infinity();
-        for (int64_t j = 0; j < n; ++j) top = std::max(top, s[j]);
-        T sum = 0;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < n; ++j) {
-          s[j] = exp_of(s[j] - top);
-          sum += s[j];
-        }
-        const T inverse = T(1) / sum;
-#pragma omp simd
-        for (int64_t j = 0; j < n; ++j) s[j] *= inverse;
-        std::fill(s + n, s + tile.key_end, T(0));
-        lse_rows[r] = top + std::log(sum);
-      }
+      softmax_rows(tile.logits.data(), tile.rows, tile.key_end, [&](int64_t r) { return g.allowed(q0 + r); },
+                   lse_data + (b * g.heads + h) * g.queries + q0);
       gemm(TransposeType::NoTranspose, TransposeType::NoTranspose, g.value_width, tile.rows, tile.key_end, T(1),
            V.at(b, h), V.row_stride, tile.logits.data(), tile.key_end, T(0), O.at(b, h) + q0 * O.row_stride,
            O.row_stride);
@@ -125,13 +108,7 @@ void backward_tiles(const torch::Tensor& grad_out, const torch::Tensor& c, const
         const T* lse_rows = lse_data + task * g.queries + q0;
         const T* terms = row_term_data + task * g.queries + q0;
         T* probs = tile.logits.data();
-        for (int64_t r = 0; r < rows; ++r) {
-          const int64_t n = g.allowed(q0 + r);
-          T* p = probs + r * keys;
-#pragma omp simd
-          for (int64_t j = 0; j < n; ++j) p[j] = exp_of(p[j] - lse_rows[r]);
-          std::fill(p + n, p + keys, T(0));
-        }
+        probabilities(probs, rows, keys, [&](int64_t r) { return g.allowed(q0 + r); }, lse_rows);
         // dV += Pᵀ·dO; dP = dO·Vᵀ
         gemm(TransposeType::NoTranspose, TransposeType::Transpose, g.value_width, keys, rows, T(1), do_rows,
              dO.row_stride, probs, keys, T(1), dV.at(b, h), dV.row_stride);
