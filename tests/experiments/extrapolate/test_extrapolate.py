@@ -227,7 +227,21 @@ def test_resume_can_reevaluate_checkpoints_with_another_protocol(tmp_path, capsy
     results = json.loads((out / "results.json").read_text())
     assert results["protocol"] == "sliding windows, stride 4" and results["eval_lengths"] == [16, 32]
     assert results["provenance"] == provenance()  # versions, commit, CPU
+    assert results["commits"] == [provenance()["commit"]]  # one commit made both invocations
+    assert json.loads((out / "run.json").read_text())["corpus"]["sha256"] == results["corpus"]["sha256"]
     assert provenance_line(results["provenance"]) in (out / "results.md").read_text()
+
+
+def test_a_run_pins_its_corpus_and_lists_every_commit_that_worked_on_it(tmp_path):
+    from posenc.experiments.extrapolate.stages import pin_corpus_and_commit
+
+    corpus = {"source": "stdlib (Python 3.11.7)", "sha256": "a" * 64, "files": 3}
+    assert pin_corpus_and_commit(tmp_path, corpus, "c1") == ["c1"]
+    assert pin_corpus_and_commit(tmp_path, {**corpus, "python_version": "3.11.7"}, "c2") == ["c1", "c2"]
+    assert pin_corpus_and_commit(tmp_path, corpus, "c1") == ["c2", "c1"]  # the latest last, each once
+    with pytest.raises(ValueError, match="another corpus"):
+        pin_corpus_and_commit(tmp_path, {**corpus, "sha256": "b" * 64}, "c3")
+    assert json.loads((tmp_path / "run.json").read_text())["commits"] == ["c2", "c1"]  # the refusal wrote nothing
 
 
 def _cli(*args):

@@ -29,7 +29,7 @@ from ... import storage
 from ...lm.data import Windows, load_corpus, sample_windows
 from ...lm.evaluate import evaluate
 from ...lm.model import LanguageModel
-from ...lm.runtime import Runtime
+from ...lm.runtime import Runtime, provenance
 from ...lm.train import TrainConfig, train
 from .. import intervals
 from ..rate_grid import choose_rate, inherit_rate, rate_key
@@ -60,6 +60,23 @@ def prepare_run_dir(out: Path, config: ExperimentConfig, resume: bool) -> None:
         storage.write_json(pinned, config.to_dict())
 
 
+def pin_corpus_and_commit(out: Path, corpus: dict, commit: str | None) -> list:
+    """Record in ``out/run.json`` the corpus the run reads and every commit that has worked on it; a resumed run
+    must read the same corpus (source and sha256: its evaluations could not be merged with another's), a run made
+    before this file existed takes this one's. Returns the commits, in order (this one last)."""
+    path, held = out / "run.json", {}
+    if path.exists():
+        held = storage.read_json(path)
+        was = {key: held["corpus"].get(key) for key in ("source", "sha256")}
+        if was != {key: corpus.get(key) for key in ("source", "sha256")}:
+            raise ValueError(f"--resume: {out} was trained and scored on another corpus ({was['source']}, sha256 "
+                             f"{str(was['sha256'])[:12]}), not {corpus['source']} ({corpus['sha256'][:12]}); its "
+                             "evaluations cannot be merged with this one's")
+    commits = [c for c in held.get("commits", []) if c != commit] + [commit]
+    storage.write_json(path, {"corpus": corpus, "commits": commits})
+    return commits
+
+
 def run(config: ExperimentConfig, out: Path, *, resume: bool = False, log=print) -> dict:
     """Run the experiment into ``out``; returns the results dict (also written to results.json)."""
     rows = parse_rows(config.encodings)
@@ -71,8 +88,10 @@ def run(config: ExperimentConfig, out: Path, *, resume: bool = False, log=print)
                          windows=config.eval_windows)
     for row in rows:  # ... and on sizes an encoding rejects (e.g. an odd head width for RoPE)
         LanguageModel(config.model_config(row, row.train_kwargs))
+    commits = []
     if runtime.rank == 0:
         prepare_run_dir(out, config, resume)
+        commits = pin_corpus_and_commit(out, corpus.fingerprint, provenance()["commit"])
         log(f"corpus: {corpus.describe()}")
         log(f"device: {runtime.label}; processes: {runtime.world_size}; run directory: {out}")
     runtime.barrier()
@@ -91,6 +110,7 @@ def run(config: ExperimentConfig, out: Path, *, resume: bool = False, log=print)
     if runtime.rank != 0:
         return {}
     results = collect(config, rows, corpus, windows, out, runtime, trainings, time.perf_counter() - started)
+    results["commits"] = commits
     report.write_all(results, out)
     log("")
     log(report.terminal_table(results))
