@@ -208,5 +208,5 @@ def pretrained_lines(results: dict, compact: bool = False) -> list[str]:
     first, last = results["control"]["context"]
     return wrapped(sentences(results["comparisons"], "document", compact) + [
         "", f"The context control re-reads the document in windows: each target sees {first:,}–{last:,} tokens, not "
-            f"the model's whole {last:,}; how far that moves a difference to it is not measured, so no line above "
+            f"the model's whole {last:,}, so a difference to it is a difference to that reading, and no line above "
             "says a row uses more context than the model can read at once.", "", family_line(results)])
