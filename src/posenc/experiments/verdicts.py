@@ -40,15 +40,14 @@ def units_needed(family_size: int) -> int:
 
 
 def outcome(comparison: dict) -> str:
-    """VERDICT, CONSISTENT (corrected interval excludes zero, every unit has the mean's sign, but too few units for
-    part 2 of the rule to pass) or NONE, for a comparison of ``documents.correct``."""
+    """VERDICT, CONSISTENT or NONE, for a comparison of ``documents.correct``. CONSISTENT: no verdict, yet the
+    corrected interval excludes zero and every unit has the mean's sign. With every unit of one sign the sign-flip
+    p is its smallest, 2/2ⁿ, so such a comparison lacks a verdict only because its units are too few for part 2."""
     if comparison["verdict"]:
         return VERDICT
     low, high = comparison["corrected"]
-    differences = list(comparison["per_document"].values())
-    same_sign = all(d * comparison["mean"] > 0 for d in differences)
-    out_of_reach = comparison["comparisons"] * smallest_p(len(differences)) >= ALPHA
-    return CONSISTENT if not low <= 0 <= high and same_sign and out_of_reach else NONE
+    same_sign = all(d * comparison["mean"] > 0 for d in comparison["per_document"].values())
+    return CONSISTENT if not low <= 0 <= high and same_sign else NONE
 
 
 def parse_family(text: str) -> tuple[tuple[str, str, int | None], ...]:
