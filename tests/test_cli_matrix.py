@@ -46,6 +46,7 @@ RUNS = {
                     "1", "--lora", "2", "--export", "OUT/exported", "--device", "cpu", "--out", "OUT"],
     "extend --hf self-extend": ["extend", "--hf", "tiny", "--preset", "smoke", "--methods",
                                 "self-extend,longrope,string,dca", "--finetune", "none", "--documents", "2",
+                                "--draw", "seeded",
                                 "--dev-documents", "2", "--self-extend-window", "64", "--self-extend-group", "4",
                                 "--string-shift", "600", "--string-local", "64", "--search-population", "4",
                                 "--search-generations", "1", "--text", str(TEXT), "--out", "OUT"],

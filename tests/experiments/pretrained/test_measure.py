@@ -153,7 +153,7 @@ def test_long_documents_alternate_sources_longest_first_and_keep_the_first_token
                  "zed": b"z" * 19 + b"\xff"}
     asked = []
     monkeypatch.setattr(measure, "corpus_of", lambda text, corpus: asked.append((text, corpus)) or _corpus(documents))
-    config = SimpleNamespace(text="t.txt", corpus="x")
+    config = SimpleNamespace(text="t.txt", corpus="x", draw="longest", seed=0)
     got = long_documents(config, ByteTokens(), "test", 7, 20)
     assert asked == [("t.txt", "x")]
     # Each source in turn (names without a folder are one source), longest first, then by name
@@ -230,3 +230,23 @@ def test_load_model_builds_the_tiny_model_or_loads_one_with_its_tokenizer(monkey
     with pytest.raises(ValueError, match=r"^/models/b has no tokenizer \(tokenizer.json\); posenc extend --hf needs one$"):
         load_model(SimpleNamespace(model="/models/b", seed=0))
     assert loaded == ["/models/a"]
+
+
+def test_a_seeded_draw_shuffles_each_source_and_takes_at_most_half_from_one(monkeypatch):
+    documents = {f"kjv/{book}": bytes([65 + i]) * (30 + i) for i, book in enumerate("ABCDEFGH")}
+    documents.update({"std/a.py": b"a" * 40, "std/b.py": b"b" * 40, "pd/x": b"x" * 40})
+    monkeypatch.setattr(measure, "corpus_of", lambda text, corpus: _corpus(documents))
+
+    def drawn(count, seed=0, split="test", draw="seeded"):
+        config = SimpleNamespace(text=None, corpus="x", draw=draw, seed=seed)
+        return [d["file"] for d in long_documents(config, ByteTokens(), split, count, 20)]
+
+    six = drawn(6)
+    assert sum(f.startswith("kjv/") for f in six) == 3 and {"std/a.py", "std/b.py", "pd/x"} <= set(six)
+    assert drawn(6) == six and drawn(6, seed=1) != six and drawn(6, split="dev") != six  # seed and split decide
+    kjv = [f for f in drawn(6) if f.startswith("kjv/")]
+    assert kjv != ["kjv/H", "kjv/G", "kjv/F"]  # not longest first (seed 0 draws another order)
+    assert drawn(6, draw="longest")[:3] == ["kjv/H", "std/a.py", "pd/x"]  # the published order is kept
+    with pytest.raises(ValueError, match=r"has 6 documents of at least 20 tokens \(at most half from each source\); "
+                                         r"7 are needed"):
+        drawn(7)  # 3 of kjv at most, then std and pd run out

@@ -20,6 +20,7 @@ from ..presets import preset_values
 SCALING_METHODS = ("none", "pi", "ntk", "dynamic", "yarn", "llama3", "longrope")
 ATTENTION_METHODS = ("self-extend", "rerope", "string", "dca")  # the model's attention swapped through the registry
 HF_METHODS = SCALING_METHODS + ATTENTION_METHODS
+DRAWS = ("longest", "seeded")
 FINETUNE = ("none",) + tuple(m for m in MODES if m != "control")  # the control comes with pose
 
 HF_PRESETS: dict[str, dict] = {
@@ -59,6 +60,7 @@ class PretrainedConfig:
     methods: tuple[str, ...] = ("none", "yarn", "self-extend")
     corpus: str = "kjv,stdlib"  # named corpora (lm.corpora), unless --text
     documents: int = 16  # test documents: the first --to tokens of each, with keys planted for retrieval
+    draw: str = "longest"  # which long documents: longest first per source, or seeded (measure.long_documents)
     dev_documents: int = 4  # dev documents: choose the exported row
     bands: int = 4  # depth bands the planted keys are spread over
     keys_per_band: int = 2
@@ -106,6 +108,7 @@ class PretrainedConfig:
         if self.text is None:
             parse_corpora(self.corpus)
         checks.positive_int("--documents", self.documents, minimum=2)  # a paired t interval needs two
+        checks.choice("--draw", self.draw, DRAWS)
         checks.positive_int("--dev-documents", self.dev_documents)
         if self.bands * self.keys_per_band > len(LABELS):
             raise ValueError(f"--keys-per-band ({self.keys_per_band}) x {self.bands} bands is over the "

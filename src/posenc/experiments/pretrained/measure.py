@@ -145,7 +145,10 @@ def read_text_tokens(config: PretrainedConfig, tokens, split: str = "test", limi
 def long_documents(config: PretrainedConfig, tokens, split: str, count: int, length: int) -> list[dict]:
     """The first ``length`` tokens of ``count`` documents of ``split`` that are at least that long: one window per
     document (the unit every interval resamples), taken in turn from each source (the first path component of a
-    name that has one: "kjv/Genesis" is from kjv), longest first within a source. Returns [{"file", "start": 0, "ids" (length,) int64}]."""
+    name that has one: "kjv/Genesis" is from kjv). Within a source, ``config.draw`` orders them: "longest" first
+    (the published runs), or "seeded": a random order drawn from ``config.seed`` and the split, where no source
+    may give more than half of the documents when several do. Returns [{"file", "start": 0, "ids" (length,)
+    int64}]."""
     part = getattr(corpus_of(config.text, config.corpus), split)
     ends = list(part.starts[1:]) + [len(part.data)]
     by_source: dict[str, list[tuple[str, list[int]]]] = {}
@@ -154,14 +157,26 @@ def long_documents(config: PretrainedConfig, tokens, split: str, count: int, len
             ids = tokens.encode(bytes(part.data[start:end].tolist()).decode("utf-8", errors="replace"))
             if len(ids) >= length:
                 by_source.setdefault(name.split("/")[0] if "/" in name else "", []).append((name, ids))
-    queues = [sorted(documents, key=lambda d: (-len(d[1]), d[0])) for documents in by_source.values()]
+    queues = [_ordered(documents, config, split) for documents in by_source.values()]
+    if config.draw == "seeded" and len(queues) > 1:
+        queues = [queue[: count // 2] for queue in queues]
     documents = [queue[i] for i in range(max(map(len, queues), default=0)) for queue in queues if i < len(queue)]
     if len(documents) < count:
+        capped = " (at most half from each source)" if config.draw == "seeded" and len(queues) > 1 else ""
         raise ValueError(f"not enough long text: the {split} split has {len(documents)} documents of at least "
-                         f"{length:,} tokens; {count} are needed. Pass a --corpus or --text with more long "
+                         f"{length:,} tokens{capped}; {count} are needed. Pass a --corpus or --text with more long "
                          "documents, a smaller --to, or fewer --documents / --dev-documents")
     return [{"file": name, "start": 0, "ids": torch.tensor(ids[:length], dtype=torch.int64)}
             for name, ids in documents[:count]]
+
+
+def _ordered(documents: list[tuple[str, list[int]]], config: PretrainedConfig, split: str) -> list:
+    """One source's long documents, longest first (ties by name), or in a seeded random order."""
+    documents = sorted(documents, key=lambda d: (-len(d[1]), d[0]))
+    if config.draw == "longest":
+        return documents
+    generator = torch.Generator().manual_seed(config.seed * 1_000 + ("train", "dev", "test").index(split))
+    return [documents[i] for i in torch.randperm(len(documents), generator=generator).tolist()]
 
 
 @torch.no_grad()
