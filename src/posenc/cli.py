@@ -144,8 +144,8 @@ def _add_extend(commands) -> None:
 
 
 # Flags of one of extend's two modes, refused in the other rather than silently ignored.
-_HF_ONLY = ("to", "corpus", "documents", "dev_documents", "keys_per_band", "retrieval_format", "retrieval_tasks",
-            "task_questions", "task_size", "control_stride",
+_HF_ONLY = ("to", "corpus", "documents", "draw", "dev_documents", "keys_per_band", "retrieval_format",
+            "retrieval_tasks", "task_questions", "task_size", "control_stride",
             "finetune", "finetune_method", "finetune_window", "pose_chunks", "finetune_lr", "lora",
             "self_extend_window", "self_extend_group", "string_shift", "string_local", "export")
 _OWN_MODEL_ONLY = ("run_dir", "factor", "finetune_warmup", "finetune_lrs", "finetune_widenings", "from_scratch",

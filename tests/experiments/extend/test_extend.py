@@ -234,6 +234,7 @@ def test_a_damaged_checkpoint_in_the_run_is_named(smoke, tmp_path, capsys):
     (["--finetune-lrs", "1e-3,0.001"], "--finetune-lrs must not repeat a rate"),
     (["--factor", "16384"], "corpus too small"),
     (["--to", "1024"], "--to apply to a pretrained model: they need --hf"),
+    (["--draw", "seeded"], "--draw apply to a pretrained model: they need --hf"),
 ])
 def test_bad_input_fails_before_anything_runs(tmp_path, capsys, args, message):
     assert main(["extend", "--preset", "smoke", *args, "--out", str(tmp_path / "o")]) == 2
