@@ -22,7 +22,8 @@ from posenc.experiments.pretrained.measure import (ByteTokens, long_documents, p
 from posenc import hf
 from posenc.extension import retrieval
 from posenc.extension.retrieval import make_haystack
-from posenc.experiments.pretrained.stages import _check_against_model, plan_rows
+from posenc.experiments.pretrained.config import plan_rows
+from posenc.experiments.pretrained.stages import _check_against_model
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 ROWS = ["none", "yarn", "ntk", "self-extend", "yarn+pose", "yarn+control"]
@@ -412,7 +413,7 @@ def numbers(record) -> list:
 
 def test_a_run_pinned_before_a_field_existed_resumes_when_the_field_keeps_its_default(tmp_path):
     from posenc import storage
-    from posenc.experiments.pretrained.stages import _pin
+    from posenc.experiments.pretrained.pins import pin as _pin
 
     config = PretrainedConfig.from_preset("smoke", methods=("none", "string"))
     older = {k: v for k, v in config.to_dict().items() if k not in ("string_shift", "string_local")}
@@ -427,7 +428,7 @@ def test_a_run_pinned_before_wordings_were_calibrated_resumes_only_in_its_own_wo
     """Its finished files hold keys worded "The secret word for ...": auto could choose another wording for the
     rows still to measure, so resuming it asks for that wording by name."""
     from posenc import storage
-    from posenc.experiments.pretrained.stages import _pin
+    from posenc.experiments.pretrained.pins import pin as _pin
 
     config = PretrainedConfig.from_preset("smoke")
     older = {k: v for k, v in config.to_dict().items() if k != "retrieval_format"}
@@ -479,7 +480,7 @@ def test_a_resumed_run_keeps_its_corpus_and_lists_every_commit_that_measured(tmp
     """#54 item 5: a run's files may be measured over several commits (a resume) but never over two corpora (the
     2× run once read another Python's stdlib): the pin holds the corpus's fingerprint and the commits in order."""
     from posenc import storage
-    from posenc.experiments.pretrained.stages import _pin
+    from posenc.experiments.pretrained.pins import pin as _pin
 
     config = PretrainedConfig.from_preset("smoke")
     stdlib = {"source": "python3.11.7 stdlib", "sha256": "6542f7510a0b9f4f"}

@@ -335,7 +335,7 @@ def test_the_markdown_names_its_optional_sections_and_prints_the_exported_dict(m
 def test_the_quick_preset_has_the_documents_its_family_needs_for_a_verdict():
     """The quick look's family (each row against the control, the scaling's keys against none's) can pass the rule
     only with ``verdicts.units_needed`` documents; three, its size before, never could."""
-    from posenc.experiments.pretrained.stages import plan_rows
+    from posenc.experiments.pretrained.config import plan_rows
     from posenc.experiments.verdicts import units_needed
 
     config = PretrainedConfig.from_preset("quick")

@@ -152,3 +152,18 @@ class PretrainedConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def plan_rows(config: PretrainedConfig) -> dict[str, dict]:
+    """{row name: {"method": scaling method, "attention": "sdpa" or one of ``ATTENTION_METHODS``,
+    "finetune": mode}}."""
+    rows = {}
+    for method in config.methods:
+        extend = method in ATTENTION_METHODS
+        rows[method] = {"method": "none" if extend else method, "attention": method if extend else "sdpa",
+                        "finetune": None}
+    modes = {"none": (), "pose": ("pose", "control"), "full": ("full",)}[config.finetune]
+    for mode in modes:
+        rows[f"{config.finetune_method}+{mode}"] = {"method": config.finetune_method, "attention": "sdpa",
+                                                    "finetune": mode}
+    return rows

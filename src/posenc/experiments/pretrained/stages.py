@@ -22,7 +22,6 @@ rank 0 reads them all back into the results, which equal one process's.
 
 from __future__ import annotations
 
-import dataclasses
 import resource
 import time
 from pathlib import Path
@@ -39,32 +38,13 @@ from ...extension.self_extend import smallest_group, use_attention, use_self_ext
 from ...extension.shifted import farthest_distance as string_farthest, smallest_shift, use_string
 from ...lm.runtime import Runtime, provenance
 from . import keys, report
-from .config import ATTENTION_METHODS, PretrainedConfig
+from .config import PretrainedConfig, plan_rows
 from .measure import (TRAIN_BYTES, binned, corpus_of, load_model, long_documents, method_parameters, position_losses,
                       prefill, read_text_tokens, sliding_losses)
+from .pins import declared_family, pin
 from .share import Share
 
 LENGTH_DEPENDENT = ("dynamic", "longrope")  # frequencies change with the length: no shared retrieval cache
-# What a run pinned before a config field existed did instead of that field's default: its keys, planted before
-# wordings were calibrated, read "The secret word for ...", so resuming it needs --retrieval-format secret-word.
-BEFORE_THE_FIELD = {"retrieval_format": "secret-word"}
-
-
-def plan_rows(config: PretrainedConfig) -> dict[str, dict]:
-    """{row name: {"method": scaling method, "attention": "sdpa" or one of ``ATTENTION_METHODS``,
-    "finetune": mode}}."""
-    rows = {}
-    for method in config.methods:
-        extend = method in ATTENTION_METHODS
-        rows[method] = {"method": "none" if extend else method, "attention": method if extend else "sdpa",
-                        "finetune": None}
-    modes = {"none": (), "pose": ("pose", "control"), "full": ("full",)}[config.finetune]
-    for mode in modes:
-        rows[f"{config.finetune_method}+{mode}"] = {"method": config.finetune_method, "attention": "sdpa",
-                                                    "finetune": mode}
-    return rows
-
-
 def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Path | None = None,
         device: str = "auto", log=print) -> dict | None:
     """Measure (and fine-tune) every row, resumably; with ``export``, write the best row's model there."""
@@ -98,7 +78,7 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
         keys.haystack(tokens, test[0]["ids"], config.to, config, 0, wording)
     commits = [provenance()["commit"]]
     if runtime.rank == 0:
-        commits = _pin(out, config, resume, corpus_of(config.text, config.corpus).fingerprint, commits[0])
+        commits = pin(out, config, resume, corpus_of(config.text, config.corpus).fingerprint, commits[0])
     runtime.barrier()
     stages = {"load model and text": time.perf_counter() - began}
     log(f"model: {config.model} ({model.config.model_type}, context {original}, rope_theta {theta:g}); to "
@@ -319,60 +299,6 @@ def _export(model, tokens, results, pristine, out, folder, log) -> None:
     hf.export(model, best["rope_parameters"], folder, getattr(tokens, "tokenizer", None))
     log(f"exported {results['best_row']} (chosen on dev) to {folder} ({time.perf_counter() - started:.0f} s): "
         f"AutoModelForCausalLM.from_pretrained({str(folder)!r})")
-
-
-def _pin(out: Path, config: PretrainedConfig, resume: bool, corpus: dict | None = None,
-         commit: str | None = None) -> list:
-    """Pin the config, the corpus's fingerprint and the commits that measured in ``out``; a resumed run must match
-    the config, except where it only adds rows: other ``methods``, or fine-tuned rows added to a zero-shot run
-    (``--finetune`` where the pinned run had none), and must read the same corpus (a run pinned before corpora were
-    pinned takes this one's). Every finished measurement is a function of its row, document and the pinned fields,
-    so the files of the rows both runs share stay valid. Returns every commit that has measured for the run, in
-    order (this one last). ``first_rows``, the rows the first invocation planned, dates the run's family
-    (``declared_family``)."""
-    pinned = out / "config.json"
-    current = {"hf": config.to_dict(), "corpus": corpus, "commits": [commit], "first_rows": list(plan_rows(config))}
-    if pinned.exists():
-        if not resume:
-            raise ValueError(f"--out {out} already holds a run; pass --resume to continue it or choose another --out")
-        held = storage.read_json(pinned)
-        if corpus is not None and held.get("corpus") not in (None, corpus):
-            raise ValueError(f"--resume: {out} was measured on another corpus ({_corpus_name(held['corpus'])}, "
-                             f"not {_corpus_name(corpus)}); its measurements cannot be merged with this one's")
-        current["commits"] = [c for c in held.get("commits", []) if c != commit] + [commit]
-        current["first_rows"] = held.get("first_rows")  # None: pinned before families were declared
-        previous = held.get("hf", {})
-        adds_rows = {"methods", "preset"} | ({"finetune"} if previous.get("finetune") == "none" else set())
-        defaults = {field.name: field.default for field in dataclasses.fields(PretrainedConfig)}
-        defaults.update(BEFORE_THE_FIELD)  # a field newer than the run: what the run did then, else its default
-        was = {k: previous.get(k, defaults.get(k)) for k in current["hf"]}
-        changed = sorted(k for k, v in current["hf"].items() if k not in adds_rows and was[k] != v
-                         and not (isinstance(v, tuple) and was[k] == list(v)))
-        if changed:
-            raise ValueError(f"--resume: {out} was run with a different config (differs in {changed})")
-    elif resume:
-        raise ValueError(f"--resume: {out} holds no posenc extend --hf run (no config.json there); start one "
-                         f"with: posenc extend --hf {config.model} --out {out}")
-    storage.write_json(pinned, current)
-    return current["commits"]
-
-
-def declared_family(out: Path, rows: dict) -> dict:
-    """{"declared": when the comparisons of a run's ``rows`` were fixed, "exploratory"}: with its first invocation,
-    or (exploratory) after rows were added on --resume to a run whose earlier rows' results were known."""
-    first = storage.read_json(out / "config.json").get("first_rows")
-    if first is None:
-        return {"declared": "not recorded (the run was pinned before families were)", "exploratory": False}
-    added = [name for name in rows if name not in first]
-    if not added:
-        return {"declared": "before the run: extend --hf's fixed comparisons of the rows its first invocation planned",
-                "exploratory": False}
-    return {"declared": f"after results were seen: {', '.join(added)} joined on --resume a run whose earlier rows "
-                        "had been measured", "exploratory": True}
-
-
-def _corpus_name(fingerprint: dict) -> str:
-    return f"{fingerprint.get('source', '?')}, sha256 {str(fingerprint.get('sha256', '?'))[:12]}"
 
 
 def _search(model, text, config, factor, original, theta, out, log) -> dict:
