@@ -2,9 +2,10 @@
 # The GPU checks and tables in one call of a lent machine, each step time-boxed so a slow one cannot eat the rest.
 #   bash benchmarks/gpu.sh OUT_DIR [STEP...]    (no STEP: every step, in this order)
 # Steps: tests, sweep (the Triton tiles' settings, gpu_tiles_sweep.py), bench-auto, bench-flex, rope, rope-launch,
-# verify, long (the long-context table at (1, 16, 16,384, 64) then (4, 16, 4,096, 64), each row in its own process:
-# gpu-long.json, gpu-long.md); tests-tiles runs only the CUDA tests of the Triton tiles. Every step together takes
-# more than one call's 10 minutes: name the steps a call has time for.
+# verify, long (the long-context table at (1, 16, 16,384, 64), each row in its own process: gpu-long.json,
+# gpu-long.md), long-batch (the same at (4, 16, 4,096, 64), merged into gpu-long.json); tests-tiles runs only the
+# CUDA tests of the Triton tiles and of the dense paths by query blocks. Every step together takes more than one
+# call's 10 minutes: name the steps a call has time for (tests-tiles long long-batch fits one).
 # 1. tests/test_cuda.py (Triton RoPE, every backend and form forward and backward against float64 on the CPU, forms
 #    timed on the GPU, the tiny LM, extend --hf against the CPU); 2. `posenc bench` in bf16 on the auto backend (its
 #    forms timed at first use) for the bias encodings; 3. the same training step with FlexAttention forced; 4. RoPE
@@ -34,14 +35,14 @@ step() {  # step NAME SECONDS COMMAND...: run it time-boxed, then its exit, time
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import platform, torch, triton, transformers; print('python', platform.python_version(), 'torch',
 torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__)"
-  echo "commit ${POSENC_SOURCE_COMMIT:-$(git log -1 --format=%H 2>/dev/null) (this machine's git metadata)}"; } > "$log" 2>&1
+  echo "commit ${POSENC_SOURCE_COMMIT:-$(git log -1 --format=%H 2>/dev/null) (the git metadata sent along)}"; } > "$log" 2>&1
 
 wanted=${*:2}
 wanted=${wanted:-tests sweep bench-auto bench-flex rope rope-launch verify long}
 chosen() { [[ " $wanted " == *" $1 "* ]]; }
 
-chosen tests-tiles && step tests-tiles 45 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_cuda.py \
-    -k triton_tiles
+chosen tests-tiles && step tests-tiles 140 python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_cuda.py \
+    -k "triton_tiles or query_blocks"
 chosen tests && step tests 200 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_cuda.py
 chosen sweep && step sweep 150 python3 benchmarks/gpu_tiles_sweep.py
 chosen bench-auto && step bench-auto 130 python3 -m posenc bench --device cuda --dtype bfloat16 --tables training,memory,attention \
@@ -54,6 +55,10 @@ chosen rope && step rope 40 python3 -m posenc bench --device cuda --dtype bfloat
     --json "$out/bench-cuda-rope.json"
 chosen rope-launch && step rope-launch 30 python3 benchmarks/gpu_rope_probe.py
 chosen verify && step verify 70 python3 -m posenc verify --device cuda --json "$out/verify-cuda.json"
-chosen long && step long 270 python3 -m posenc bench --device cuda --dtype bfloat16 --tables long --rounds 5 \
-    --long-timeout 30 --long-json "$out/gpu-long.json" --markdown "$out/gpu-long.md"
+long() {  # long STEP SECONDS SHAPE: one shape's long table, merged into gpu-long.json
+    step "$1" "$2" python3 -m posenc bench --device cuda --dtype bfloat16 --tables long --long-shapes "$3" \
+        --rounds 5 --long-timeout 45 --long-json "$out/gpu-long.json" --markdown "$out/$1.md"
+}
+chosen long && long long 240 1x16x16384x64
+chosen long-batch && long long-batch 190 4x16x4096x64
 grep -a "^== \|passed\|failed" "$log"
