@@ -124,6 +124,36 @@ def test_each_documents_row_and_control_are_measured_on_that_document_and_the_cu
         assert results["finetune"][name]["curve"]["0"] == pytest.approx(before_training, abs=1e-5)
 
 
+def test_the_context_use_readers_are_filed_as_they_say(smoke):
+    """On the last test document, recomputed from the document: the long reader is the unscaled model's losses
+    inside the context (as the unscaled row's) and the control's past it; the short reader reads windows of a
+    quarter of the context advancing by an eighth; the summary counts the targets the two readers pick."""
+    from posenc.experiments.pretrained import context_use, keys
+    from posenc.experiments.pretrained.measure import load_model
+
+    out, results = smoke
+    config = PretrainedConfig.from_preset("smoke")
+    model, tokens = load_model(config)
+    model.set_attn_implementation("sdpa")
+    original, short = results["original_context"], context_use.short_context(results["original_context"])
+    document = long_documents(config, tokens, "test", 4, config.to)[3]
+    haystack = keys.haystack(tokens, document["ids"], config.to, config, 3, results["retrieval_format"])
+    ids = torch.tensor(haystack.ids)
+    long = context_use.load_losses(out, "control-test3")
+    assert torch.allclose(long[: original - 1], context_use.load_losses(out, "none-test3")[: original - 1], atol=1e-5)
+    assert torch.allclose(long[original - 1 :], sliding_losses(model, ids, original, config.control_stride,
+                                                               original - 1, config.chunk), atol=1e-5)
+    reader = context_use.load_losses(out, "short-test3")
+    assert torch.allclose(reader, sliding_losses(model, ids, short, short // 2, 0, config.chunk), atol=1e-5)
+    assert torch.allclose(context_use.load_losses(out, "yarn-test3")[original - 1 :][haystack.scored()[original - 1 :]]
+                          .mean(), torch.tensor(results["rows"]["yarn"]["test"][3]["past"]), atol=1e-5)
+    needed = context_use.needing_long_context(long, reader, haystack.scored(), original)
+    summary = results["context_use"]
+    assert summary["targets"]["past"][3] == int(needed[original - 1 :].sum())
+    assert summary["targets"]["inside"][3] == int(needed[: original - 1].sum())
+    assert list(summary["rows"]) == ROWS and summary["short"] == short
+
+
 def test_test_and_dev_documents_differ_each_window_inside_one_document(smoke):
     _, results = smoke
     test, dev = set(results["documents"]["test"]), set(results["documents"]["dev"])
@@ -392,9 +422,11 @@ def test_fine_tuning_under_torchrun_with_two_cpu_processes_matches_one(smoke, tm
         assert [w["past"] for w in got["rows"][name]["test"]] == pytest.approx(
             [w["past"] for w in want["rows"][name]["test"]], abs=1e-4), name
     # the measurements were split between the ranks, and rank 0 merged every one of them (the chosen format's two
-    # dev in-context files were made earlier, while every format was calibrated)
-    made = [int(n) for n in re.findall(r"rank \d: made (\d+) of 26 measurements", done.stdout)]
-    assert sorted(made) == [12, 12], done.stdout[-2000:]
+    # dev in-context files were made earlier, while every format was calibrated; four are the short reader's)
+    made = [int(n) for n in re.findall(r"rank \d: made (\d+) of 30 measurements", done.stdout)]
+    assert sorted(made) == [14, 14], done.stdout[-2000:]
+    assert got["context_use"]["targets"] == want["context_use"]["targets"] and numbers(got["context_use"]) == pytest.approx(
+        numbers(want["context_use"]), abs=1e-5)
     assert got["retrieval_format"] == want["retrieval_format"] and numbers(got["calibration"]) == pytest.approx(
         numbers(want["calibration"]), abs=1e-5)
     assert got["processes"] == 2 and got["best_row"] == want["best_row"]

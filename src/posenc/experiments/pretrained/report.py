@@ -18,6 +18,7 @@ from ...lm.runtime import provenance_line
 from ..documents import correct, paired, t_interval, wilson
 from ..tables import markdown_table, stage_rows, text_table
 from ..verdicts import exploratory, family_line, sentences
+from . import context_use
 
 MEASURES = ("first", "inside", "past")
 CONTROL = "context control"
@@ -246,8 +247,11 @@ def calibration_rows(results: dict) -> tuple[list[str], list[list[str]]]:
 
 def terminal_table(results: dict) -> str:
     differences = [[name, _difference(c)] for name, c in results["comparisons"].items()]
-    return "\n\n".join([title(results), text_table(*main_rows(results)), in_context_line(results),
-                         text_table(["paired difference over test documents", "a − b"], differences)])
+    parts = [title(results), text_table(*main_rows(results)), in_context_line(results),
+             text_table(["paired difference over test documents", "a − b"], differences)]
+    if results.get("context_use"):
+        parts += [text_table(*context_use.table_rows(results["context_use"]))]
+    return "\n\n".join(parts)
 
 
 def markdown(results: dict) -> str:
@@ -260,6 +264,10 @@ def markdown(results: dict) -> str:
     lines += ["", family_line(results)]
     lines += ["", "## Keys found by depth band (band 1: the start of the document, farthest from the question); in "
               "brackets the mean log-probability of the right word", ""] + markdown_table(*band_rows(results))
+    if results.get("context_use"):
+        lines += ["", "## Context use: loss on the targets that need the long context (mean [95% t] over documents)",
+                  "", context_use.description(results["context_use"]), ""]
+        lines += markdown_table(*context_use.table_rows(results["context_use"]))
     if results["config"].get("retrieval_tasks"):
         lines += ["", "## RULER's multi-value and variable-tracking questions, planted beside the keys (exact "
                   "lists, any order)", ""] + markdown_table(*task_rows(results))

@@ -37,7 +37,7 @@ from ...extension.search import Candidate, SearchConfig, search
 from ...extension.self_extend import smallest_group, use_attention, use_self_extend
 from ...extension.shifted import farthest_distance as string_farthest, smallest_shift, use_string
 from ...lm.runtime import Runtime, provenance
-from . import keys, report
+from . import context_use, keys, report
 from .config import PretrainedConfig, plan_rows
 from .measure import (TRAIN_BYTES, binned, corpus_of, load_model, long_documents, method_parameters, position_losses,
                       prefill, read_text_tokens, sliding_losses)
@@ -118,6 +118,8 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
     results = report.collect(config, model, original, factor, group, corpus, test, dev, measured, control,
                              in_context, tuned, stages)
     chosen_by = keys.CHOSEN_BY if len(formats) > 1 else "--retrieval-format"
+    results["context_use"] = context_use.summarise(out, list(rows), [h.scored() for h in haystacks], original,
+                                                   config.control_stride)
     results.update(retrieval_format=wording, calibration={"length": original // 2, "chosen_by": chosen_by,
                                                           "formats": calibration},
                    string_shift=shift, dca=dict(zip(("chunk_size", "local"), default_sizes(original)))
@@ -179,6 +181,10 @@ def _measure_all(model, tokens, rows, parameters, own, pristine, group, shift, t
     control = {"test": [_control(model, haystack, f"test{i}", config, original, out, share)
                         for i, haystack in enumerate(haystacks)]}
     stages["context control"] = time.perf_counter() - started
+    started = time.perf_counter()
+    for i, haystack in enumerate(haystacks):
+        _short_reader(model, haystack, f"test{i}", config, original, out, share)
+    stages["short reader (context use)"] = time.perf_counter() - started
     return measured, in_context, control
 
 
@@ -267,6 +273,7 @@ def _document(model, tokens, key: str, source, config, original: int, out: Path,
         scored = source.scored() if asking else torch.ones(ids.shape[0] - 1, dtype=torch.bool)
         record = _losses_record(losses, scored, config, original)
         if asking:
+            context_use.save_losses(out, key, losses)
             record["retrieval"] = retrieval.retrieve(model, source, tokens.encode, tokens.decode, cache=cache,
                                                      whole_prompt=whole_prompt)
         return record
@@ -278,14 +285,32 @@ def _control(model, haystack: retrieval.Haystack, key: str, config, original: in
              share: Share) -> dict | None:
     """The unscaled model past its context, re-reading: every target past the context is scored by a fresh read
     of the window that ends at its stride block's end, so it sees between ``original − control_stride + 1`` and
-    ``original`` tokens (``sliding_losses``); a needle's tokens are not scored, as in the rows."""
+    ``original`` tokens (``sliding_losses``); a needle's tokens are not scored, as in the rows. Filed with the
+    losses inside the context (one prefill of the first ``original`` tokens): the long reader of ``context_use``."""
     def measure() -> dict:
         ids = torch.tensor(haystack.ids, dtype=torch.int64)
         losses = sliding_losses(model, ids, original, config.control_stride, original - 1, config.chunk)
+        inside = position_losses(model, ids[:original], config.chunk, label="long reader, inside the context")
+        context_use.save_losses(out, f"control-{key}", torch.cat([inside, losses]))
         scored = haystack.scored()[original - 1 :]
         return {"past": losses.masked_fill(~scored, float("nan")).nanmean().item()}
 
     return share.measured(out / "measurements" / f"control-{key}.json", measure)
+
+
+def _short_reader(model, haystack: retrieval.Haystack, key: str, config, original: int, out: Path,
+                  share: Share) -> dict | None:
+    """The unscaled model reading only recent text (``context_use``'s short reader): windows of a quarter of
+    the context advancing by half that, every target from the window's start on."""
+    short = context_use.short_context(original)
+
+    def measure() -> dict:
+        ids = torch.tensor(haystack.ids, dtype=torch.int64)
+        losses = sliding_losses(model, ids, short, short // 2, 0, config.chunk)
+        context_use.save_losses(out, f"short-{key}", losses)
+        return {"targets": losses.shape[0]}
+
+    return share.measured(out / "measurements" / f"short-{key}.json", measure)
 
 
 def _export(model, tokens, results, pristine, out, folder, log) -> None:
