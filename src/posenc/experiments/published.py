@@ -22,7 +22,7 @@ from .. import storage
 from .extend import report as extend_report
 from .extend.collect import CONTROL
 from .extrapolate import report as extrapolate_report
-from .pretrained import layer_scaling
+from .pretrained import context_use, layer_scaling
 from .pretrained import report as pretrained_report
 from .tables import markdown_table
 from .tasks import report as tasks_report
@@ -51,6 +51,8 @@ TABLES: dict[str, Rows] = {
     "pretrained-bands": pretrained_report.band_rows,
     "pretrained-calibration": pretrained_report.calibration_rows,
     "pretrained-tasks": pretrained_report.task_rows,
+    "pretrained-context-use": lambda results: context_use.table_rows(
+        _required(results.get("context_use"), "pretrained-context-use", "was measured before context use")),
     "layer-scaling": layer_scaling.table_rows,
 }
 

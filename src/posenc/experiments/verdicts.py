@@ -117,7 +117,7 @@ def direction(name: str, mean: float) -> str:
     a, b = rows.split(" − ")
     if what.startswith(("loss", "bits")):
         return f"{a} {'lower' if mean < 0 else 'higher'} than {b}"
-    found = "keys" if what.startswith("keys") else what.split(" found")[0] + " answers"
+    found = what if what.endswith("keys") else "keys" if what.startswith("keys") else what.split(" found")[0] + " answers"
     return f"{a} finds {'more' if mean > 0 else 'fewer'} {found} than {b}"
 
 

@@ -71,7 +71,8 @@ def test_hf_smoke_writes_every_file_row_and_measure(smoke):
 def test_every_comparison_carries_its_documents_and_the_run_wide_correction(smoke):
     _, results = smoke
     family = results["comparisons"]
-    assert len(family) == 13 and all(c["comparisons"] == 13 for c in family.values())
+    assert len(family) == 18 and all(c["comparisons"] == 18 for c in family.values())
+    assert sum(name.startswith("farthest keys: ") for name in family) == len(ROWS) - 1  # every row but none
     for name, c in family.items():
         assert list(c["per_document"]) == results["documents"]["test"], name  # pairs stay pairs
         low, high = c["corrected"]
@@ -117,6 +118,12 @@ def test_each_documents_row_and_control_are_measured_on_that_document_and_the_cu
     asked = retrieval.retrieve(model, planted, tokens.encode, tokens.decode)
     assert [k["log_prob"] for k in asked] == pytest.approx([k["log_prob"] for k in results["in_context"]["test"][1]],
                                                            abs=1e-5)
+    far = results["in_context"]["far_length"]  # the far bands' counterpart: keys up to 15/16 of the context back
+    assert far == original - original // 16
+    planted = keys.haystack(tokens, test[2]["ids"][:far], far, config, 2, results["retrieval_format"])
+    asked = retrieval.retrieve(model, planted, tokens.encode, tokens.decode)
+    assert [k["log_prob"] for k in asked] == pytest.approx(
+        [k["log_prob"] for k in results["in_context"]["test_far"][2]], abs=1e-5)
     hf.apply_scaling(model, results["rows"]["yarn"]["rope_parameters"])
     dev = long_documents(config, tokens, "dev", 1, config.to)[0]["ids"]
     before_training = position_losses(model, dev, config.chunk)[original - 1 :].mean().item()
@@ -196,7 +203,8 @@ def test_the_retrieval_format_is_chosen_on_dev_at_half_the_context_and_worded_so
     assert len(set(scores.values())) == len(scores)  # the tiny model finds no key: log-probabilities decide
     files = sorted(p.name for p in (out / "measurements").glob("in-context-*"))
     assert files == sorted([f"in-context-dev{i}-{name}.json" for i in range(2) for name in retrieval.FORMATS]
-                           + [f"in-context-test{i}-{results['retrieval_format']}.json" for i in range(4)])
+                           + [f"in-context-{kind}test{i}-{results['retrieval_format']}.json" for i in range(4)
+                              for kind in ("", "far-")])
     # the calibration's number, asked by hand: the unscaled model on dev document 0's first 256 tokens
     config = PretrainedConfig.from_preset("smoke")
     model = tiny_llama(0, 512)
@@ -422,9 +430,10 @@ def test_fine_tuning_under_torchrun_with_two_cpu_processes_matches_one(smoke, tm
         assert [w["past"] for w in got["rows"][name]["test"]] == pytest.approx(
             [w["past"] for w in want["rows"][name]["test"]], abs=1e-4), name
     # the measurements were split between the ranks, and rank 0 merged every one of them (the chosen format's two
-    # dev in-context files were made earlier, while every format was calibrated; four are the short reader's)
-    made = [int(n) for n in re.findall(r"rank \d: made (\d+) of 30 measurements", done.stdout)]
-    assert sorted(made) == [14, 14], done.stdout[-2000:]
+    # dev in-context files were made earlier, while every format was calibrated; four are the short reader's and
+    # four the far in-context haystacks')
+    made = [int(n) for n in re.findall(r"rank \d: made (\d+) of 34 measurements", done.stdout)]
+    assert sorted(made) == [16, 16], done.stdout[-2000:]
     assert got["context_use"]["targets"] == want["context_use"]["targets"] and numbers(got["context_use"]) == pytest.approx(
         numbers(want["context_use"]), abs=1e-5)
     assert got["retrieval_format"] == want["retrieval_format"] and numbers(got["calibration"]) == pytest.approx(

@@ -26,7 +26,8 @@ def _row(method, attention, test_past, found, dev_past):
             "test": [_doc(p, f) for p, f in zip(test_past, found)], "dev": [_doc(p, 0, True) for p in dev_past]}
 
 
-def results(monkeypatch):
+def results(monkeypatch, far=None):
+    """The collected results of six documents; ``far``: the in-context far haystacks' records, where measured."""
     measured = {
         "none": _row("none", "sdpa", [3.0, 3.2, 3.1, 3.3, 3.0, 3.4], [2, 2, 2, 2, 2, 2], []),
         "yarn": _row("yarn", "sdpa", [2.5, 2.6, 2.7, 2.5, 2.6, 2.7], [2, 2, 1, 2, 2, 1], [2.9, 2.9, 2.9, 2.9]),
@@ -39,7 +40,8 @@ def results(monkeypatch):
     }
     control = {"test": [{"past": p} for p in [2.6, 2.7, 2.6, 2.8, 2.6, 2.8]]}
     in_context = {"test": [[{"band": b, "correct": True, "log_prob": -0.1} for b in range(4)]] * 6,
-                  "dev": [[{"band": b, "correct": b > 0, "log_prob": -0.2} for b in range(4)]] * 4}
+                  "dev": [[{"band": b, "correct": b > 0, "log_prob": -0.2} for b in range(4)]] * 4,
+                  **({"far_length": 480, "test_far": far} if far else {})}
     config = PretrainedConfig.from_preset("smoke", finetune="pose", methods="none,yarn,self-extend",
                                           keys_per_band=1)
     windows = [{"file": f} for f in FILES]
@@ -333,15 +335,35 @@ def test_the_markdown_names_its_optional_sections_and_prints_the_exported_dict(m
 
 
 def test_the_quick_preset_has_the_documents_its_family_needs_for_a_verdict():
-    """The quick look's family (each row against the control, the scaling's keys against none's) can pass the rule
-    only with ``verdicts.units_needed`` documents; three, its size before, never could."""
+    """The quick look's family (each row against the control, the scaling's keys against none's, its farthest keys
+    against the unscaled model's inside the context) can pass the rule only with ``verdicts.units_needed``
+    documents; three, its size before, never could."""
     from posenc.experiments.pretrained.config import plan_rows
     from posenc.experiments.verdicts import units_needed
 
     config = PretrainedConfig.from_preset("quick")
-    documents = [{"past": 1.0 + i / 10, "retrieval": [{"correct": i % 2 == 0}]} for i in range(config.documents)]
+    documents = [{"past": 1.0 + i / 10, "retrieval": [{"band": 0, "correct": i % 2 == 0}]}
+                 for i in range(config.documents)]
     rows = {name: {"test": documents} for name in plan_rows(config)}
     family = report.comparisons(rows, {"test": documents}, [f"d{i}" for i in range(config.documents)],
-                                config.finetune_method)
-    assert len(family) == 3 and config.documents >= units_needed(len(family)) == 7
+                                config.finetune_method, far=[d["retrieval"] for d in documents])
+    assert len(family) == 4 and config.documents >= units_needed(len(family)) == 8
     assert config.control_stride == PretrainedConfig.from_preset("default").control_stride  # one control
+
+
+def test_each_rows_farthest_keys_are_paired_with_the_unscaled_models_farthest_inside_the_context(monkeypatch):
+    """Band 0 only, per document: yarn answers band 0 in every document (found ≥ 1), the in-context far haystack
+    in the first three; none (found 2) is not compared, its far keys lie past what it can read."""
+    plain = results(monkeypatch)
+    assert not any(name.startswith("farthest") for name in plain["comparisons"])  # a run before it: as it was
+    far = [[{"band": b, "correct": i < 3 or b > 0, "log_prob": -0.1} for b in range(4)] for i in range(6)]
+    monkeypatch.setattr(report, "correct", lambda family: family)  # the raw pairs, before the correction
+    got = results(monkeypatch, far)
+    family = got["comparisons"]
+    assert [n for n in family if n.startswith("farthest")] == [
+        f"farthest keys: {name} − none in context" for name in ("yarn", "self-extend", "yarn+pose", "yarn+control")]
+    assert family["farthest keys: yarn − none in context"]["per_document"] == dict(zip(FILES, [0, 0, 0, 1, 1, 1]))
+    assert got["in_context"]["far_length"] == 480 and got["in_context"]["test_far_keys"]["by_band"][0] == 0.5
+    assert direction("farthest keys: yarn − none in context", 0.5) == "yarn finds more farthest keys than none in context"
+    assert direction("keys found: yarn − none", -0.5) == "yarn finds fewer keys than none"
+    assert direction("multi-value found: yarn − none", 0.5) == "yarn finds more multi-value answers than none"

@@ -18,6 +18,12 @@ CHOSEN_BY = (f"the first wording (in retrieval.CALIBRATION_ORDER) whose keys the
              f"{retrieval.CALIBRATION_BAR:.0%} on the dev documents at half its context; if none does, the most keys")
 
 
+def far_length(original: int) -> int:
+    """The longest in-context haystack: the context less a sixteenth for the question and its answer (7,680 of
+    8,192), so the farthest band's keys sit up to about 7.5k tokens before the question, inside the context."""
+    return original - original // 16
+
+
 def haystack(tokens, ids: torch.Tensor, length: int, config: PretrainedConfig, index: int,
              wording: str) -> retrieval.Haystack:
     """A document's first ``length`` tokens with ``bands × keys_per_band`` labelled keys planted in it, and the

@@ -22,6 +22,7 @@ from . import context_use
 
 MEASURES = ("first", "inside", "past")
 CONTROL = "context control"
+FAR = "none in context"  # the unscaled model's farthest keys inside its context (keys.far_length)
 
 
 def exportable(row: dict) -> bool:
@@ -65,9 +66,16 @@ def keys_cell(records: list[dict], bands: int) -> dict:
             "log_prob_by_band": [sum(r["log_prob"] for r in band) / len(band) if band else None for band in per_band]}
 
 
-def comparisons(rows: dict, control: dict, files: list[str], finetune_method: str, tasks=()) -> dict:
+def farthest_band(records: list[dict]) -> float:
+    """The share of a document's multi-key questions in band 0 (the start of the document) answered."""
+    return accuracy([r for r in of_task(records) if r["band"] == 0])
+
+
+def comparisons(rows: dict, control: dict, files: list[str], finetune_method: str, tasks=(), far=None) -> dict:
     """Every paired comparison of a run, corrected together: {"loss past: a − b" | "keys found: a − b" |
-    "<task> found: a − b" (for each of ``tasks``, the same pairs as the keys): ...}."""
+    "<task> found: a − b" (for each of ``tasks``, the same pairs as the keys) | "farthest keys: a − none in
+    context" (each row but the unscaled one: its farthest band's share per document against the unscaled model's
+    farthest band inside its context, ``far``: per test document its records; runs before it have none): ...}."""
     past = {name: [d["past"] for d in row["test"]] for name, row in rows.items()}
     past[CONTROL] = [d["past"] for d in control["test"]]
     found = {name: [accuracy(of_task(d["retrieval"])) for d in row["test"]] for name, row in rows.items()}
@@ -84,13 +92,19 @@ def comparisons(rows: dict, control: dict, files: list[str], finetune_method: st
     for task in tasks:
         right = {name: [accuracy(of_task(d["retrieval"], task)) for d in row["test"]] for name, row in rows.items()}
         family.update({f"{task} found: {a} − {b}": paired(right[a], right[b], files) for a, b in key_pairs})
+    if far is not None:
+        inside = [farthest_band(records) for records in far]
+        family.update({f"farthest keys: {name} − {FAR}": paired([farthest_band(d["retrieval"]) for d in row["test"]],
+                                                                 inside, files)
+                       for name, row in rows.items() if name != "none"})
     return correct(family)
 
 
 def collect(config, model, original, factor, group, corpus, test, dev, measured, control, in_context, tuned, stages
             ) -> dict:
-    """The results dict; ``corpus``: the fingerprint of the corpus the documents came from."""
-    files = [w["file"] for w in test]
+    """The results dict; ``corpus``: the fingerprint of the corpus the documents came from; ``in_context``: per
+    split its records, and where measured "far_length" and "test_far" (the farthest keys inside the context)."""
+    files, far = [w["file"] for w in test], in_context.get("test_far")
     rows = {}
     for name, row in measured.items():
         records = [k for d in row["test"] for k in d["retrieval"]]
@@ -113,8 +127,10 @@ def collect(config, model, original, factor, group, corpus, test, dev, measured,
                        **{f"{split}_keys": keys_cell(of_task([k for d in in_context[split] for k in d]), config.bands)
                           for split in ("test", "dev")},
                        "test_tasks": task_cells([k for d in in_context["test"] for k in d], config.retrieval_tasks,
-                                                 config.bands)},
-        "comparisons": comparisons(rows, control, files, config.finetune_method, config.retrieval_tasks),
+                                                 config.bands),
+                       **({"test_far_keys": keys_cell(of_task([k for d in far for k in d]), config.bands)} if far
+                          else {})},
+        "comparisons": comparisons(rows, control, files, config.finetune_method, config.retrieval_tasks, far),
         "finetune": tuned,
         "best_row": best, "chosen_by": chosen_by,
         "best_rope_parameters": rows[best]["rope_parameters"] if best else None,
@@ -193,6 +209,7 @@ def band_rows(results: dict) -> tuple[list[str], list[list[str]]]:
     ctx = results["in_context"]
     keyed = [(name, row["keys"]) for name, row in results["rows"].items()] + [
         (f"none, in context (first {ctx['length']:,})", ctx["test_keys"]),
+        *([(f"none, in context (first {ctx['far_length']:,})", ctx["test_far_keys"])] if "far_length" in ctx else []),
         ("none, in context, dev (calibration)", ctx["dev_keys"])]
     body = [[name] + ["—" if acc is None else f"{acc:.0%} ({lp:.1f})"
                       for acc, lp in zip(keys["by_band"], keys["log_prob_by_band"])] for name, keys in keyed]
@@ -224,6 +241,9 @@ def in_context_line(results: dict) -> str:
     ctx = results["in_context"]
     line = (f"In-context retrieval (the unscaled model, keys planted in the first {ctx['length']:,} tokens): test "
             f"{_keys(ctx['test_keys'])}, dev (calibration) {_keys(ctx['dev_keys'])}.")
+    if "far_length" in ctx:
+        line += (f" In the first {ctx['far_length']:,} tokens (the far bands' counterpart): test "
+                 f"{_keys(ctx['test_far_keys'])}, farthest band {ctx['test_far_keys']['by_band'][0]:.0%}.")
     calibration = results.get("calibration")  # runs before retrieval formats had one format only
     if calibration:
         asked = ", ".join(f"{name} {_keys(cell)}" for name, cell in calibration["formats"].items())

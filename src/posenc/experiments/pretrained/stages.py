@@ -176,6 +176,10 @@ def _measure_all(model, tokens, rows, parameters, own, pristine, group, shift, t
     in_context = {split: [keys.in_context(model, tokens, f"{split}{i}", w["ids"], half, config, out, i, wording,
                                           share) for i, w in enumerate(windows)]
                   for split, windows in (("test", test), ("dev", dev))}
+    far = keys.far_length(original)  # the farthest keys inside the context: the far bands' counterpart
+    in_context["far_length"] = far
+    in_context["test_far"] = [keys.in_context(model, tokens, f"far-test{i}", w["ids"], far, config, out, i, wording,
+                                              share) for i, w in enumerate(test)]
     stages["in-context retrieval (unscaled)"] = time.perf_counter() - started
     started = time.perf_counter()
     control = {"test": [_control(model, haystack, f"test{i}", config, original, out, share)
