@@ -37,7 +37,7 @@ def test_python_examples_run(page):
 
 def test_the_readme_links_every_docs_page_and_stays_short():
     text = README.read_text()
-    assert len(text.splitlines()) <= 250
+    assert len(text.splitlines()) < 150  # the front door; the record is in docs/
     missing = [page.name for page in PAGES if f"docs/{page.name}" not in text]
     assert not missing, f"the README does not link {missing}"
 

@@ -1,5 +1,5 @@
 """The verdict rule and its sentences: which comparisons may carry a verdict, which are only consistent, the
-family a tiny-model run declares, and the README's generated verdicts against their results files."""
+family a tiny-model run declares, and the generated verdicts of the results page against their results files."""
 
 import copy
 import json
@@ -128,8 +128,8 @@ def test_a_verdict_sentence_goes_when_its_interval_stops_excluding_zero(tmp_path
     assert published.stale([page]) == [page]
 
 
-def test_every_bold_verdict_in_the_readme_has_a_corrected_interval_off_zero():
-    text = (ROOT / "README.md").read_text()
+def test_every_bold_verdict_on_the_results_page_has_a_corrected_interval_off_zero():
+    text = (ROOT / "docs" / "results.md").read_text()
     bold = re.findall(r"^- \*\*.*?corrected \[([-+]\d\.\d+), ([-+]\d\.\d+)\]", text, flags=re.M)
     assert len(bold) >= 10
     assert all(not float(low) <= 0 <= float(high) for low, high in bold)
