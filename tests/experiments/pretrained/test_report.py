@@ -348,7 +348,8 @@ def test_the_quick_preset_has_the_documents_its_family_needs_for_a_verdict():
     family = report.comparisons(rows, {"test": documents}, [f"d{i}" for i in range(config.documents)],
                                 config.finetune_method, far=[d["retrieval"] for d in documents])
     assert len(family) == 4 and config.documents >= units_needed(len(family)) == 8
-    assert config.control_stride == PretrainedConfig.from_preset("default").control_stride  # one control
+    strides = {name: PretrainedConfig.from_preset(name).control_stride for name in ("quick", "default", "gpu")}
+    assert set(strides.values()) == {2048}  # one control for every SmolLM2 preset, at 1.5x and 2x alike
 
 
 def test_each_rows_farthest_keys_are_paired_with_the_unscaled_models_farthest_inside_the_context(monkeypatch):
