@@ -1,4 +1,4 @@
-"""Hand-made wrong versions of ``extend --hf``'s stages: each is one plausible bug, and each must fail the suite.
+"""Hand-made wrong versions of ``posenc pretrained``'s stages: each is one plausible bug, and each must fail the suite.
 
 mutmut cannot reach ``experiments/pretrained/stages.py`` in useful time (every one of its mutants would run the
 smoke pipeline), so these stand for the bugs a reviewer asks about: a number computed on the wrong split, pairs

@@ -1,5 +1,5 @@
 """Every flag in every command's ``--help`` runs end to end at smoke size, several per run: ``extrapolate`` with
-each ``--task``, ``extend``, ``extend --hf``, ``verify``, ``plot``, ``bench`` and ``report``. A new flag with no run here fails
+each ``--task``, ``extend``, ``pretrained``, ``verify``, ``plot``, ``bench`` and ``report``. A new flag with no run here fails
 ``test_every_flag_of_every_command_has_a_run``. Each run checks that its flags reached the results it wrote."""
 
 import json
@@ -38,13 +38,13 @@ RUNS = {
                             "--out", "OUT"],
     "extend --from-scratch": ["extend", "--preset", "smoke", "--from-scratch", "--text", str(TEXT), "--methods", "ntk",
                               "--finetune-steps", "1", "--out", "OUT"],
-    "extend --hf": ["extend", "--hf", "tiny", "--preset", "smoke", "--to", "1024", "--methods", "none,yarn",
+    "pretrained": ["pretrained", "tiny", "--preset", "smoke", "--to", "1024", "--methods", "none,yarn",
                     "--corpus", "stdlib", "--documents", "2", "--dev-documents", "2", "--keys-per-band", "1",
                     "--retrieval-format", "remember", "--retrieval-tasks", "multi-value,variable-tracking",
                     "--task-questions", "1", "--task-size", "2", "--control-stride", "256", "--finetune", "pose", "--finetune-method", "ntk", "--finetune-window",
                     "64", "--pose-chunks", "3", "--finetune-lr", "1e-3", "--finetune-steps", "2", "--finetune-batch",
                     "1", "--lora", "2", "--export", "OUT/exported", "--device", "cpu", "--out", "OUT"],
-    "extend --hf self-extend": ["extend", "--hf", "tiny", "--preset", "smoke", "--methods",
+    "pretrained self-extend": ["pretrained", "tiny", "--preset", "smoke", "--methods",
                                 "self-extend,longrope,string,dca", "--finetune", "none", "--documents", "2",
                                 "--draw", "seeded",
                                 "--dev-documents", "2", "--self-extend-window", "64", "--self-extend-group", "4",
@@ -61,7 +61,7 @@ RUNS = {
                             "2", "--long-timeout", "60", "--long-json", "OUT/long.json"],
     "report": ["report", "--check", str(Path(__file__).resolve().parents[1] / "README.md")],
 }
-RESUMED = ("extend",)  # run again with --resume: every stage read back, the same results
+RESUMED = ("extend", "pretrained self-extend")  # run again with --resume: every stage read back, the same results
 
 
 def command_flags() -> dict[str, list[tuple[str, ...]]]:
@@ -218,6 +218,6 @@ def _check_long_bench(out, run, printed):
 CHECKS = {"extrapolate --resume": _check_resumed, "extrapolate --compile": _check_compiled,
           "extrapolate --task copy": _check_copy, "extrapolate --task recall": _check_recall,
           "extend": _check_extend, "extend --from-scratch": _check_from_scratch,
-          "extend --only-seeds": _check_one_seed_of_two, "extend --hf": _check_hf,
-          "extend --hf self-extend": _check_self_extend, "verify": _check_verify, "plot": _check_plot,
+          "extend --only-seeds": _check_one_seed_of_two, "pretrained": _check_hf,
+          "pretrained self-extend": _check_self_extend, "verify": _check_verify, "plot": _check_plot,
           "bench": _check_bench, "bench --compile": _check_compiled_bench, "bench --tables long": _check_long_bench}

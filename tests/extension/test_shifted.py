@@ -82,7 +82,7 @@ def test_bad_options_are_one_line_errors(tmp_path, capsys):
         (["--methods", "string", "--string-shift", "700", "--string-local", "700"],
          "--string-local (700) must be below --string-shift (700)"),
     ]:
-        assert main(["extend", "--hf", "tiny", "--preset", "smoke", "--finetune", "none", "--out",
+        assert main(["pretrained", "tiny", "--preset", "smoke", "--finetune", "none", "--out",
                      str(tmp_path / "x"), *args]) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and message in err, err

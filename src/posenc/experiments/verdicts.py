@@ -1,7 +1,7 @@
 """Verdict sentences written from results, under one rule for the real-model and the tiny-model runs.
 
 **The rule.** A comparison a − b belongs to a *family*: the comparisons a run declares together (``extrapolate
---compare``, or the fixed set ``extend --hf`` makes). It carries a verdict only where both hold:
+--compare``, or the fixed set ``pretrained`` makes). It carries a verdict only where both hold:
 1. its Student t interval over the units (the documents of a real-model run, the seeds of a tiny-model run) at level
    1 − α/m, m the family's size (Bonferroni), excludes zero;
 2. its exact sign-flip p, Holm-corrected over the family, is below α.

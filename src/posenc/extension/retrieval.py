@@ -7,7 +7,7 @@ answer, scored by exact match of its first word (no substring credit), and the t
 the right word, which shows partial decay.
 
 The wording of a key and its question is a ``Format`` (``FORMATS``). Which one a model answers inside its own
-context is measured, not assumed: ``posenc extend --hf`` asks the unscaled model on dev documents at half its
+context is measured, not assumed: ``posenc pretrained`` asks the unscaled model on dev documents at half its
 context, format after format in ``CALIBRATION_ORDER``, until one reaches ``CALIBRATION_BAR`` (``--retrieval-format
 auto``), and plants the test keys in the best it asked (docs/pretrained.md has SmolLM2-135M's calibration). In every
 format the label is the last word before the answer. RULER's multi-value and variable-tracking questions

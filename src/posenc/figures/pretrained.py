@@ -1,4 +1,4 @@
-"""Figures of a ``posenc extend --hf`` results dict: loss by position (mean over documents), retrieval per row, and
+"""Figures of a ``posenc pretrained`` results dict: loss by position (mean over documents), retrieval per row, and
 the fine-tuning curve."""
 
 from __future__ import annotations

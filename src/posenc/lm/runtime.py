@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from .. import __version__
 
-#: how long a rank waits at a barrier: long measurements (extend --hf splits hours of them) end at one
+#: how long a rank waits at a barrier: long measurements (pretrained splits hours of them) end at one
 GROUP_TIMEOUT = timedelta(hours=6)
 
 

@@ -1,4 +1,4 @@
-"""Every documented ``extend --hf`` flag, end to end at smoke size (several per run): LoRA, full fine-tuning of
+"""Every documented ``posenc pretrained`` flag, end to end at smoke size (several per run): LoRA, full fine-tuning of
 another scaling, the length-dependent scalings (retrieval re-read per key), ReRoPE's and Self-Extend's options,
 the named corpora. --export and --resume run in test_pretrained.py."""
 
@@ -16,7 +16,7 @@ from posenc import hf
 
 def _run(tmp_path, *flags) -> dict:
     out = tmp_path / "run"
-    assert main(["extend", "--hf", "tiny", "--preset", "smoke", *flags, "--out", str(out)]) == 0
+    assert main(["pretrained", "tiny", "--preset", "smoke", *flags, "--out", str(out)]) == 0
     return json.loads((out / "results.json").read_text())
 
 

@@ -1,4 +1,4 @@
-"""``extend --hf``'s measurements on their own, on a tiny random Llama and a made-up corpus: the tokenizers, the
+"""``pretrained``'s measurements on their own, on a tiny random Llama and a made-up corpus: the tokenizers, the
 chunked prefill against the model's own logits, the bins, which documents are read, and the context control's
 sliding windows against a window-by-window oracle. Each would change if a token were dropped, a chunk misaligned,
 a window given one token of context more or less than it says, or a document taken out of turn."""
@@ -227,7 +227,7 @@ def test_load_model_builds_the_tiny_model_or_loads_one_with_its_tokenizer(monkey
     model, tokens = load_model(SimpleNamespace(model="/models/a", seed=0))
     assert model == "weights" and isinstance(tokens, HFTokens) and tokens.tokenizer == "tokenizer"
     monkeypatch.setattr(measure.hf, "load", lambda name: ("weights", None))
-    with pytest.raises(ValueError, match=r"^/models/b has no tokenizer \(tokenizer.json\); posenc extend --hf needs one$"):
+    with pytest.raises(ValueError, match=r"^/models/b has no tokenizer \(tokenizer.json\); posenc pretrained needs one$"):
         load_model(SimpleNamespace(model="/models/b", seed=0))
     assert loaded == ["/models/a"]
 

@@ -1,4 +1,4 @@
-"""``posenc extend --hf`` end to end on the smoke preset (a tiny random Llama over bytes): every row and file,
+"""``posenc pretrained`` end to end on the smoke preset (a tiny random Llama over bytes): every row and file,
 choose on dev / report on test, the exported folder, resume after SIGKILL, torchrun, and bad input."""
 
 import json
@@ -32,7 +32,7 @@ ROWS = ["none", "yarn", "ntk", "self-extend", "yarn+pose", "yarn+control"]
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("hf") / "run"
-    assert main(["extend", "--hf", "tiny", "--preset", "smoke", "--out", str(out),
+    assert main(["pretrained", "tiny", "--preset", "smoke", "--out", str(out),
                  "--export", str(out.parent / "exported")]) == 0
     return out, json.loads((out / "results.json").read_text())
 
@@ -230,7 +230,7 @@ def test_the_retrieval_format_is_chosen_on_dev_at_half_the_context_and_worded_so
 
 def test_a_named_retrieval_format_is_used_without_calibrating_the_others(tmp_path):
     out = tmp_path / "run"
-    assert main(["extend", "--hf", "tiny", "--preset", "smoke", "--methods", "none", "--finetune", "none",
+    assert main(["pretrained", "tiny", "--preset", "smoke", "--methods", "none", "--finetune", "none",
                  "--documents", "2", "--dev-documents", "1", "--retrieval-format", "remember", "--out", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())
     assert results["retrieval_format"] == "remember" and list(results["calibration"]["formats"]) == ["remember"]
@@ -308,7 +308,6 @@ def test_rows_follow_the_methods_and_the_finetune_mode():
     (["--lora", "0"], "--lora must be a rank >= 1"),
     (["--self-extend-group", "1"], "--self-extend-group must be an integer >= 2"),
     (["--self-extend-window", "1024"], "--self-extend-window (1024) must be below --to (1024)"),
-    (["--finetune-lrs", "1e-3", "--from-scratch"], "--finetune-lrs, --from-scratch apply to posenc's own models"),
     (["--finetune", "none", "--lora", "4"], "--lora apply to fine-tuning: add --finetune pose"),
     (["--finetune", "full", "--finetune-window", "32"], "--finetune-window apply to --finetune pose; --finetune full"),
     (["--methods", "none,yarn", "--self-extend-window", "16"], "--self-extend-window apply to the self-extend and"),
@@ -321,9 +320,33 @@ def test_rows_follow_the_methods_and_the_finetune_mode():
     (["--task-size", "3"], "--task-size apply to --retrieval-tasks: name multi-value or variable-tracking"),
 ])
 def test_bad_hf_input_is_one_line_before_any_work(tmp_path, capsys, args, message):
-    assert main(["extend", "--hf", "tiny", "--preset", "smoke", *args, "--out", str(tmp_path / "o")]) == 2
+    assert main(["pretrained", "tiny", "--preset", "smoke", *args, "--out", str(tmp_path / "o")]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_posenc_extends_own_models_flags_are_refused_by_name(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["pretrained", "tiny", "--preset", "smoke", "--finetune-lrs", "1e-3", "--from-scratch"])
+    assert exit.value.code == 2
+    assert "unrecognized arguments: --finetune-lrs 1e-3 --from-scratch" in capsys.readouterr().err
+
+
+def test_the_old_spelling_extend_hf_runs_the_pretrained_command_with_a_notice(tmp_path, capsys):
+    """``extend --hf MODEL`` (and ``--hf=MODEL``) is ``pretrained MODEL``, said in one line; ``extend`` without
+    it is still posenc's own models' command."""
+    from posenc.cli import _old_spelling
+
+    assert _old_spelling(["extend", "--preset", "smoke", "--hf", "tiny", "--to", "1024"]) == [
+        "pretrained", "tiny", "--preset", "smoke", "--to", "1024"]
+    assert _old_spelling(["extend", "--hf=smollm2"]) == ["pretrained", "smollm2"]
+    assert _old_spelling(["extend", "--factor", "2"]) == ["extend", "--factor", "2"]
+    assert _old_spelling(["verify", "--hf", "x"]) == ["verify", "--hf", "x"]
+    capsys.readouterr()
+    assert main(["extend", "--hf", "tiny", "--preset", "smoke", "--lora", "0", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["posenc: 'extend --hf' is now 'posenc pretrained MODEL'; running that",
+                   "posenc pretrained: error: --lora must be a rank >= 1 (leave it out for full fine-tuning), got 0"]
 
 
 def test_the_labels_a_document_holds_bound_the_tasks_at_their_edge():
@@ -352,14 +375,14 @@ def test_each_bound_against_the_models_context_holds_at_its_edge(field, edge, pa
 def test_not_enough_long_documents_says_how_many_there_are(tmp_path, capsys):
     text = tmp_path / "short.txt"
     text.write_text("x = 1\n" * 200)
-    assert main(["extend", "--hf", "tiny", "--preset", "smoke", "--text", str(text), "--out", str(tmp_path / "o")]) == 2
+    assert main(["pretrained", "tiny", "--preset", "smoke", "--text", str(text), "--out", str(tmp_path / "o")]) == 2
     assert "not enough long text: the test split has 0 documents of at least 1,024 tokens" in capsys.readouterr().err
 
 
 def test_export_refuses_a_folder_it_did_not_write_before_any_work(tmp_path, capsys):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")
-    assert main(["extend", "--hf", "tiny", "--preset", "smoke", "--out", str(tmp_path / "o"),
+    assert main(["pretrained", "tiny", "--preset", "smoke", "--out", str(tmp_path / "o"),
                  "--export", str(tmp_path / "mine")]) == 2
     assert "exists and was not written by posenc.hf.export" in capsys.readouterr().err
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me" and not (tmp_path / "o").exists()
@@ -368,7 +391,7 @@ def test_export_refuses_a_folder_it_did_not_write_before_any_work(tmp_path, caps
 def test_sigkill_then_resume_equals_the_uninterrupted_run(smoke, tmp_path):
     _, reference = smoke
     out = tmp_path / "killed"
-    command = [sys.executable, "-m", "posenc", "extend", "--hf", "tiny", "--preset", "smoke", "--out", str(out)]
+    command = [sys.executable, "-m", "posenc", "pretrained", "tiny", "--preset", "smoke", "--out", str(out)]
     process = subprocess.Popen(command, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     marker = out / "finetune" / "yarn+control" / "last.pt"  # killed inside the second fine-tune
     deadline = time.time() + 120
@@ -393,7 +416,7 @@ def test_sigkill_then_resume_equals_the_uninterrupted_run(smoke, tmp_path):
 def test_resume_adds_fine_tuned_rows_to_a_zero_shot_run_and_keeps_its_files(smoke, tmp_path, capsys):
     _, reference = smoke
     out = tmp_path / "grown"
-    base = ["extend", "--hf", "tiny", "--preset", "smoke", "--out", str(out)]
+    base = ["pretrained", "tiny", "--preset", "smoke", "--out", str(out)]
     assert main(base + ["--finetune", "none"]) == 0
     kept = out / "measurements" / "doc-self-extend-test0.json"
     stamp = kept.stat().st_mtime_ns
@@ -417,12 +440,12 @@ def test_fine_tuning_under_torchrun_with_two_cpu_processes_matches_one(smoke, tm
     _, reference = smoke
     torchrun = Path(sys.executable).with_name("torchrun")
     command = [str(torchrun if torchrun.exists() else "torchrun"), "--standalone", "--nproc_per_node", "2",
-               "-m", "posenc", "extend", "--hf", "tiny", "--preset", "smoke", "--methods", "none",
+               "-m", "posenc", "pretrained", "tiny", "--preset", "smoke", "--methods", "none",
                "--finetune-batch", "2", "--out", str(tmp_path / "ddp")]
     done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     single = tmp_path / "single"
-    assert main(["extend", "--hf", "tiny", "--preset", "smoke", "--methods", "none", "--finetune-batch", "2",
+    assert main(["pretrained", "tiny", "--preset", "smoke", "--methods", "none", "--finetune-batch", "2",
                  "--out", str(single)]) == 0
     got = json.loads((tmp_path / "ddp" / "results.json").read_text())
     want = json.loads((single / "results.json").read_text())

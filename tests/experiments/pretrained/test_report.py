@@ -1,4 +1,4 @@
-"""The numbers extend --hf's report computes, by hand: which split a choice reads, the sign of a difference,
+"""The numbers posenc pretrained's report computes, by hand: which split a choice reads, the sign of a difference,
 that pairs stay pairs, and what a verdict needs."""
 
 import json

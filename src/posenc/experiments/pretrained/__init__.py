@@ -1,4 +1,4 @@
-"""``posenc extend --hf``: measure, adapt and export a pretrained Hugging Face RoPE model past its context.
+"""``posenc pretrained``: measure, adapt and export a pretrained Hugging Face RoPE model past its context.
 
 ``config`` (presets, ``PretrainedConfig``, its rows), ``measure`` (loading the model, long-document windows per
 split, loss at every position in chunks, the sliding-context control), ``stages`` (fine-tuning, loss by position,

@@ -1,4 +1,4 @@
-"""What ``posenc extend --hf`` runs: its presets and its config, checked on construction.
+"""What ``posenc pretrained`` runs: its presets and its config, checked on construction.
 
 Rows are the zero-shot ``methods`` (scalings, ``self-extend``, ``rerope``, ``string`` and ``dca``) plus, with ``finetune``, the
 ``finetune_method`` scaling fine-tuned (``pose``: PoSE, and its control with plain ids; ``full``: full-length).

@@ -1,4 +1,4 @@
-"""Which targets need the long context, and how much of it each row of ``extend --hf`` uses (issue #54 item 4;
+"""Which targets need the long context, and how much of it each row of ``pretrained`` uses (issue #54 item 4;
 the idea of LongPPL, Fang et al. 2024: perplexity on the tokens that need long context).
 
 Two readers score every target of a test document, both the unscaled model inside its context:

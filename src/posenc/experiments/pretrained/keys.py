@@ -1,4 +1,4 @@
-"""Keys planted in the documents of ``extend --hf``: the haystacks every row is asked from, the unscaled model's
+"""Keys planted in the documents of ``pretrained``: the haystacks every row is asked from, the unscaled model's
 retrieval inside its context (the baseline every retrieval table shows), and the calibration that picks the
 wording of the keys (``retrieval.FORMATS``) on the dev documents, before any row is measured."""
 

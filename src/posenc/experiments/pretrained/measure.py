@@ -60,7 +60,7 @@ def load_model(config: PretrainedConfig):
         return tiny_llama(config.seed, TINY_CONTEXT), ByteTokens()
     model, tokenizer = hf.load(config.model)
     if tokenizer is None:
-        raise ValueError(f"{config.model} has no tokenizer (tokenizer.json); posenc extend --hf needs one")
+        raise ValueError(f"{config.model} has no tokenizer (tokenizer.json); posenc pretrained needs one")
     return model, HFTokens(tokenizer)
 
 

@@ -1,4 +1,4 @@
-"""What a ``posenc extend --hf`` run folder pins (``config.json``): the config, the corpus's fingerprint, every
+"""What a ``posenc pretrained`` run folder pins (``config.json``): the config, the corpus's fingerprint, every
 commit that measured for it, and the rows its first invocation planned, which date its family of comparisons. A
 resumed run must match them, except where it only adds rows."""
 
@@ -46,8 +46,8 @@ def pin(out: Path, config: PretrainedConfig, resume: bool, corpus: dict | None =
         if changed:
             raise ValueError(f"--resume: {out} was run with a different config (differs in {changed})")
     elif resume:
-        raise ValueError(f"--resume: {out} holds no posenc extend --hf run (no config.json there); start one "
-                         f"with: posenc extend --hf {config.model} --out {out}")
+        raise ValueError(f"--resume: {out} holds no posenc pretrained run (no config.json there); start one "
+                         f"with: posenc pretrained {config.model} --out {out}")
     storage.write_json(pinned, current)
     return current["commits"]
 

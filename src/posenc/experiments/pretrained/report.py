@@ -1,4 +1,4 @@
-"""Results of ``extend --hf``: the collected dict, tables, figures and rope_parameters.json.
+"""Results of ``pretrained``: the collected dict, tables, figures and rope_parameters.json.
 
 The unit is the document (``experiments.documents``). Per row: test means over documents (first tokens, inside the
 context, past it) with a 95% t interval; keys found at ``--to`` with a Wilson interval, by depth band. Comparisons

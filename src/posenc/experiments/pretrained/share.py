@@ -1,4 +1,4 @@
-"""Which measurements of ``extend --hf`` a process makes: one file per measurement, split between ``torchrun``'s
+"""Which measurements of ``pretrained`` a process makes: one file per measurement, split between ``torchrun``'s
 ranks, each written atomically so a killed run resumed with ``--resume`` loses no finished one."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``posenc extend --hf``: measure, adapt and export a pretrained Hugging Face RoPE model past its context.
+"""``posenc pretrained``: measure, adapt and export a pretrained Hugging Face RoPE model past its context.
 
 Rows: the zero-shot methods (each scaling at factor = ``--to`` / the model's context; ``self-extend`` and
 ``rerope`` through the attention registry) and, with ``--finetune``, the fine-tuned scaling (``pose`` adds its
