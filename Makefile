@@ -43,7 +43,7 @@ mutate: $(VENV)/.installed-test
 	$(PIP) install "mutmut>=3,<4"
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(VENV)/bin/mutmut run $(ARGS); $(VENV)/bin/mutmut results
 
-# Hand-made wrong versions of extend --hf's stages (tests/hand_mutants.py), where mutmut is too slow: each must
+# Hand-made wrong versions of posenc pretrained's stages (tests/hand_mutants.py), where mutmut is too slow: each must
 # fail tests/experiments/pretrained/test_pretrained.py. Not part of CI; about 10 minutes on 2 cores.
 hand-mutants: $(VENV)/.installed-test
 	$(VENV)/bin/python -m tests.hand_mutants

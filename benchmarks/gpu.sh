@@ -7,7 +7,7 @@
 # CUDA tests of the Triton tiles and of the dense paths by query blocks. Every step together takes more than one
 # call's 10 minutes: name the steps a call has time for (tests-tiles long long-batch fits one).
 # 1. tests/test_cuda.py (Triton RoPE, every backend and form forward and backward against float64 on the CPU, forms
-#    timed on the GPU, the tiny LM, extend --hf against the CPU); 2. `posenc bench` in bf16 on the auto backend (its
+#    timed on the GPU, the tiny LM, posenc pretrained against the CPU); 2. `posenc bench` in bf16 on the auto backend (its
 #    forms timed at first use) for the bias encodings; 3. the same training step with FlexAttention forced; 4. RoPE
 #    apply, the Triton kernel among the contenders, then its device time apart from its launch (gpu_rope_probe.py);
 #    5. `posenc verify --device cuda`.

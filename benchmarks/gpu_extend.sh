@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `posenc extend --hf smollm2` on a lent GPU, whose machine reaches no package registry and takes at most 64 MiB of
+# `posenc pretrained smollm2` on a lent GPU, whose machine reaches no package registry and takes at most 64 MiB of
 # working tree per call: the model (98 MB of GGUF, 90 MB as xz) goes over in two parts, so in two calls made
 # back to back while the machine is still warm.
 #   here:              bash benchmarks/gpu_extend.sh pack        # fills .gpu/ (git-ignored): wheels, data, model parts
@@ -42,7 +42,7 @@ setup)
 torch.__version__, 'transformers', transformers.__version__, transformers.__file__)"; } > "$out/setup.log" 2>&1
     # the smoke preset through the API on the CPU and on CUDA, every document's loss and key compared
     timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py -k extend_hf >> "$out/setup.log" 2>&1
-    echo "extend --hf on CUDA against the CPU: exit $?" >> "$out/setup.log"
+    echo "pretrained on CUDA against the CPU: exit $?" >> "$out/setup.log"
     tail -4 "$out/setup.log"
     ;;
 run)
@@ -55,7 +55,7 @@ run)
         IFS=: read -r name seconds flags <<< "$spec"
         start=$SECONDS
         # shellcheck disable=SC2086 - the flags are words
-        timeout "$seconds" python3 -m posenc extend --hf smollm2 --device $device --out "$work/$name" $flags \
+        timeout "$seconds" python3 -m posenc pretrained smollm2 --device $device --out "$work/$name" $flags \
             > "$work/$name.log" 2>&1
         echo "== $name: exit $? after $((SECONDS - start)) s (limit $seconds s)" | tee -a "$work/$name.log"
         tail -3 "$work/$name.log"

@@ -1,5 +1,5 @@
-"""Every flag in every command's ``--help`` runs end to end at smoke size, several per run: ``extrapolate`` with
-each ``--task``, ``extend``, ``pretrained``, ``verify``, ``plot``, ``bench`` and ``report``. A new flag with no run here fails
+"""Every flag in every command's ``--help`` runs end to end at smoke size, several per run: ``extrapolate``,
+``task`` (copy, recall), ``extend``, ``pretrained``, ``verify``, ``plot``, ``bench`` and ``report``. A new flag with no run here fails
 ``test_every_flag_of_every_command_has_a_run``. Each run checks that its flags reached the results it wrote."""
 
 import json
@@ -24,10 +24,13 @@ RUNS = {
                              "--out", "RUN", "--resume"],
     "extrapolate --compile": ["extrapolate", *SMALL, "--encodings", "rope", "--train-length", "16", "--eval-factors",
                               "1", "--eval-windows", "1", "--compile", "--out", "OUT"],
-    "extrapolate --task copy": ["extrapolate", "--task", "copy", *SMALL, "--encodings", "alibi,rope+randomized",
+    "extrapolate --lr-sweep-seeds": ["extrapolate", *SMALL, "--encodings", "rope", "--train-length", "16",
+                                     "--eval-factors", "1", "--eval-windows", "1", "--seeds", "2", "--lrs",
+                                     "1e-3,3e-3", "--lr-widenings", "0", "--lr-sweep-seeds", "1", "--out", "OUT"],
+    "task copy": ["task", "copy", *SMALL, "--encodings", "alibi,rope+randomized",
                                 "--train-length", "8", "--eval-factors", "1,2", "--seeds", "2", "--seed", "1",
                                 "--lrs", "1e-3,3e-3", "--lr-widenings", "0", "--lr-sweep-seeds", "1", "--out", "OUT"],
-    "extrapolate --task recall": ["extrapolate", "--task", "recall", *SMALL, "--encodings", "rope", "--train-length",
+    "task recall": ["task", "recall", *SMALL, "--encodings", "rope", "--train-length",
                                   "8", "--eval-factors", "1,2", "--out", "OUT"],
     "extend": ["extend", "--preset", "smoke", "--run", "RUN", "--factor", "2", "--methods", "pi,longrope",
                "--finetune-steps", "2", "--finetune-warmup", "1", "--finetune-batch", "2", "--finetune-lrs", "1e-3,3e-3", "--finetune-widenings",
@@ -61,7 +64,7 @@ RUNS = {
                             "2", "--long-timeout", "60", "--long-json", "OUT/long.json"],
     "report": ["report", "--check", str(Path(__file__).resolve().parents[1] / "README.md")],
 }
-RESUMED = ("extend", "pretrained self-extend")  # run again with --resume: every stage read back, the same results
+RESUMED = ("extend", "pretrained self-extend", "task recall")  # run again with --resume: every stage read back, the same results
 
 
 def command_flags() -> dict[str, list[tuple[str, ...]]]:
@@ -78,8 +81,7 @@ def test_every_flag_of_every_command_has_a_run():
                 for arg in argv + (["--resume"] if name in RESUMED else []) if arg.startswith("--")}
         missing += [f"{command} {options[0]}" for options in flags if not used & set(options)]
     assert not missing, f"flags with no run in tests/test_cli_matrix.py: {missing}"
-    tasks = {argv[argv.index("--task") + 1] for argv in RUNS.values() if "--task" in argv}
-    assert tasks | {"lm"} == {"lm", "copy", "recall"}
+    assert {argv[1] for argv in RUNS.values() if argv[0] == "task"} == {"copy", "recall"}
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +139,11 @@ def _check_copy(out, run, printed):
         assert list(row["rate_sweeps"][0]["scores"]) == ["0.001", "0.003"] and row["learning_rates"][0] in (1e-3, 3e-3)
         assert row["rate_sweeps"][1]["inherited_from"] == [1]  # seed 2 swept nothing: seed 1's rate
         assert row["learning_rates"][1] == row["learning_rates"][0]
+
+
+def _check_one_seed_sweeps(out, run, printed):
+    results = _json(out / "results.json")
+    assert results["config"]["lr_sweep_seeds"] == 1 and results["config"]["seeds"] == 2
 
 
 def _check_recall(out, run, printed):
@@ -216,7 +223,8 @@ def _check_long_bench(out, run, printed):
 
 
 CHECKS = {"extrapolate --resume": _check_resumed, "extrapolate --compile": _check_compiled,
-          "extrapolate --task copy": _check_copy, "extrapolate --task recall": _check_recall,
+          "task copy": _check_copy, "task recall": _check_recall,
+          "extrapolate --lr-sweep-seeds": _check_one_seed_sweeps,
           "extend": _check_extend, "extend --from-scratch": _check_from_scratch,
           "extend --only-seeds": _check_one_seed_of_two, "pretrained": _check_hf,
           "pretrained self-extend": _check_self_extend, "verify": _check_verify, "plot": _check_plot,

@@ -25,8 +25,6 @@ def _add_extrapolate(commands) -> None:
 def _run_extrapolate(args) -> int:
     if args.lr_widenings is not None and args.lrs is None:
         raise ValueError("--lr-widenings widens a grid of --lrs; give --lrs too")
-    if args.task != "lm":
-        return _run_task(args)
     from .experiments.extrapolate import ExperimentConfig, command, run
 
     config = ExperimentConfig.from_preset(args.preset, **command.overrides(args))
@@ -41,21 +39,24 @@ def _run_dir(args, pattern: str) -> Path:
     return args.out or Path("runs") / time.strftime(pattern)
 
 
-def _run_task(args) -> int:
-    from .experiments.tasks import TaskConfig, run
+def _add_task(commands) -> None:
+    from .experiments.tasks import command
 
-    if args.compare:
-        raise ValueError("--compare declares comparisons of bits per byte; --task reports exact match per row")
-    for flag in ("text", "eval_stride", "eval_windows", "compile"):
-        if getattr(args, flag) not in (None, False):
-            raise ValueError(f"--{flag.replace('_', '-')} is for --task lm; a synthetic task makes its own sequences")
-    overrides = {k: getattr(args, k) for k in (
-        "train_length", "eval_factors", "steps", "batch_size", "lr", "lrs", "lr_widenings", "lr_sweep_seeds", "dim",
-        "num_layers", "num_heads", "seeds", "seed", "device")}
-    if args.encodings not in ("default", "all"):
-        overrides["encodings"] = args.encodings
-    config = TaskConfig.from_preset(args.task, args.preset, **overrides)
-    run(config, _run_dir(args, f"{args.task}-%Y%m%d-%H%M%S"), resume=args.resume)
+    p = commands.add_parser(
+        "task", help="train tiny models on a synthetic task at one length, report exact match at 1x..8x",
+        description="Train a tiny model per row on copy or recall at --train-length and score exact match at "
+                    "multiples of it, where length generalisation is pass or fail (formerly posenc extrapolate "
+                    "--task).")
+    command.add_arguments(p)
+    p.set_defaults(run=_run_task)
+
+
+def _run_task(args) -> int:
+    from .experiments.tasks import command, run
+
+    if args.lr_widenings is not None and args.lrs is None:
+        raise ValueError("--lr-widenings widens a grid of --lrs; give --lrs too")
+    run(command.config_of(args), command.run_dir(args), resume=args.resume)
     return 0
 
 
@@ -141,16 +142,28 @@ def _run_pretrained(args) -> int:
 
 
 def _old_spelling(argv: list[str]) -> list[str]:
-    """``extend --hf MODEL ...`` (the spelling before ``pretrained`` was a command) as ``pretrained MODEL ...``."""
-    if not argv or argv[0] != "extend":
+    """The spellings from before ``pretrained`` and ``task`` were commands: ``extend --hf MODEL ...`` as
+    ``pretrained MODEL ...``, ``extrapolate --task copy ...`` as ``task copy ...`` (``--task lm``: dropped)."""
+    old = {"extend": ("--hf", "pretrained"), "extrapolate": ("--task", "task")}.get(argv[0] if argv else "")
+    taken = old and _take_flag(argv[1:], old[0])
+    if not taken:
         return argv
-    for i, arg in enumerate(argv):
-        if arg == "--hf" and i + 1 < len(argv) or arg.startswith("--hf="):
-            model = argv[i + 1] if arg == "--hf" else arg.split("=", 1)[1]
-            rest = argv[1:i] + argv[i + (2 if arg == "--hf" else 1):]
-            print("posenc: 'extend --hf' is now 'posenc pretrained MODEL'; running that", file=sys.stderr)
-            return ["pretrained", model, *rest]
-    return argv
+    value, rest = taken
+    if old[0] == "--task" and value == "lm":
+        return ["extrapolate", *rest]
+    named = "MODEL" if old[0] == "--hf" else value
+    print(f"posenc: '{argv[0]} {old[0]}' is now 'posenc {old[1]} {named}'; running that", file=sys.stderr)
+    return [old[1], value, *rest]
+
+
+def _take_flag(args: list[str], flag: str) -> tuple[str, list[str]] | None:
+    """(the value of ``flag`` — ``FLAG VALUE`` or ``FLAG=VALUE`` —, the other arguments), or None without it."""
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1], args[:i] + args[i + 2:]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1], args[:i] + args[i + 1:]
+    return None
 
 
 _DTYPES = ("float32", "bfloat16", "float64")
@@ -259,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="posenc", description="Positional encodings for transformers.")
     commands = parser.add_subparsers(dest="command", required=True)
     _add_extrapolate(commands)
+    _add_task(commands)
     _add_extend(commands)
     _add_pretrained(commands)
     _add_verify(commands)
@@ -268,8 +282,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _unknown_flags(parser: argparse.ArgumentParser, command: str, unknown: list[str]) -> None:
+    """Exit as argparse does on arguments no flag of ``command`` takes, naming the commands whose flags they are."""
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    flags = {arg.split("=", 1)[0] for arg in unknown if arg.startswith("--")}
+    owners = [name for name, sub in subparsers.choices.items() if name != command
+              and flags and flags <= {o for action in sub._actions for o in action.option_strings}]
+    hint = f" ({', '.join(sorted(flags))}: flags of posenc {' and posenc '.join(owners)})" if owners else ""
+    subparsers.choices[command].error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(_old_spelling(sys.argv[1:] if argv is None else list(argv)))
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(_old_spelling(sys.argv[1:] if argv is None else list(argv)))
+    if unknown:
+        _unknown_flags(parser, args.command, unknown)
     from .lm.runtime import provenance
 
     provenance()  # the commit and machine the work starts from, read before it runs (a run may outlast a commit)

@@ -1,5 +1,5 @@
-"""The commands' experiments, one sub-package per command: ``extrapolate/``, ``tasks/`` (``posenc extrapolate
---task``), ``extend/`` and ``pretrained/`` (``posenc pretrained``), each with its config, its stages and its
+"""The commands' experiments, one sub-package per command: ``extrapolate/``, ``tasks/`` (``posenc
+task``), ``extend/`` and ``pretrained/`` (``posenc pretrained``), each with its config, its stages and its
 report; beside them the pieces they share: ``presets`` (a preset plus the user's flags), ``tables`` (plain-text and
 Markdown tables), ``intervals`` (bootstrap and t intervals), ``documents`` (statistics over documents),
 ``rate_grid`` (a learning rate chosen on dev), ``verdicts`` (one rule for every verdict sentence), ``arguments``

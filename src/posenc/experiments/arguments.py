@@ -1,8 +1,10 @@
-"""Command-line value types the commands share: comma-separated lists, checked as argparse reads them."""
+"""What the commands' parsers share: comma-separated value types, checked as argparse reads them, and flags
+generated from a config dataclass's fields."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 
 
@@ -23,3 +25,27 @@ def comma_positive_floats(text: str) -> tuple[float, ...]:
     if not values or min(values) <= 0 or not all(math.isfinite(v) for v in values):
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers > 0, got {text!r}")
     return values
+
+
+#: a config field's annotation -> how its flag reads the value (optional fields by their first type)
+_FIELD_TYPES = {"int": int, "float": float, "str": str, "tuple[int, ...]": comma_ints,
+                "tuple[float, ...]": comma_positive_floats, "tuple[str, ...]": str}
+
+
+def add_config_flags(p: argparse.ArgumentParser, config_class, helps: dict[str, str],
+                     spellings: dict[str, str] | None = None) -> None:
+    """A flag per field of the dataclass ``config_class`` that ``helps`` describes, in its order: ``--field-name``
+    (or ``spellings[field]``), read as the field's type (a tuple comma-separated; a tuple of strings stays the
+    string the config parses), default None: the preset's value."""
+    fields = {f.name: f for f in dataclasses.fields(config_class)}
+    for name, text in helps.items():
+        kind = str(fields[name].type).split(" | ")[0]
+        if kind not in _FIELD_TYPES:
+            raise TypeError(f"{config_class.__name__}.{name}: no flag type for {kind!r}")
+        flag = (spellings or {}).get(name, "--" + name.replace("_", "-"))
+        p.add_argument(flag, dest=name, type=_FIELD_TYPES[kind], help=text)
+
+
+def given(args: argparse.Namespace, helps: dict[str, str]) -> dict:
+    """The config fields among ``helps`` whose flags were given."""
+    return {name: getattr(args, name) for name in helps if getattr(args, name) is not None}

@@ -1,4 +1,4 @@
-"""Figure of a ``posenc extrapolate --task`` results dict: exact match vs length, one line per row."""
+"""Figure of a ``posenc task`` results dict: exact match vs length, one line per row."""
 
 from __future__ import annotations
 

