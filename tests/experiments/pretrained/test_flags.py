@@ -65,3 +65,25 @@ def test_self_extend_options_and_the_bible(tmp_path):
     assert [d.split("/")[0] for d in got["documents"]["test"]] == ["kjv", "stdlib", "kjv"]  # sources in turn
     assert got["corpus"]["parts"]["kjv"]["file_is_pinned_release"]
     assert torch.tensor([d["past"] for d in got["rows"]["self-extend"]["test"]]).isfinite().all()
+
+
+def test_longropes_factors_are_searched_on_a_dev_document_never_a_test_one(tmp_path, monkeypatch):
+    """Pins the wrong version that scores LongRoPE's candidates on a test document: the search reads the first dev
+    document, and no test document's tokens."""
+    from posenc.experiments.pretrained import stages
+
+    searched = []
+
+    def search_recorded(model, text, config, factor, original, theta, out, log):
+        searched.append(text)
+        return {"rope_type": "longrope", "factor": factor, "original_max_position_embeddings": original,
+                "short_factor": [1.0] * 8, "long_factor": [factor] * 8, "rope_theta": theta}  # head_dim 16
+
+    monkeypatch.setattr(stages, "_search", search_recorded)
+    args = ["--methods", "none,longrope", "--finetune", "none", "--documents", "2", "--dev-documents", "2"]
+    assert main(["pretrained", "tiny", "--preset", "smoke", *args, "--out", str(tmp_path / "run")]) == 0
+    config = PretrainedConfig.from_preset("smoke", documents=2, dev_documents=2)
+    dev = long_documents(config, ByteTokens(), "dev", 2, config.to)
+    test = long_documents(config, ByteTokens(), "test", 2, config.to)
+    assert len(searched) == 1 and torch.equal(searched[0], dev[0]["ids"])
+    assert not any(torch.equal(searched[0], t["ids"]) for t in test)
