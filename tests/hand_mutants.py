@@ -48,6 +48,14 @@ MUTANTS = [
      '        started = time.perf_counter()\n        if row["finetune"]:'),
     ("Self-Extend's group ignored (ReRoPE measured instead)", STAGES,
      'group if row["attention"] == "self-extend" else None)', 'None)'),
+    ("the short reader reads the whole context", STAGES,
+     'sliding_losses(model, ids, short, short // 2, 0, config.chunk)',
+     'sliding_losses(model, ids, original, short // 2, 0, config.chunk)'),
+    ("the long reader inside the context reads its last quarter only", STAGES,
+     'inside = position_losses(model, ids[:original], config.chunk, label="long reader, inside the context")',
+     'inside = sliding_losses(model, ids[:original], original // 4, original // 4, 0, config.chunk)'),
+    ("the far in-context keys planted in half the context", STAGES,
+     '    far = keys.far_length(original)', '    far = original // 2'),
 ]
 
 
