@@ -1,13 +1,15 @@
-"""FIRE's offset table and Kerple's and FIRE's dtypes and messages: what the mutation run found unpinned
-(docs/mutation.md). The table must be the dense bias read along offsets, up to the query that reaches the
-threshold; a float64 module asked for float32 must compute in float32; each bad argument names itself."""
+"""FIRE: its offset table, dtypes, defaults and messages, what the mutation run found unpinned (docs/mutation.md).
+The table must be the dense bias read along offsets, up to the query that reaches the threshold; a float64 module
+asked for float32 must compute in float32; each bad argument names itself. Its values against the paper's formula:
+tests/test_oracles.py."""
 
 import pytest
 import torch
 
 import posenc
 from posenc.encodings.fire import FIRE
-from posenc.encodings.kerple import Kerple
+from tests.encodings.oracle_attention import HEADS, LENGTH, assert_attention_equals_oracle, qkv
+from tests.oracles import fire_bias_loop
 
 
 def fire(threshold: float = 64.0) -> FIRE:
@@ -43,10 +45,8 @@ def test_fire_offset_table_stops_at_the_query_that_reaches_the_threshold():
     assert encoding.offset_table(0, 10, 64, torch.device("cpu")) is None
 
 
-@pytest.mark.parametrize("build", [lambda: fire(), lambda: Kerple(3, "log").double(),
-                                   lambda: Kerple(3, "power").double()])
-def test_a_float64_module_asked_for_float32_computes_in_float32(build):
-    encoding = build()
+def test_a_float64_module_asked_for_float32_computes_in_float32():
+    encoding = fire()
     positions = torch.arange(40) * 1000  # offsets up to 39,000: float32 and float64 differ in their digits
     low = encoding.score_bias(positions, positions, torch.float32)
     high = encoding.score_bias(positions, positions, torch.float64)
@@ -58,7 +58,6 @@ def test_a_float64_module_asked_for_float32_computes_in_float32(build):
     (lambda: FIRE(0), "num_heads must be an integer >= 1, got 0"),
     (lambda: FIRE(2, width=0), "width must be an integer >= 1, got 0"),
     (lambda: FIRE(2, init_threshold=1.0), "init_threshold must be a number > 1.0, got 1.0"),
-    (lambda: Kerple(0), "num_heads must be an integer >= 1, got 0"),
     (lambda: posenc.build("fire", num_heads=2).score_bias(torch.zeros(1, 1, 4), torch.arange(4)),
      r"q_pos must have shape \(T,\) or \(B or 1, T\), got \(1, 1, 4\)"),
     (lambda: posenc.build("fire", num_heads=2).score_bias(torch.arange(4), torch.zeros(1, 1, 4)),
@@ -80,3 +79,28 @@ def test_fire_defaults_are_the_papers_and_its_repr_names_them():
     assert repr(encoding) == ("FIRE(\n  num_heads=4, width=32\n  (mlp): Sequential(\n    (0): Linear(in_features=1, "
                               "out_features=32, bias=True)\n    (1): ReLU()\n    (2): Linear(in_features=32, "
                               "out_features=4, bias=True)\n  )\n)")
+
+
+def test_fire_equals_the_papers_formula_and_interpolates_into_the_unit_interval():
+    torch.manual_seed(0)
+    enc = posenc.build("fire", num_heads=HEADS, width=5, init_threshold=4.0).double()
+    with torch.no_grad():
+        for parameter in enc.mlp.parameters():
+            parameter.normal_(0, 1.0)
+    first, second = enc.mlp[0], enc.mlp[2]
+    for start in (0, 2**20):
+        positions = list(range(start, start + LENGTH))
+        weights = [p.detach() for p in (first.weight, first.bias, second.weight, second.bias)]
+        bias = fire_bias_loop(positions, float(enc.log_scale.detach()), 4.0, *weights)
+        p = torch.tensor(positions)
+        assert_attention_equals_oracle(enc, bias, *qkv(), causal=True, q_positions=p, k_positions=p)
+    # every distance a query sees maps into [0, 1]; the farthest key of a late query to exactly 1
+    queries = torch.arange(100, 120)[None]
+    x = enc.interpolated_distance(queries, torch.arange(120)[None], torch.float64)
+    seen = x[0][torch.arange(120)[None, :] <= queries[0][:, None]].detach()
+    assert seen.min() == 0 and seen.max() == pytest.approx(1.0)
+
+
+def test_a_bad_constructor_argument_names_the_parameter():
+    with pytest.raises(ValueError, match="init_c must be"):
+        posenc.build("fire", num_heads=2, init_c=0.0)

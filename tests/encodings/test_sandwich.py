@@ -1,11 +1,16 @@
-"""Sandwich and xPos where mutation found their tests silent: the dtype each door returns, batch rows whose
-positions lie far apart (each row's angles formed about its own last query), the names in their messages."""
+"""Sandwich against a float64 loop written from the paper's bias (tests/oracles.py); the dtype each door
+returns, batch rows whose positions lie far apart (each row's angles formed about its own last query), the names in
+its messages."""
+
+import math
 
 import pytest
 import torch
 
+import posenc
 from posenc.encodings.sandwich import Sandwich
-from posenc.encodings.xpos import XPos
+from tests.encodings.oracle_attention import HEADS, LENGTH, assert_attention_equals_oracle, qkv
+from tests.oracles import sandwich_bias_loop
 
 FAR = 2**40  # float64 angles at this position carry an ulp of 2^-12: only offsets about a row's own origin stay exact
 
@@ -13,6 +18,18 @@ FAR = 2**40  # float64 angles at this position carry an ulp of 2^-12: only offse
 def far_apart_rows(length: int = 9) -> torch.Tensor:
     """(2, T): one row of positions from 0, one from 2^40."""
     return torch.stack((torch.arange(length), torch.arange(FAR, FAR + length)))
+
+
+def test_sandwich_equals_the_papers_bias_at_any_offset():
+    enc = posenc.build("sandwich", num_heads=HEADS, sinusoid_dim=16)
+    q, k, v = qkv()
+    bias = sandwich_bias_loop(list(range(LENGTH)), HEADS, 16)
+    for causal in (True, False):
+        assert_attention_equals_oracle(enc, bias, q, k, v, causal=causal)
+        far = torch.arange(2**20, 2**20 + LENGTH)  # angle addition about the last query: exact far out
+        assert_attention_equals_oracle(enc, bias, q, k, v, causal=causal, q_positions=far, k_positions=far)
+    positions = torch.arange(LENGTH)[None]
+    assert enc.score_bias(positions, positions, torch.float64)[0, :, 4, 4].abs().max() < 1e-12  # 0 at distance 0
 
 
 def test_sandwich_returns_the_dtype_asked_for_from_every_door():
@@ -51,20 +68,10 @@ def test_sandwich_names_the_positions_it_refuses():
         sandwich.score_bias(good, bad)
 
 
-def test_xpos_rotates_in_the_inputs_dtype_and_its_tables_in_float64():
-    xpos = XPos(8, scale_base=16.0)
-    assert xpos.decay().dtype == torch.float64 and xpos.decay(torch.float32).dtype == torch.float32
-    q = torch.randn(1, 2, 5, 8)
-    turned_q, turned_k = xpos.rotate(q, q, torch.arange(5)[None], torch.arange(5)[None])
-    assert turned_q.dtype == turned_k.dtype == torch.float32
-    # far out the tables are formed in float64 and only then rounded: float32 keeps its own precision
-    wide = xpos.rotate(q.double(), q.double(), torch.arange(FAR, FAR + 5)[None], torch.arange(FAR, FAR + 5)[None])
-    narrow = xpos.rotate(q, q, torch.arange(FAR, FAR + 5)[None], torch.arange(FAR, FAR + 5)[None])
-    for a, b in zip(narrow, wide):
-        torch.testing.assert_close(a.double(), b, rtol=0, atol=2e-6)
+def test_a_bad_constructor_argument_names_the_parameter():
+    with pytest.raises(ValueError, match="sinusoid_dim must be an even integer"):
+        posenc.build("sandwich", num_heads=2, sinusoid_dim=7)
 
 
-def test_xpos_keys_are_recomputed_per_call_and_its_repr_names_its_settings():
-    xpos = XPos(8, base=500.0, layout="interleaved", scale_base=16.0)
-    assert xpos.length_dependent is True  # its origin moves with the queries: caches keep keys unrotated
-    assert repr(xpos) == "XPos(head_dim=8, layout='interleaved', base=500.0, scale_base=16.0)"
+def test_sandwich_never_takes_its_channel_form_on_the_cpu():
+    assert math.isinf(posenc.build("sandwich", num_heads=2).cpu_channels_from_keys)
