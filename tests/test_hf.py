@@ -12,18 +12,18 @@ import importlib.util
 import json
 import math
 import re
+import os
+import stat
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+import transformers
 
 import posenc
 from posenc import hf
 from posenc.experiments.pretrained.measure import position_losses
-import os
-import stat
-import transformers
 from tests.test_hf_families import COMMON, tiny as family_tiny
 
 

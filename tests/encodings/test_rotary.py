@@ -16,9 +16,9 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as lla
 
 import posenc
 from posenc.encodings import apply_rope
-from tests.oracles import naive_attention, rotate_pairs
 from posenc.encodings.rotary import RoPE
 from posenc.kernels import rope_cos_sin, rotate_pairs as kernel_rotate_pairs
+from tests.oracles import naive_attention, rotate_pairs
 
 
 def rope(head_dim=8, **kwargs):

@@ -5,6 +5,8 @@ Self-Extend's fronts at their edges: explicit positions, scale and mask through 
 front's own scale, additive masks, position check and logit factor; the bounds and names of the helpers.
 """
 
+import copy
+
 import pytest
 import torch
 
@@ -14,10 +16,9 @@ from posenc.kernels.two_scores import two_score_attention
 from posenc.extension.self_extend import (_rotated_attention, farthest_distance, grouped, grouped_positions,
                                           self_extend_attention, smallest_group, use_attention, use_self_extend)
 from posenc.experiments.pretrained.measure import tiny_llama
+from posenc.extension.self_extend import check_self_extend, use_two_positions
 from tests.helpers import decoded_logits
 from tests.oracles import self_extend_loop
-import copy
-from posenc.extension.self_extend import check_self_extend, use_two_positions
 
 
 T, DH = 23, 8

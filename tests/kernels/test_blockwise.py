@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 import posenc
 from posenc.kernels import blockwise, dispatch
 from posenc.verify import tolerance
+from posenc.kernels import band
 from tests.kernels.test_channels import CASES, assert_all_close, outputs_and_grads, tensors
 from tests.helpers import kernel_calls, make_encoding
-from posenc.kernels import band
 
 
 def reference(q, k, v, bias, q_channels, k_channels, scale):
