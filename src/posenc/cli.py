@@ -7,7 +7,6 @@ import sys
 import time
 from pathlib import Path
 
-from .experiments.arguments import comma_ints, comma_positive_floats
 
 
 def _add_extrapolate(commands) -> None:
@@ -61,7 +60,8 @@ def _run_task(args) -> int:
 
 
 def _add_extend(commands) -> None:
-    from .experiments.extend import EXTEND_METHODS, PRESETS
+    from .experiments.extend import command
+
     p = commands.add_parser(
         "extend", help="stretch a trained RoPE model to N× its length: zero-shot, fine-tuned, LongRoPE-searched",
         description="Extend a RoPE model trained by posenc extrapolate (trained here when no --run is given) to "
@@ -70,53 +70,14 @@ def _add_extend(commands) -> None:
                     "factors and export them as rope_parameters.json. A pretrained Hugging Face model: posenc "
                     "pretrained.",
     )
-    p.add_argument("--preset", default="default", choices=sorted(PRESETS), help="sizes (default: default)")
-    p.add_argument("--run", "--run-dir", dest="run_dir", type=Path,
-                   help="a finished posenc extrapolate run whose RoPE (and ALiBi) checkpoints to use "
-                        "(under torchrun spell it --run-dir: torchrun reads --run as its own --run-path)")
-    p.add_argument("--factor", type=float, help="target length / training length (default 8)")
-    p.add_argument("--methods", help=f"comma list of: {', '.join(EXTEND_METHODS)} (default pi,ntk,yarn,longrope)")
-    p.add_argument("--finetune-steps", type=int, help="fine-tuning steps at the target length (0: zero-shot only)")
-    p.add_argument("--finetune-warmup", type=int, help="warm-up steps per fine-tune (default: the preset's share "
-                                                       "of --finetune-steps, a tenth for default)")
-    p.add_argument("--finetune-batch", type=int, help="windows per fine-tuning step")
-    p.add_argument("--finetune-lrs", type=comma_positive_floats,
-                   help="fine-tuning peak learning rates to sweep; each row keeps the one best on dev windows "
-                        "(default 1e-4,3e-4,1e-3; one rate: no sweep)")
-    p.add_argument("--finetune-widenings", type=int,
-                   help="rates a row may add, one grid step at a time, past the grid's edge while its best rate "
-                        "sits there (default 2; 0: the grid as given)")
-    p.add_argument("--seeds", type=int, help="repeat base models, search and fine-tuning with this many seeds "
-                                             "(default 1)")
-    p.add_argument("--only-seeds", type=comma_ints,
-                   help="with --run: do only these of the --seeds seeds' stages and stop before the tables, so two "
-                        "processes can share a run's seeds; then --resume without it writes the tables")
-    p.add_argument("--search-population", type=int, help="LongRoPE search: candidates per generation (>= 4)")
-    p.add_argument("--search-generations", type=int, help="LongRoPE search: generations")
-    p.add_argument("--search-windows", type=int, help="LongRoPE search: dev windows scoring each candidate")
-    p.add_argument("--sweep-windows", type=int, help="dev windows of the target length choosing the fine-tuning rate")
-    p.add_argument("--curve-windows", type=int, help="test windows of the target length scored along fine-tuning")
-    p.add_argument("--from-scratch", action="store_true", default=None,
-                   help="also train RoPE at the target length with the pretraining budget (the ceiling)")
-    p.add_argument("--eval-stride", type=int, help="sliding-window evaluation with this stride (default: non-overlapping)")
-    p.add_argument("--text", help="a text file or folder instead of the embedded stdlib corpus (without --run)")
-    p.add_argument("--out", type=Path, help="run directory (default: runs/extend-<timestamp>)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished stages")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="auto: CUDA when present (bf16 autocast)")
+    command.add_arguments(p)
     p.set_defaults(run=_run_extend)
 
 
 def _run_extend(args) -> int:
-    from .experiments.extend import ExtendConfig, run
+    from .experiments.extend import command, run
 
-    overrides = {k: getattr(args, k) for k in (
-        "factor", "methods", "finetune_steps", "finetune_warmup", "finetune_batch", "finetune_lrs",
-        "finetune_widenings", "search_population", "search_generations", "search_windows", "sweep_windows",
-        "curve_windows", "seeds", "from_scratch", "eval_stride")}
-    config = ExtendConfig.from_preset(args.preset, **overrides)
-    if args.run_dir is not None and args.text is not None:
-        raise ValueError("--text trains new base models; with --run the run's own corpus is used")
-    run(config, _run_dir(args, "extend-%Y%m%d-%H%M%S"), run_dir=args.run_dir, text=args.text, device=args.device,
+    run(command.config_of(args), command.run_dir(args), run_dir=args.run_dir, text=args.text, device=args.device,
         resume=args.resume, only_seeds=args.only_seeds)
     return 0
 

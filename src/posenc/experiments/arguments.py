@@ -36,14 +36,18 @@ def add_config_flags(p: argparse.ArgumentParser, config_class, helps: dict[str, 
                      spellings: dict[str, str] | None = None) -> None:
     """A flag per field of the dataclass ``config_class`` that ``helps`` describes, in its order: ``--field-name``
     (or ``spellings[field]``), read as the field's type (a tuple comma-separated; a tuple of strings stays the
-    string the config parses), default None: the preset's value."""
+    string the config parses; a bool is a switch), default None: the preset's value."""
     fields = {f.name: f for f in dataclasses.fields(config_class)}
     for name, text in helps.items():
-        kind = str(fields[name].type).split(" | ")[0]
-        if kind not in _FIELD_TYPES:
+        annotation = fields[name].type  # a string under ``from __future__ import annotations``
+        kind = (annotation.__name__ if isinstance(annotation, type) else str(annotation)).split(" | ")[0]
+        if kind not in _FIELD_TYPES and kind != "bool":
             raise TypeError(f"{config_class.__name__}.{name}: no flag type for {kind!r}")
         flag = (spellings or {}).get(name, "--" + name.replace("_", "-"))
-        p.add_argument(flag, dest=name, type=_FIELD_TYPES[kind], help=text)
+        if kind == "bool":  # a switch: given, True; left out, the preset's
+            p.add_argument(flag, dest=name, action="store_true", default=None, help=text)
+        else:
+            p.add_argument(flag, dest=name, type=_FIELD_TYPES[kind], help=text)
 
 
 def given(args: argparse.Namespace, helps: dict[str, str]) -> dict:

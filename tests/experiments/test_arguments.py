@@ -1,0 +1,66 @@
+"""The commands' shared parsing: comma lists checked as argparse reads them, and flags generated from a config
+dataclass's fields (their type, spelling and default, a switch for a bool, a field type with no reader refused)."""
+
+import argparse
+from dataclasses import dataclass
+
+import pytest
+
+from posenc.experiments.arguments import add_config_flags, comma_ints, comma_positive_floats, given
+
+
+@dataclass(frozen=True)
+class Sample:
+    steps: int = 3
+    group: int | None = None
+    rate: float = 0.1
+    rates: tuple[float, ...] = (0.1,)
+    lengths: tuple[int, ...] = (1, 2)
+    methods: tuple[str, ...] = ("a",)
+    name: str = "x"
+    fast: bool = False
+    silent: int = 0  # no help: the presets' alone
+
+
+HELP = {name: f"the {name}" for name in ("steps", "group", "rate", "rates", "lengths", "methods", "name", "fast")}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    add_config_flags(p, Sample, HELP, {"group": "--groups"})
+    return p
+
+
+def test_each_described_field_is_a_flag_read_as_its_type_and_absent_ones_stay_the_presets():
+    args = parser().parse_args(["--steps", "4", "--groups", "2", "--rate", "0.5", "--rates", "1e-3,3e-3",
+                                "--lengths", "1,2,4", "--methods", "a,b", "--name", "y", "--fast"])
+    assert given(args, HELP) == {"steps": 4, "group": 2, "rate": 0.5, "rates": (1e-3, 3e-3), "lengths": (1, 2, 4),
+                                 "methods": "a,b", "name": "y", "fast": True}
+    assert given(parser().parse_args([]), HELP) == {}  # nothing given: every field the preset's
+    assert "--silent" not in parser().format_help() and "the rates" in parser().format_help()
+
+
+@pytest.mark.parametrize("argv", [["--steps", "x"], ["--rates", "0,1"], ["--lengths", "1,b"], ["--silent", "1"],
+                                  ["--fast", "1"]])
+def test_a_value_of_the_wrong_type_or_a_field_without_a_flag_is_an_argument_error(argv, capsys):
+    with pytest.raises(SystemExit):
+        parser().parse_args(argv)
+    assert "error:" in capsys.readouterr().err
+
+
+def test_a_field_type_with_no_reader_is_refused_when_the_parser_is_built():
+    @dataclass
+    class Odd:
+        table: dict | None = None
+
+    with pytest.raises(TypeError, match=r"Odd.table: no flag type for 'dict'"):
+        add_config_flags(argparse.ArgumentParser(), Odd, {"table": "a table"})
+
+
+def test_comma_lists_are_read_and_checked():
+    assert comma_ints("1,2,4") == (1, 2, 4) and comma_positive_floats("1e-3, 3e-3") == (1e-3, 3e-3)
+    for text in ("", "0", "-1e-3", "nan", "inf", "x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            comma_positive_floats(text)
+    with pytest.raises(argparse.ArgumentTypeError):
+        comma_ints("1.5")
