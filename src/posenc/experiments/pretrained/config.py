@@ -31,9 +31,9 @@ HF_PRESETS: dict[str, dict] = {
                   curve_points=3, self_extend_window=32),
     # SmolLM2-135M on the 2-core CPU, a first look that can answer: the unscaled model and YaRN at 1.5x its 8k
     # context on 8 documents, the fewest with which its family of 4 can pass Holm's level (verdicts.units_needed),
-    # with the default's control (6,145-8,192 tokens), one key per band. 7 documents (a family of 3, before the
-    # farthest keys joined it) took 23 min on a 2-core EPYC, with two verdicts (the unscaled model's collapse,
-    # YaRN's keys). 1.25x took 16 min, but there the unscaled model loses hundredths.
+    # with the default's control (6,145-8,192 tokens), one key per band, the far keys and context use: 52 min on
+    # a 2-core EPYC whose cores other work shared (7 documents without them: 23 min alone), two verdicts (the
+    # unscaled model's collapse, YaRN's keys). 1.25x took 16 min, but there the unscaled model loses hundredths.
     "quick": dict(model="smollm2", to=12288, methods=("none", "yarn"), corpus="kjv,stdlib",
                   documents=8, dev_documents=2, bands=4, keys_per_band=1, bins=24, chunk=2048, first_tokens=2048,
                   control_stride=2048, finetune="none", self_extend_window=4096),
