@@ -116,3 +116,11 @@ def raising_on_call(function, call: int, error: type[BaseException] = KeyboardIn
         return function(*args, **kwargs)
 
     return counted
+
+
+def failure_text(stderr: str, chars: int = 3000) -> str:
+    """A failed subprocess's stderr without its progress bars (they hide the error that stopped it): its last
+    ``chars`` characters."""
+    lines = [line for line in stderr.replace("\r", "\n").splitlines()
+             if line.strip() and "it/s]" not in line and "s/it]" not in line]
+    return "\n".join(lines)[-chars:]

@@ -14,6 +14,7 @@ import torch
 import posenc
 from posenc.lm.runtime import provenance, provenance_line
 from posenc.cli import main
+from tests.helpers import failure_text
 
 ENV = {**os.environ, "POSENC_FLEX_COMPILE": "0", "OMP_NUM_THREADS": "1"}
 LENGTHS = ["16", "32", "64", "128"]
@@ -330,7 +331,7 @@ def test_ddp_extend_with_two_cpu_processes_matches_one(smoke, tmp_path):
                "-m", "posenc", "extend", "--preset", "smoke", "--run-dir", str(out / "base"), "--methods", "yarn",
                "--out", str(tmp_path / "ddp")]
     done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, failure_text(done.stderr)
     rows = {row["name"]: row for row in json.loads((tmp_path / "ddp" / "results.json").read_text())["rows"]}
     want = {row["name"]: row for row in single["rows"]}
     for name in ("rope+yarn fine-tuned", "alibi fine-tuned"):  # two processes, one global batch: the same model

@@ -14,6 +14,7 @@ import torch
 from posenc.lm.runtime import provenance, provenance_line
 from posenc.cli import main
 from posenc.experiments.extrapolate import ROWS, ExperimentConfig, run
+from tests.helpers import failure_text
 
 ENV = {**os.environ, "POSENC_FLEX_COMPILE": "0", "OMP_NUM_THREADS": "1"}
 
@@ -286,7 +287,7 @@ def test_ddp_smoke_run_with_two_cpu_processes(tmp_path):
                "-m", "posenc", "extrapolate", "--preset", "smoke", "--encodings", "alibi,rope",
                "--lrs", "1e-3,3e-3", "--lr-widenings", "0", "--out", str(tmp_path / "ddp")]
     done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, failure_text(done.stderr)
     results = json.loads((tmp_path / "ddp" / "results.json").read_text())
     assert results["processes"] == 2
     assert {row["name"] for row in results["rows"]} == {"alibi", "rope"}

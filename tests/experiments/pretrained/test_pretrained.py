@@ -24,6 +24,7 @@ from posenc.extension import retrieval
 from posenc.extension.retrieval import make_haystack
 from posenc.experiments.pretrained.config import plan_rows
 from posenc.experiments.pretrained.stages import _check_against_model
+from tests.helpers import failure_text
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 ROWS = ["none", "yarn", "ntk", "self-extend", "yarn+pose", "yarn+control"]
@@ -443,7 +444,7 @@ def test_fine_tuning_under_torchrun_with_two_cpu_processes_matches_one(smoke, tm
                "-m", "posenc", "pretrained", "tiny", "--preset", "smoke", "--methods", "none",
                "--finetune-batch", "2", "--out", str(tmp_path / "ddp")]
     done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, failure_text(done.stderr)
     single = tmp_path / "single"
     assert main(["pretrained", "tiny", "--preset", "smoke", "--methods", "none", "--finetune-batch", "2",
                  "--out", str(single)]) == 0
