@@ -9,12 +9,7 @@ from posenc.encodings.xpos import XPos
 from tests.encodings.oracle_attention import HEAD_DIM, HEADS, LENGTH, assert_attention_equals_oracle, qkv
 from tests.oracles import xpos_logits_loop
 
-FAR = 2**40  # float64 angles at this position carry an ulp of 2^-12: only offsets about a row's own origin stay exact
-
-
-def far_apart_rows(length: int = 9) -> torch.Tensor:
-    """(2, T): one row of positions from 0, one from 2^40."""
-    return torch.stack((torch.arange(length), torch.arange(FAR, FAR + length)))
+FAR = 2**40  # a position whose float64 angles carry an ulp of 2^-12
 
 
 def test_xpos_equals_the_papers_absolute_form_and_decays():
