@@ -1,5 +1,6 @@
-"""``posenc extrapolate --task``: the smoke run end to end, resume, the scorer through the pipeline, bad input."""
+"""``posenc task``: the smoke run end to end, resume, the scorer through the pipeline, bad input."""
 
+import argparse
 import json
 
 import pytest
@@ -140,3 +141,13 @@ def test_layout_rows_train_their_local_and_global_layers(tmp_path):
     results = run(config, tmp_path, log=lambda *_: None)
     assert [row["name"] for row in results["rows"]] == ["swa+global", "irope+randomized"]
     assert all(0 <= row["exact_match"]["64"]["mean"] <= 1 for row in results["rows"])
+
+
+def test_task_rows_named_all_or_default_are_every_row_and_others_are_kept():
+    from posenc.experiments.tasks import command
+
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    for word in ("all", "default"):
+        assert command.config_of(parser.parse_args(["copy", "--encodings", word])).encodings == ",".join(TASK_ROWS)
+    assert command.config_of(parser.parse_args(["recall", "--encodings", "rope,alibi"])).encodings == "rope,alibi"

@@ -49,9 +49,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def config_of(args: argparse.Namespace) -> TaskConfig:
-    """The task's preset with the flags given (``--encodings all``: every row, the default)."""
+    """The task's preset with the flags given (``--encodings all``, or ``default`` as ``extrapolate --task`` took
+    it: every row, the default)."""
     overrides = given(args, HELP)
-    if overrides.get("encodings") == "all":
+    if overrides.get("encodings") in ("all", "default"):
         del overrides["encodings"]
     return TaskConfig.from_preset(args.task, args.preset, **overrides)
 
