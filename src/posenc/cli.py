@@ -7,98 +7,72 @@ import sys
 import time
 from pathlib import Path
 
+from .experiments.arguments import run_folder
 
 
-def _add_extrapolate(commands) -> None:
-    from .experiments.extrapolate import command
-
-    p = commands.add_parser(
-        "extrapolate", help="train tiny LMs at one length, report bits-per-byte at 1x..8x",
-        description="Train a tiny byte-level LM per encoding at --train-length and evaluate bits-per-byte at "
-                    "multiples of it (the main job). Defaults: the embedded Python-stdlib corpus, preset 'default'.",
-    )
+def _add_experiment(commands, name: str, command, run, help: str, description: str) -> None:
+    """A command whose parser is its ``command`` module's (``experiments/<name>/command.py``)."""
+    p = commands.add_parser(name, help=help, description=description)
     command.add_arguments(p)
-    p.set_defaults(run=_run_extrapolate)
+    p.set_defaults(run=run)
+
+
+def _add_experiments(commands) -> None:
+    from .experiments.extend import command as extend
+    from .experiments.extrapolate import command as extrapolate
+    from .experiments.pretrained import command as pretrained
+    from .experiments.tasks import command as task
+
+    _add_experiment(commands, "extrapolate", extrapolate, _run_extrapolate,
+                    "train tiny LMs at one length, report bits-per-byte at 1x..8x",
+                    "Train a tiny byte-level LM per encoding at --train-length and evaluate bits-per-byte at "
+                    "multiples of it (the main job). Defaults: the embedded Python-stdlib corpus, preset 'default'.")
+    _add_experiment(commands, "task", task, _run_task,
+                    "train tiny models on a synthetic task at one length, report exact match at 1x..8x",
+                    "Train a tiny model per row on copy or recall at --train-length and score exact match at "
+                    "multiples of it, where length generalisation is pass or fail (formerly posenc extrapolate "
+                    "--task).")
+    _add_experiment(commands, "extend", extend, _run_extend,
+                    "stretch a trained RoPE model to N× its length: zero-shot, fine-tuned, LongRoPE-searched",
+                    "Extend a RoPE model trained by posenc extrapolate (trained here when no --run is given) to "
+                    "--factor × its training length with each method, zero-shot and after a brief fine-tune at the "
+                    "target length, with ALiBi fine-tuned on the same extra tokens as the baseline; search "
+                    "LongRoPE factors and export them as rope_parameters.json. A pretrained Hugging Face model: "
+                    "posenc pretrained.")
+    _add_experiment(commands, "pretrained", pretrained, _run_pretrained,
+                    "a pretrained Hugging Face RoPE model past its context: measure, adapt, export",
+                    "Load a pretrained RoPE model, run it at --to tokens with each scaling and attention swap "
+                    "(zero-shot, and fine-tuned with --finetune), measure loss by position, context use and "
+                    "retrieval on long documents against the unscaled model re-reading, and export the row dev "
+                    "chooses (formerly posenc extend --hf).")
 
 
 def _run_extrapolate(args) -> int:
-    if args.lr_widenings is not None and args.lrs is None:
-        raise ValueError("--lr-widenings widens a grid of --lrs; give --lrs too")
     from .experiments.extrapolate import ExperimentConfig, command, run
 
-    config = ExperimentConfig.from_preset(args.preset, **command.overrides(args))
-    run(config, _run_dir(args, "%Y%m%d-%H%M%S"), resume=args.resume)
+    run(ExperimentConfig.from_preset(args.preset, **command.overrides(args)), run_folder(args), resume=args.resume)
     return 0
-
-
-def _run_dir(args, pattern: str) -> Path:
-    """--out, or runs/<the time as ``pattern``> for a new run; --resume needs --out."""
-    if args.resume and args.out is None:
-        raise ValueError("--resume needs --out: the run directory to continue")
-    return args.out or Path("runs") / time.strftime(pattern)
-
-
-def _add_task(commands) -> None:
-    from .experiments.tasks import command
-
-    p = commands.add_parser(
-        "task", help="train tiny models on a synthetic task at one length, report exact match at 1x..8x",
-        description="Train a tiny model per row on copy or recall at --train-length and score exact match at "
-                    "multiples of it, where length generalisation is pass or fail (formerly posenc extrapolate "
-                    "--task).")
-    command.add_arguments(p)
-    p.set_defaults(run=_run_task)
 
 
 def _run_task(args) -> int:
     from .experiments.tasks import command, run
 
-    if args.lr_widenings is not None and args.lrs is None:
-        raise ValueError("--lr-widenings widens a grid of --lrs; give --lrs too")
-    run(command.config_of(args), command.run_dir(args), resume=args.resume)
+    run(command.config_of(args), run_folder(args), resume=args.resume)
     return 0
-
-
-def _add_extend(commands) -> None:
-    from .experiments.extend import command
-
-    p = commands.add_parser(
-        "extend", help="stretch a trained RoPE model to N× its length: zero-shot, fine-tuned, LongRoPE-searched",
-        description="Extend a RoPE model trained by posenc extrapolate (trained here when no --run is given) to "
-                    "--factor × its training length with each method, zero-shot and after a brief fine-tune at the "
-                    "target length, with ALiBi fine-tuned on the same extra tokens as the baseline; search LongRoPE "
-                    "factors and export them as rope_parameters.json. A pretrained Hugging Face model: posenc "
-                    "pretrained.",
-    )
-    command.add_arguments(p)
-    p.set_defaults(run=_run_extend)
 
 
 def _run_extend(args) -> int:
     from .experiments.extend import command, run
 
-    run(command.config_of(args), command.run_dir(args), run_dir=args.run_dir, text=args.text, device=args.device,
+    run(command.config_of(args), run_folder(args), run_dir=args.run_dir, text=args.text, device=args.device,
         resume=args.resume, only_seeds=args.only_seeds)
     return 0
-
-
-def _add_pretrained(commands) -> None:
-    from .experiments.pretrained import command
-
-    p = commands.add_parser(
-        "pretrained", help="a pretrained Hugging Face RoPE model past its context: measure, adapt, export",
-        description="Load a pretrained RoPE model, run it at --to tokens with each scaling and attention swap "
-                    "(zero-shot, and fine-tuned with --finetune), measure loss by position, context use and "
-                    "retrieval on long documents against the unscaled model re-reading, and export the row dev "
-                    "chooses (formerly posenc extend --hf).")
-    command.add_arguments(p)
-    p.set_defaults(run=_run_pretrained)
 
 
 def _run_pretrained(args) -> int:
     from .experiments.pretrained import command, run
 
-    run(command.config_of(args), command.run_dir(args), resume=args.resume, export=args.export, device=args.device)
+    run(command.config_of(args), run_folder(args), resume=args.resume, export=args.export, device=args.device)
     return 0
 
 
@@ -232,10 +206,7 @@ def _run_report(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="posenc", description="Positional encodings for transformers.")
     commands = parser.add_subparsers(dest="command", required=True)
-    _add_extrapolate(commands)
-    _add_task(commands)
-    _add_extend(commands)
-    _add_pretrained(commands)
+    _add_experiments(commands)
     _add_verify(commands)
     _add_plot(commands)
     _add_bench(commands)

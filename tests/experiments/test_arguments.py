@@ -64,3 +64,17 @@ def test_comma_lists_are_read_and_checked():
             comma_positive_floats(text)
     with pytest.raises(argparse.ArgumentTypeError):
         comma_ints("1.5")
+
+
+def test_a_new_run_gets_a_dated_folder_named_by_its_arguments_and_resume_needs_out(monkeypatch, tmp_path):
+    from posenc.experiments.arguments import add_run_folder, run_folder
+
+    p = argparse.ArgumentParser()
+    p.add_argument("task")
+    add_run_folder(p, "{task}-%Y%m%d", "<task>-<date>")
+    monkeypatch.setattr("time.localtime", lambda *_: (2026, 11, 28, 1, 2, 3, 5, 332, 0))
+    assert str(run_folder(p.parse_args(["copy"]))) == "runs/copy-20261128"
+    assert run_folder(p.parse_args(["copy", "--out", str(tmp_path), "--resume"])) == tmp_path
+    with pytest.raises(ValueError, match="--resume needs --out: the run directory to continue"):
+        run_folder(p.parse_args(["copy", "--resume"]))
+    assert "runs/<task>-<date>" in p.format_help()

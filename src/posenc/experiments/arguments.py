@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import time
+from pathlib import Path
 
 
 def comma_ints(text: str) -> tuple[int, ...]:
@@ -53,3 +55,24 @@ def add_config_flags(p: argparse.ArgumentParser, config_class, helps: dict[str, 
 def given(args: argparse.Namespace, helps: dict[str, str]) -> dict:
     """The config fields among ``helps`` whose flags were given."""
     return {name: getattr(args, name) for name in helps if getattr(args, name) is not None}
+
+
+def add_run_folder(p: argparse.ArgumentParser, name: str, shown: str) -> None:
+    """--out and --resume. ``name``: a new run's folder under runs/, a ``time.strftime`` pattern that may name the
+    command's other arguments in braces ("{task}-%Y%m%d-%H%M%S"); ``shown``: how the help spells it."""
+    p.add_argument("--out", type=Path, help=f"run directory (default: runs/{shown})")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished work")
+    p.set_defaults(run_folder=name)
+
+
+def run_folder(args: argparse.Namespace) -> Path:
+    """--out, or runs/<the command's name for a new run>; --resume needs --out."""
+    if args.resume and args.out is None:
+        raise ValueError("--resume needs --out: the run directory to continue")
+    return args.out or Path("runs") / time.strftime(args.run_folder.format_map(vars(args)))
+
+
+def check_widenings(args: argparse.Namespace) -> None:
+    """--lr-widenings only widens a grid that --lrs gives."""
+    if args.lr_widenings is not None and args.lrs is None:
+        raise ValueError("--lr-widenings widens a grid of --lrs; give --lrs too")

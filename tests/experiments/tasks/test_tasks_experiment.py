@@ -90,6 +90,9 @@ def test_cli_task_flags(tmp_path, capsys):
     for args, message in [
         (["--encodings", "rope+magic"], "unknown row 'rope\\+magic'"),
         (["--train-length", "7"], "copy needs an even length"),
+        (["--steps", "0"], "--steps must be an integer >= 1, got 0"),
+        (["--layers", "-1"], "--layers must be an integer >= 1, got -1"),
+        (["--eval-factors", "0,2"], "--eval-factors must be integers >= 1, got 0,2"),
     ]:
         assert main(["task", "copy", "--preset", "smoke", "--out", str(tmp_path / "x"), *args]) == 2
         assert message.replace("\\", "") in capsys.readouterr().err  # one line, before any work

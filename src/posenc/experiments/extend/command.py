@@ -4,10 +4,9 @@ describes, its type read from the field."""
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
-from ..arguments import add_config_flags, comma_ints, given
+from ..arguments import add_config_flags, add_run_folder, comma_ints, given
 from .config import EXTEND_METHODS, PRESETS, ExtendConfig
 
 #: config field -> its flag's help; a field not named here is set by the presets alone
@@ -43,8 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --run: do only these of the --seeds seeds' stages and stop before the tables, so two "
                         "processes can share a run's seeds; then --resume without it writes the tables")
     p.add_argument("--text", help="a text file or folder instead of the embedded stdlib corpus (without --run)")
-    p.add_argument("--out", type=Path, help="run directory (default: runs/extend-<timestamp>)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished stages")
+    add_run_folder(p, "extend-%Y%m%d-%H%M%S", "extend-<timestamp>")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="auto: CUDA when present (bf16 autocast)")
 
 
@@ -54,8 +52,3 @@ def config_of(args: argparse.Namespace) -> ExtendConfig:
         raise ValueError("--text trains new base models; with --run the run's own corpus is used")
     return ExtendConfig.from_preset(args.preset, **given(args, HELP))
 
-
-def run_dir(args: argparse.Namespace) -> Path:
-    if args.resume and args.out is None:
-        raise ValueError("--resume needs --out: the run directory to continue")
-    return args.out or Path("runs") / time.strftime("extend-%Y%m%d-%H%M%S")

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from ..arguments import comma_ints, comma_positive_floats
+from ..arguments import add_run_folder, check_widenings, comma_ints, comma_positive_floats
 from .config import PRESETS
 from .rows import DEFAULT_ROWS, ROWS
 
@@ -20,8 +19,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--encodings", default="default",
                    help=f"'all', 'default' ({', '.join(DEFAULT_ROWS)}) or a comma list of: {', '.join(ROWS)}")
     p.add_argument("--text", help="a text file or folder to use instead of the embedded stdlib corpus")
-    p.add_argument("--out", type=Path, help="run directory (default: runs/<timestamp>)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished work")
+    add_run_folder(p, "%Y%m%d-%H%M%S", "<timestamp>")
     p.add_argument("--train-length", type=int, help="training window length in bytes")
     p.add_argument("--eval-factors", type=comma_ints, help="eval lengths as multiples of the train length (default 1,2,4,8)")
     p.add_argument("--eval-stride", type=int, help="sliding-window evaluation with this stride (default: non-overlapping)")
@@ -53,4 +51,5 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def overrides(args: argparse.Namespace) -> dict:
     """The config fields the command line gives (None: the preset's)."""
+    check_widenings(args)
     return {name: getattr(args, name) for name in OVERRIDES}

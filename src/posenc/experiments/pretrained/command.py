@@ -7,11 +7,10 @@ one-line notice."""
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 from ...extension.retrieval import FORMATS
-from ..arguments import add_config_flags, given as given_flags
+from ..arguments import add_config_flags, add_run_folder, given as given_flags
 from .config import HF_PRESETS, PretrainedConfig
 
 #: config field -> its flag's help; a field not named here is set by the presets alone
@@ -59,8 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="default", choices=sorted(HF_PRESETS),
                    help="sizes: smoke (the tiny model, seconds), quick, default, gpu (default: default)")
     add_config_flags(p, PretrainedConfig, HELP)
-    p.add_argument("--out", type=Path, help="run directory (default: runs/extend-hf-<timestamp>)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished measurements")
+    add_run_folder(p, "extend-hf-%Y%m%d-%H%M%S", "extend-hf-<timestamp>")
     p.add_argument("--export", type=Path, metavar="DIR", help="write the best row (dev) to DIR for from_pretrained")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: CUDA when present")
 
@@ -78,11 +76,6 @@ def config_of(args: argparse.Namespace) -> PretrainedConfig:
     _refuse_unused(given, config)
     return config
 
-
-def run_dir(args: argparse.Namespace) -> Path:
-    if args.resume and args.out is None:
-        raise ValueError("--resume needs --out: the run directory to continue")
-    return args.out or Path("runs") / time.strftime("extend-hf-%Y%m%d-%H%M%S")
 
 
 def _refuse_unused(given: dict, config: PretrainedConfig) -> None:

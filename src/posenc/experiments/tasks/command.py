@@ -7,12 +7,10 @@ notice (and drops ``--task lm``, which is ``extrapolate`` itself)."""
 from __future__ import annotations
 
 import argparse
-import time
-from pathlib import Path
 
 from ...lm.tasks import TASKS
-from ..arguments import add_config_flags, given
-from .config import PRESETS, TASK_ROWS, TaskConfig
+from ..arguments import add_config_flags, add_run_folder, check_widenings, given
+from .config import FLAGS, PRESETS, TASK_ROWS, TaskConfig
 
 #: config field -> its flag's help; a field not named here is set by the presets alone
 HELP = {
@@ -36,28 +34,22 @@ HELP = {
     "seed": "first seed (default 0)",
     "device": "auto (CUDA when present), cpu or cuda",
 }
-SPELLINGS = {"num_layers": "--layers", "num_heads": "--heads"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("task", choices=sorted(TASKS), help="copy: repeat the sequence; recall: the value of an asked key")
     p.add_argument("--preset", default="default", choices=sorted(PRESETS), help="model/training size (default: "
                                                                                 "default)")
-    add_config_flags(p, TaskConfig, HELP, SPELLINGS)
-    p.add_argument("--out", type=Path, help="run directory (default: runs/<task>-<timestamp>)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished work")
+    add_config_flags(p, TaskConfig, HELP, FLAGS)
+    add_run_folder(p, "{task}-%Y%m%d-%H%M%S", "<task>-<timestamp>")
 
 
 def config_of(args: argparse.Namespace) -> TaskConfig:
     """The task's preset with the flags given (``--encodings all``, or ``default`` as ``extrapolate --task`` took
     it: every row, the default)."""
+    check_widenings(args)
     overrides = given(args, HELP)
     if overrides.get("encodings") in ("all", "default"):
         del overrides["encodings"]
     return TaskConfig.from_preset(args.task, args.preset, **overrides)
 
-
-def run_dir(args: argparse.Namespace) -> Path:
-    if args.resume and args.out is None:
-        raise ValueError("--resume needs --out: the run directory to continue")
-    return args.out or Path("runs") / time.strftime(f"{args.task}-%Y%m%d-%H%M%S")

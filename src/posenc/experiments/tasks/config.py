@@ -22,6 +22,9 @@ TEST_SEED = 1_000_003  # test sequences: a generator seeded by this plus the len
 DEV_SEED = 2_000_003  # dev sequences, likewise
 SPLIT_SEEDS = {"dev": DEV_SEED, "test": TEST_SEED}
 
+#: the fields ``posenc task`` sets by flag, as its messages name them (the others come from the presets alone)
+FLAGS = {"dim": "--dim", "num_layers": "--layers", "num_heads": "--heads", "train_length": "--train-length",
+         "batch_size": "--batch-size", "steps": "--steps", "seeds": "--seeds"}
 RANDOMIZED = "+randomized"
 TASK_ROWS = (*one_axis(), "rope+randomized")  # a row per encoding, and RoPE trained at randomized positions
 PRESETS: dict[str, dict] = {
@@ -75,15 +78,15 @@ class TaskConfig:
     def __post_init__(self):
         checks.choice("task", self.task, tuple(TASKS))
         for name in ("dim", "num_layers", "num_heads", "train_length", "batch_size", "steps", "eval_sequences", "seeds"):
-            checks.positive_int(name, getattr(self, name))
+            checks.positive_int(FLAGS.get(name, name), getattr(self, name))
         checks.positive_int("warmup", self.warmup, minimum=0)
-        checks.positive_float("lr", self.lr)
+        checks.positive_float("--lr", self.lr)
         if self.lrs:
             check_grid("--lrs", self.lrs)
         checks.positive_int("--lr-widenings", self.lr_widenings, minimum=0)
         self.sweep_seeds  # a bad --lr-sweep-seeds fails here
         if not self.eval_factors or any(not isinstance(f, int) or f < 1 for f in self.eval_factors):
-            raise ValueError(f"eval_factors must be integers >= 1, got {self.eval_factors}")
+            raise ValueError(f"--eval-factors must be integers >= 1, got {','.join(map(str, self.eval_factors))}")
         checks.choice("device", self.device, ("auto", "cpu", "cuda"))
         for length in self.eval_lengths:
             self.task_spec.check_length(length)
