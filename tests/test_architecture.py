@@ -210,3 +210,62 @@ def test_no_list_of_encoding_names_outside_the_registry():
     assert not found, found
     assert listed_encoding_names('for name in ("alibi", "sandwich"):\n    pass\n') == [(1, ["alibi", "sandwich"])]
     assert listed_encoding_names('ROWS = ["rope+yarn", "none"]\n') == [(1, ["rope+yarn", "none"])]
+
+
+#: where an encoding's name may be written as a string, and why: besides its own module and the registry, the
+#: modules whose presets or comparisons are choices of encodings (data, not traits), and the modules where the
+#: same word names something else
+NAME_LITERALS_ALLOWED = {
+    "posenc.experiments.extrapolate.rows": "the default preset's rows, and the rows that read RoPE's and the "
+                                           "learned table's checkpoints another way",
+    "posenc.experiments.extend": "posenc extend stretches a RoPE checkpoint and compares it with ALiBi's, by design",
+    "posenc.figures.extend": "draws posenc extend's RoPE and ALiBi curves",
+    "posenc.lm.model": "ModelConfig's default encoding (RoPE)",
+}
+#: (module, name): the word means something else there
+OTHER_MEANINGS = {
+    ("posenc.experiments.pretrained", "none"): "the unscaled model, a row of the scaling methods",
+    ("posenc.extension.longrope", "none"): "a loss reduction",
+    ("posenc.lm.evaluate", "none"): "a loss reduction",
+    ("posenc.positions", "none"): "a cross-attention mode",
+    ("posenc.hf", "t5"): "a Hugging Face model type",
+    ("posenc.hf", "rope"): "a key of a layer's description: whether it rotates",
+    ("posenc.bench", "rope"): "the RoPE-apply table's name",
+    ("posenc.kernels.tiles_triton", "fire"): "the kind of offset formula FIRE's tiles compute",
+}
+
+
+def encoding_name_literals(text: str) -> list[tuple[int, str]]:
+    """(line, name) of every string constant (docstrings aside) that is a registered encoding's name or a row
+    named after one ("rope+yarn", "rope+")."""
+    from posenc.encodings.registry import ENTRIES
+
+    tree = ast.parse(text)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+            and (node.value in ENTRIES or ("+" in node.value and node.value.split("+")[0] in ENTRIES))]
+
+
+def _allowed(module: str, name: str) -> bool:
+    from posenc.encodings.registry import ENTRIES
+
+    base = name.split("+")[0]
+    home = ENTRIES[base].cls.__module__
+    within = lambda prefix: module == prefix or module.startswith(prefix + ".")  # noqa: E731
+    return (module in (home, "posenc.encodings.registry") or any(within(m) for m in NAME_LITERALS_ALLOWED)
+            or any(within(m) and base == word for m, word in OTHER_MEANINGS))
+
+
+def test_no_encoding_name_is_written_outside_its_home():
+    """Code that is about one scheme names it through the registry (``name_of(RoPE)``, ``baseline()``) or asks a
+    trait; a string would survive a rename silently and hide which trait the code is after."""
+    found = [f"{module_name(path)}:{line} {name!r}" for path in sorted(PACKAGE.rglob("*.py"))
+             for line, name in encoding_name_literals(path.read_text()) if not _allowed(module_name(path), name)]
+    assert not found, "\n".join(found)
+    assert sorted(encoding_name_literals('"""rope"""\nx = "alibi" if a else "rope+yarn"\n')) == [
+        (2, "alibi"), (2, "rope+yarn")]
+    assert not _allowed("posenc.verify", "rope") and _allowed("posenc.encodings.rotary", "rope")
+    assert _allowed("posenc.positions", "none") and not _allowed("posenc.positions", "alibi")

@@ -9,11 +9,13 @@ from .attention import BACKENDS, attention, attention_weights, choose_backend
 from .encodings import (
     ENCODINGS,
     SCALINGS,
+    Entry,
     PositionalEncoding,
     alibi_slopes,
     apply_rope,
     build,
     layer_scalings,
+    register,
     rope_frequencies,
     sinusoidal_table,
     t5_bucket,
@@ -24,9 +26,9 @@ from .positions import (cross_attention_positions, document_mask, document_posit
 __version__ = "0.1.0"
 
 __all__ = [
-    "BACKENDS", "ENCODINGS", "SCALINGS", "PositionalEncoding", "alibi_slopes", "apply_rope", "attention",
+    "BACKENDS", "ENCODINGS", "SCALINGS", "Entry", "PositionalEncoding", "alibi_slopes", "apply_rope", "attention",
     "attention_weights",
     "build", "choose_backend", "cross_attention_positions", "document_mask", "document_positions",
     "grid_positions", "layer_scalings", "multimodal_positions", "patch_positions", "randomized_positions",
-    "rope_frequencies", "skipwise_positions", "sinusoidal_table", "t5_bucket",
+    "register", "rope_frequencies", "skipwise_positions", "sinusoidal_table", "t5_bucket",
 ]

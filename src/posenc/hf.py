@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 from . import checks, storage
-from .encodings import build
+from .encodings import NoPE
 from .kernels.local import span_mask
 from .encodings.rotary import RoPE
 from .encodings.temperature import QueryTemperature
@@ -301,7 +301,7 @@ def rope_encoding(model, layer_type: str | None = None) -> RoPE:
     params = normalize_scaling(copy.deepcopy(model_rope_parameters(model, layer_type)))
     known = {k: v for k, v in params.items() if v is not None}
     layout = "interleaved" if model.config.model_type in INTERLEAVED else "half"
-    return build("rope", head_dim=head_dim(model.config), layout=layout, scaling=known)
+    return RoPE(head_dim(model.config), layout=layout, scaling=known)
 
 
 def layer_positions(model) -> tuple[dict, ...]:
@@ -338,7 +338,7 @@ def layer_encoding(model, layer: int):
         raise ValueError(f"layer must be in [0, {len(described) - 1}], got {layer}")
     this, types = described[layer], layer_types(model)
     if not this["rope"]:
-        encoding = build("none")
+        encoding = NoPE()
     else:
         encoding = rope_encoding(model, this["layer_type"] if types and this["layer_type"] in types else None)
     if this["temperature"]:

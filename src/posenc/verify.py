@@ -22,7 +22,8 @@ import torch
 from . import attention, rope_frequencies, sinusoidal_table
 from .attention import serves
 from .encodings import build_for_model
-from .encodings.registry import ENTRIES, having, one_axis, symmetric
+from .encodings import RoPE, Sinusoidal
+from .encodings.registry import ENTRIES, baseline, having, name_of, one_axis, symmetric
 from .encodings.rotary import apply_rope
 from .kernels.channels import attend_with_channels
 
@@ -30,14 +31,14 @@ BASE_TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-4, torch.bfloat16: 5e-
 HEADS, HEAD_DIM, LENGTH = 4, 16, 12
 DIFFERS = 1e-3  # a positional encoding must move outputs by more than this
 
-ATTENTION_ENCODINGS = one_axis(in_attention=True, from_positions=True)  # what attention() takes from positions
-SIZES = {"head_dim": HEAD_DIM, "num_heads": HEADS}
-NARROWER = {"sandwich": {"sinusoid_dim": 32}}  # its default 128 sinusoids are sized for model-wide heads
+# the sizes of the checks' heads, for whichever of them an encoding's constructor takes; 32 sinusoids (Sandwich's
+# default 128 is sized for model-wide heads)
+SIZES = {"head_dim": HEAD_DIM, "num_heads": HEADS, "sinusoid_dim": 32}
 
-#: encodings whose bidirectional scores depend on |i − j| alone (and FIRE's on max(L, i), constant for
-#: three words): reversing a sentence keeps every distance, so they cannot tell it from its reverse
-SYMMETRIC = symmetric()
-CAUSAL_ONLY = {name for name in ATTENTION_ENCODINGS if ENTRIES[name].cls.causal_only}  # checked causally
+
+def attention_encodings() -> tuple[str, ...]:
+    """What ``attention()`` takes from positions alone, read from the registry when a check runs."""
+    return one_axis(in_attention=True, from_positions=True)
 
 
 @dataclass
@@ -78,7 +79,7 @@ def _draw(*shape: int, device, dtype) -> torch.Tensor:
 
 
 def _encoding(name: str, device, dtype):
-    enc = build_for_model(name, sizes=SIZES, **NARROWER.get(name, {}))
+    enc = build_for_model(name, sizes=SIZES)
     with torch.no_grad():
         for parameter in enc.parameters():
             parameter.normal_(0, 0.5)  # trained tables are not near zero; neither are these (drawn on the CPU)
@@ -94,14 +95,14 @@ def check_permutation(device, dtype) -> list[Check]:
     """Seed 004 Part I: attention without positions is permutation-equivariant; with them it is not."""
     rows, tol = [], tolerance(dtype, LENGTH)
     perm = torch.randperm(LENGTH).to(device)
-    for name in ATTENTION_ENCODINGS:
+    for name in attention_encodings():
         enc = _encoding(name, device, dtype)
         q, k, v = _qkv(device, dtype)
         causal = ENTRIES[name].cls.causal_only  # no bidirectional form (stick-breaking): the causal order changes
         out = attention(q, k, v, enc, causal=causal)
         shuffled = attention(q[:, :, perm], k[:, :, perm], v[:, :, perm], enc, causal=causal)
         error = (shuffled - out[:, :, perm]).abs().max().item()
-        rows.append(_within("permutation equivariant", name, error, tol) if name == "none"
+        rows.append(_within("permutation equivariant", name, error, tol) if name == baseline()
                     else _differs("permutation changes outputs" + (" (causal)" if causal else ""), name, error))
     return rows
 
@@ -113,7 +114,7 @@ def check_dog_bites_man(device, dtype) -> list[Check]:
     words = _draw(3, HEADS * HEAD_DIM, device=device, dtype=dtype)  # dog, bites, man
     projections = [_draw(HEADS * HEAD_DIM, HEADS * HEAD_DIM, device=device, dtype=dtype) / 8 for _ in range(3)]
     sizes = {"dim": HEADS * HEAD_DIM, "max_positions": 3, "init_std": 1.0}
-    encodings = {name: _encoding(name, device, dtype) for name in ATTENTION_ENCODINGS}
+    encodings = {name: _encoding(name, device, dtype) for name in attention_encodings()}
     for name in one_axis(in_attention=False):  # input-door encodings
         encodings[name] = build_for_model(name, sizes=sizes).to(device=device, dtype=dtype)
 
@@ -124,12 +125,12 @@ def check_dog_bites_man(device, dtype) -> list[Check]:
 
     reverse = torch.tensor([2, 1, 0], device=device)
     for name, enc in encodings.items():
-        causal = name in CAUSAL_ONLY  # no bidirectional form: the causal order tells the sentences apart
+        causal = ENTRIES[name].cls.causal_only  # no bidirectional form: the causal order tells the sentences apart
         dog_bites_man, man_bites_dog = run(words, enc, causal), run(words[reverse], enc, causal)
         error = (man_bites_dog - dog_bites_man[:, :, reverse]).abs().max().item()
-        if name == "none":
+        if name == baseline():
             rows.append(_within("dog bites man = man bites dog (permuted)", name, error, tol))
-        elif name in SYMMETRIC:
+        elif name in symmetric():  # scores of |i − j| alone (FIRE's of max(L, i) too, constant for three words)
             rows.append(_within("dog bites man = man bites dog: symmetric in |i-j|, blind to reversal", name, error, tol))
         else:
             rows.append(_differs("dog bites man != man bites dog", name, error))
@@ -154,16 +155,17 @@ def check_rope(device, dtype) -> list[Check]:
     half = apply_rope(q, pos + shift, inv_freq, layout="half")
     inter = apply_rope(q[..., perm], pos + shift, inv_freq, layout="interleaved")
     layouts = (inter.double() - half[..., perm].double()).abs().max().item()
+    rope = name_of(RoPE)
     return [
-        _within("scores depend only on offsets (shift 2^20, relative)", "rope", offsets, tol),
-        _within("norms preserved (relative)", "rope", norms, tol),
-        _within("interleaved = permuted half", "rope", layouts, tol),
+        _within("scores depend only on offsets (shift 2^20, relative)", rope, offsets, tol),
+        _within("norms preserved (relative)", rope, norms, tol),
+        _within("interleaved = permuted half", rope, layouts, tol),
     ]
 
 
 def check_sinusoid_shift() -> list[Check]:
     """Seed 003: PE(p+7) = M_7 PE(p) by least squares over 100 positions (float64: a property of the formula)."""
-    dim, shift = 16, 7
+    dim, shift, sinusoidal = 16, 7, name_of(Sinusoidal)
     rows = []
     for label, positions in (("positions 0..99", torch.arange(100)), ("positions 0..9999 step 101", torch.arange(100) * 101)):
         p = sinusoidal_table(positions, dim)
@@ -175,12 +177,12 @@ def check_sinusoid_shift() -> list[Check]:
             w = shift / 10000 ** (2 * i / dim)
             rotation[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = torch.tensor([[math.cos(w), math.sin(w)], [-math.sin(w), math.cos(w)]])
         distance = (m_t.t() - rotation).abs().max().item()
-        rows.append(_within(f"PE(p+7) = M_7 PE(p), least-squares residual, {label}", "sinusoidal", residual, 1e-10))
+        rows.append(_within(f"PE(p+7) = M_7 PE(p), least-squares residual, {label}", sinusoidal, residual, 1e-10))
         if positions[-1] < 1000:  # the slow pairs barely turn over 0..99: M_7 is not pinned down there
-            rows.append(Check(f"M_7 distance from 2x2 rotations (ill-posed), {label}", "sinusoidal", distance,
+            rows.append(Check(f"M_7 distance from 2x2 rotations (ill-posed), {label}", sinusoidal, distance,
                               None, True, "information only"))
         else:
-            rows.append(_within(f"M_7 distance from 2x2 rotation blocks, {label}", "sinusoidal", distance, 1e-6))
+            rows.append(_within(f"M_7 distance from 2x2 rotation blocks, {label}", sinusoidal, distance, 1e-6))
     return rows
 
 
@@ -188,7 +190,7 @@ def check_sinusoid_shift() -> list[Check]:
 def check_backends_and_cache(device, dtype) -> list[Check]:
     """Every backend agrees with eager, and KV-cache decoding equals the full pass, per encoding."""
     rows, tol = [], tolerance(dtype, LENGTH)
-    for name in ATTENTION_ENCODINGS:
+    for name in attention_encodings():
         enc = _encoding(name, device, dtype)
         q, k, v = _qkv(device, dtype)
         reference = attention(q, k, v, enc, backend="eager").double()
@@ -212,7 +214,7 @@ def check_gradients(device, dtype) -> list[Check]:
     serves with a gradient: on CPU the learned biases and Transformer-XL run ``kernels.blockwise`` and Shaw
     ``kernels.band`` there, each with a hand-written backward."""
     rows = []
-    for name in ATTENTION_ENCODINGS:
+    for name in attention_encodings():
         enc = _encoding(name, device, dtype)
         q, k, v = (t.requires_grad_() for t in _qkv(device, dtype))
         if not list(enc.parameters()) or not serves("sdpa", enc, q, k, v):
@@ -285,7 +287,7 @@ def check_transformers() -> list[Check]:
             ours_params["original_max_position_embeddings"] = 2048
         ours, our_factor = rope_frequencies(64, ours_params, seq_len=4096)
         error = max((ours - theirs).abs().max().item(), abs(our_factor - their_factor))
-        rows.append(_within("frequencies and attention factor = transformers", f"rope+{rope_type}", error, 0.0))
+        rows.append(_within("frequencies and attention factor = transformers", f"{name_of(RoPE)}+{rope_type}", error, 0.0))
     return rows
 
 

@@ -9,14 +9,19 @@ from ..encodings import build_for_model
 from ..encodings.registry import one_axis
 from .timing import round_robin
 
-ENCODINGS = one_axis(in_attention=True, from_positions=True)  # what attention() takes from positions alone
+
+
+def timed_encodings() -> tuple[str, ...]:
+    """What ``attention()`` takes from positions alone: the encodings this table times."""
+    return one_axis(in_attention=True, from_positions=True)
 
 
 @torch.no_grad()
 def bench_attention(device: str = "cpu", dtype: torch.dtype = torch.float32, lengths=(256, 1024), batch: int = 1,
-                    heads: int = 8, head_dim: int = 64, rounds: int = 5, encodings=ENCODINGS) -> list[dict]:
-    """Rows {encoding, backend, length, ms, ratio (to eager), ratio_low, ratio_high}, every backend that serves."""
-    device = torch.device(device)
+                    heads: int = 8, head_dim: int = 64, rounds: int = 5, encodings=None) -> list[dict]:
+    """Rows {encoding, backend, length, ms, ratio (to eager), ratio_low, ratio_high}, every backend that serves;
+    ``encodings``: names (default: ``timed_encodings()``)."""
+    device, encodings = torch.device(device), timed_encodings() if encodings is None else encodings
     sizes = {"head_dim": head_dim, "num_heads": heads}
     rows = []
     for length in lengths:

@@ -11,7 +11,8 @@ import torch
 from .. import storage
 from ..attention import BACKENDS
 from ..checks import choice, positive_int
-from . import attention, long_context, training
+from ..encodings.registry import baseline, one_axis
+from . import attention, long_context
 from .attention import bench_attention
 from .forms import bench_score_forms
 from .long_context import bench_long_context
@@ -25,8 +26,11 @@ DESCRIPTION = ("Time attention() per encoding and backend (ratio to eager), a tr
                "to NoPE), count activation memory (ratio to NoPE) and, on a GPU, time long-context attention forward "
                "and backward per encoding, each in its own process (ratio to SDPA without positions). Every table "
                "names the CPU, its cores and the torch version. Timings are round-robin.")
-# every encoding a table times
-ENCODINGS = tuple(dict.fromkeys(training.ENCODINGS + attention.ENCODINGS + long_context.ENCODINGS))
+
+
+def every_encoding() -> tuple[str, ...]:
+    """Every encoding a table times (the training table's: every one the tiny LM trains), read when called."""
+    return tuple(dict.fromkeys(one_axis() + attention.timed_encodings() + long_context.timed_encodings()))
 
 
 def _positive_ints(text: str) -> tuple[int, ...]:
@@ -74,7 +78,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tables", default="attention,training,rope,forms,memory",
                    help=f"comma list of: {', '.join(TABLES)} (default: all but long, which is for --device cuda)")
     p.add_argument("--encodings", default="all",
-                   help=f"'all' or a comma list of: {', '.join(ENCODINGS)}; the attention, training, memory and long "
+                   help=f"'all' or a comma list of: {', '.join(every_encoding())}; the attention, training, memory and long "
                         "tables time only these (NoPE always runs, as the baseline)")
     p.add_argument("--lengths", type=_positive_ints, default=(256, 1024), help="attention lengths (default 256,1024)")
     p.add_argument("--train-shapes", type=_shapes, default=((64, 32), (512, 8)),
@@ -99,12 +103,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def chosen_encodings(text: str) -> tuple[str, ...]:
     """--encodings as names in the tables' order, NoPE (the baseline) always among them."""
+    every = every_encoding()
     if text == "all":
-        return ENCODINGS
-    names = {choice("--encodings", name.strip(), list(ENCODINGS)) for name in text.split(",") if name.strip()}
+        return every
+    names = {choice("--encodings", name.strip(), list(every)) for name in text.split(",") if name.strip()}
     if not names:
-        raise ValueError(f"--encodings names no encoding: pass 'all' or a comma list of {', '.join(ENCODINGS)}")
-    return tuple(name for name in ENCODINGS if name in names | {"none"})
+        raise ValueError(f"--encodings names no encoding: pass 'all' or a comma list of {', '.join(every)}")
+    return tuple(name for name in every if name in names | {baseline()})
 
 
 def run(args) -> int:
@@ -122,7 +127,7 @@ def run(args) -> int:
         _writable_folder(flag, path)
     encodings = chosen_encodings(args.encodings)
     timed, trained, attended = (tuple(n for n in encodings if n in names)
-                                for names in (attention.ENCODINGS, training.ENCODINGS, long_context.ENCODINGS))
+                                for names in (attention.timed_encodings(), one_axis(), long_context.timed_encodings()))
     dtype = getattr(torch, args.dtype)
     # the models train in float32, or under autocast to a 16-bit --dtype (as extrapolate trains on a GPU)
     step = {"backend": args.backend, "autocast": None if dtype in (torch.float32, torch.float64) else dtype}

@@ -20,8 +20,11 @@ from ..kernels.channels import attend_with_channels
 from .timing import round_robin
 
 HEADS, HEAD_DIM, TOKENS = 4, 32, 4096
-#: the encodings whose score term has more than one form to time: a bias of the offset alone, or q/k channels
-OFFSET_TERMS = having(lambda cls: cls.has_score_channels or (cls.has_bias and cls.bias_from_offset))
+
+
+def offset_terms() -> tuple[str, ...]:
+    """The encodings whose score term has more than one form to time: a bias of the offset alone, or q/k channels."""
+    return having(lambda cls: cls.has_score_channels or (cls.has_bias and cls.bias_from_offset))
 
 
 def _bias_form(at, q, k, v, scale):
@@ -55,7 +58,7 @@ def bench_score_forms(device: str = "cpu", lengths=(64, 256, 512, 1024, 2048), r
         q, k, v = (torch.randn(batch, HEADS, length, HEAD_DIM, device=device, requires_grad=True) for _ in range(3))
         positions = torch.arange(length, device=device)[None]
         contenders = {"none (causal)": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)}
-        for name in OFFSET_TERMS:
+        for name in offset_terms():
             enc = build_for_model(name, sizes={"head_dim": HEAD_DIM, "num_heads": HEADS}).to(device)
             at = lambda enc=enc: enc.at(positions, positions, contiguous=True)  # noqa: E731 - fresh tables per call
             if enc.has_bias and offset_bias.serves(q):

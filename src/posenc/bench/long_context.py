@@ -39,7 +39,6 @@ from .timing import round_robin
 SHAPES = ((1, 16, 16384, 64), (4, 16, 4096, 64))  # (B, H, T, Dh): one long sequence, and a batch of shorter ones
 BASELINE = "sdpa (no positions)"
 FLEX = ("flex (no positions)", "flex + alibi score_mod")
-ENCODINGS = one_axis(in_attention=True)  # every encoding that acts inside attention, FoX among them
 WARMUP = 2
 ERROR_CHARS = 160  # an error row's message is its first line, cut here
 
@@ -158,21 +157,27 @@ def run_child(name: str, shape: tuple[int, ...], device: str, dtype: str, calls:
     return outcome(child.returncode, child.stdout, child.stderr)
 
 
+def timed_encodings() -> tuple[str, ...]:
+    """Every encoding that acts inside attention, FoX among them: the rows this table times. Each row runs in a
+    fresh process, so an encoding ``register``ed in this one is not among those it can build."""
+    return one_axis(in_attention=True)
+
+
 def device_name(device: str) -> str:
     return torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else cpu_model()
 
 
-def bench_long_context(device: str = "cpu", dtype: str = "float32", shapes=SHAPES, encodings=ENCODINGS,
+def bench_long_context(device: str = "cpu", dtype: str = "float32", shapes=SHAPES, encodings=None,
                        calls: int = 7, timeout: float = 120.0, on_row: Callable[[list[dict]], None] | None = None
                        ) -> list[dict]:
     """Rows {encoding, B, H, T, Dh, ms | error, x_sdpa_nope, peak_gib, device, commit, dtype, torch}, SDPA first
     per shape; ``x_sdpa_nope``: ms / SDPA's ms at that shape (None where either is missing). Prints a line per row
-    as it ends and calls ``on_row(rows so far)``."""
+    as it ends and calls ``on_row(rows so far)``. ``encodings``: names (default: ``timed_encodings()``)."""
     facts = {"device": device_name(device), "commit": git_commit(), "dtype": dtype, "torch": torch.__version__}
     rows = []
     for shape in shapes:
         floor = None
-        for name in (BASELINE, *FLEX, *encodings):
+        for name in (BASELINE, *FLEX, *(timed_encodings() if encodings is None else encodings)):
             started = time.perf_counter()
             result = run_child(name, shape, device, dtype, calls, timeout)
             floor = result.get("ms") if name == BASELINE else floor

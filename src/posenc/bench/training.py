@@ -11,17 +11,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..encodings.registry import one_axis
+from ..encodings.registry import baseline, one_axis
 from ..kernels import dispatch
 from ..lm.model import LanguageModel, ModelConfig
 from .timing import round_robin
 
-ENCODINGS = one_axis()  # every encoding the tiny LM trains
-
 
 def _model(encoding: str, length: int, device: torch.device, backend: str = "auto") -> LanguageModel:
     """The default model; NoPE, the baseline, always on the "auto" backend."""
-    backend = "auto" if encoding == "none" else backend
+    backend = "auto" if encoding == baseline() else backend
     return LanguageModel(ModelConfig(encoding=encoding, max_positions=length, backend=backend)).to(device)
 
 
@@ -31,7 +29,7 @@ def _loss(model, tokens: torch.Tensor, autocast: torch.dtype | None = None) -> t
     return F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
 
 
-def bench_training_step(device: str = "cpu", shapes=((64, 32), (512, 8)), encodings=ENCODINGS, rounds: int = 7,
+def bench_training_step(device: str = "cpu", shapes=((64, 32), (512, 8)), encodings=None, rounds: int = 7,
                         compile: bool = False, backend: str = "auto", autocast: torch.dtype | None = None
                         ) -> list[dict]:
     """Rows {encoding, length, batch, backend, form, ms, ratio (to none), ratio_low, ratio_high} per (length,
@@ -41,8 +39,9 @@ def bench_training_step(device: str = "cpu", shapes=((64, 32), (512, 8)), encodi
     With ``compile`` each model runs under ``torch.compile(fullgraph=True)``; compile time is
     spent in the warm-up calls and not counted here. ``backend``: every model's attention backend but NoPE's
     (which stays on "auto"); ``autocast``: the forward under autocast to this dtype (bf16 on a GPU), else float32.
+    ``encodings``: names, NoPE's among them (default: every encoding the tiny LM trains).
     """
-    device = torch.device(device)
+    device, encodings = torch.device(device), one_axis() if encodings is None else encodings
     rows = []
     # Every model instance is a new guard on the same forward code: allow one graph per model.
     limit = torch._dynamo.config.patch(recompile_limit=2 * len(encodings) * len(shapes))
@@ -62,10 +61,10 @@ def bench_training_step(device: str = "cpu", shapes=((64, 32), (512, 8)), encodi
                     optimizer.step()
 
                 contenders[name] = step
-            timed = round_robin(contenders, baseline="none", rounds=rounds, device=device, warmup=2,
+            timed = round_robin(contenders, baseline=baseline(), rounds=rounds, device=device, warmup=2,
                                 label=f"training L={length} B={batch}{' compiled' if compile else ''}")
             rows += [{"encoding": name, "length": length, "batch": batch, "compiled": compile,
-                      "backend": "auto" if name == "none" else backend,
+                      "backend": "auto" if name == baseline() else backend,
                       "form": form_chosen(kinds[name], length), **numbers} for name, numbers in timed.items()]
     return rows
 
@@ -94,17 +93,17 @@ def saved_activation_bytes(model: torch.nn.Module, tokens: torch.Tensor, autocas
     return sum(storages.values())
 
 
-def bench_activation_memory(device: str = "cpu", shapes=((64, 32), (512, 8)), encodings=ENCODINGS,
+def bench_activation_memory(device: str = "cpu", shapes=((64, 32), (512, 8)), encodings=None,
                             backend: str = "auto", autocast: torch.dtype | None = None) -> list[dict]:
     """Rows {encoding, length, batch, backend, mib, ratio (to none)}: activation memory of one training step
-    (``backend`` and ``autocast`` as in ``bench_training_step``)."""
+    (``backend``, ``autocast`` and ``encodings`` as in ``bench_training_step``)."""
     device = torch.device(device)
     rows = []
     for length, batch in shapes:
         tokens = torch.randint(0, 256, (batch, length + 1), device=device)
         measured = {name: saved_activation_bytes(_model(name, length, device, backend), tokens, autocast)
-                    for name in encodings}
-        rows += [{"encoding": name, "length": length, "batch": batch, "backend": "auto" if name == "none" else backend,
-                  "mib": size / 2**20,
-                  "ratio": size / measured["none"]} for name, size in measured.items()]
+                    for name in (one_axis() if encodings is None else encodings)}
+        rows += [{"encoding": name, "length": length, "batch": batch,
+                  "backend": "auto" if name == baseline() else backend, "mib": size / 2**20,
+                  "ratio": size / measured[baseline()]} for name, size in measured.items()]
     return rows

@@ -1,7 +1,7 @@
 """Every positional encoding, built by name.
 
 ``build(name, **kwargs)`` is the one factory; ``registry.REGISTRY`` declares every encoding once (class, door,
-paper, description, traits) and ``ENCODINGS`` maps its names to classes.
+paper, description, traits) and ``ENCODINGS`` maps its names to classes; ``register`` adds one defined elsewhere.
 ``build_for_model`` fills in the sizes a model knows (dim, head_dim, num_heads,
 max_positions) for whichever of them the encoding's constructor takes, so callers
 never branch on the encoding's name.
@@ -24,11 +24,9 @@ from .stick_breaking import StickBreaking
 from .xpos import XPos
 from .relative import Shaw, T5RelativeBias, TransformerXL, t5_bucket
 from .rotary import RoPE, apply_rope, rope_angles
-from .registry import ENTRIES, REGISTRY, Entry
+from .registry import ENCODINGS, ENTRIES, REGISTRY, Entry, register, unregister
 from .scaling import SCALINGS, layer_scalings, rope_frequencies
 from .temperature import QueryTemperature
-
-ENCODINGS: dict[str, type[PositionalEncoding]] = {entry.name: entry.cls for entry in REGISTRY}
 
 
 def _encoding_class(name: str) -> type[PositionalEncoding]:
@@ -68,5 +66,5 @@ def build_for_model(name: str, *, sizes: dict, **kwargs) -> PositionalEncoding:
 __all__ = [
     "ENCODINGS", "ENTRIES", "REGISTRY", "SCALINGS", "ALiBi", "AxialRoPE", "CoPE", "FIRE", "Kerple", "Entry", "ForgettingGates", "Learned", "MRoPE", "NoPE", "PositionalEncoding", "QueryTemperature", "RoPE",
     "Sandwich", "Shaw", "Sinusoidal", "StickBreaking", "T5RelativeBias", "TransformerXL", "XPos", "alibi_slopes", "apply_rope", "build",
-    "build_for_model", "layer_scalings", "rope_angles", "rope_frequencies", "sinusoidal_table", "t5_bucket",
+    "build_for_model", "layer_scalings", "register", "unregister", "rope_angles", "rope_frequencies", "sinusoidal_table", "t5_bucket",
 ]

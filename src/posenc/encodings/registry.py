@@ -1,12 +1,14 @@
 """The one list of encodings: each declared once, with what the rest of posenc reads about it.
 
-An entry names the class, the door it uses and the paper (docs/api.md's table, which a test holds to this list), a
-one-line description (the extrapolation table's row), and the traits the commands branch on: ``symmetric``
+An entry names the class, the door it uses and the paper (docs/guide/api.md's table, which a test holds to this list),
+a one-line description (the extrapolation table's row), and the traits the commands branch on: ``symmetric``
 (bidirectional scores depend on |i − j| alone, so ``verify`` expects a sentence and its reverse to score alike) and
 ``axes`` (more than one: positions per axis, outside ``attention()``'s one-dimensional benches and the tiny LM).
 What a constructor needs is its signature (``build_for_model`` fills the sizes a model knows); which doors an
-encoding opens are its class flags (``PositionalEncoding.doors``). Adding an encoding is its module, its entry here,
-its oracle test and its docs line; bench, verify and ``posenc extrapolate``'s rows follow.
+encoding opens are its class flags (``PositionalEncoding.doors``). Adding an encoding is its module, its entry here
+and its oracle test (docs/guide/api.md's table is generated from this list); bench, verify, ``posenc extrapolate``'s and
+``posenc task``'s rows follow, because each reads these lists when it is called. An encoding defined outside posenc
+joins them the same way through ``register`` (tests/encodings/test_adding_an_encoding.py adds one that way).
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ class Entry:
         return not self.cls.has_input
 
 
-REGISTRY: tuple[Entry, ...] = (
+#: every encoding, in the order of the tables; ``register`` appends to it
+REGISTRY: list[Entry] = [
     Entry("none", NoPE, "—", "NoPE (Kazemnejad et al. 2023, arXiv:2305.19466)", "no positional encoding (NoPE)"),
     Entry("sinusoidal", Sinusoidal, "input", "Vaswani et al. 2017, arXiv:1706.03762",
           "sinusoidal table added to the input"),
@@ -78,9 +81,51 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("axial_rope", AxialRoPE, "q/k rotation, 2 axes",
           "Qwen2-VL's vision tower; RoPE-Mixed, Heo et al. 2024, arXiv:2403.13298",
           "axial RoPE over (row, column), or RoPE-Mixed's learned directions", axes=2),
-)
+]
 
 ENTRIES: dict[str, Entry] = {entry.name: entry for entry in REGISTRY}
+ENCODINGS: dict[str, type[PositionalEncoding]] = {entry.name: entry.cls for entry in REGISTRY}
+BUILT_IN = frozenset(ENTRIES)
+NAME_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-")
+
+
+def register(entry: Entry) -> Entry:
+    """Add an encoding defined outside posenc: ``build``, ``attention()``, the tiny LM, bench, verify and the
+    commands' rows offer it from this call on. Its name takes lower-case letters, digits, "_" and "-" ("+" joins a
+    row's way of reading a checkpoint to its encoding, "rope+yarn")."""
+    if not (isinstance(entry.cls, type) and issubclass(entry.cls, PositionalEncoding)):
+        raise ValueError(f"register: {entry.name!r}'s cls must be a PositionalEncoding subclass, got {entry.cls!r}")
+    if not entry.name or not set(entry.name) <= NAME_CHARACTERS:
+        raise ValueError(f"register: name {entry.name!r} must be lower-case letters, digits, '_' or '-'")
+    if entry.name in ENTRIES:
+        raise ValueError(f"register: an encoding named {entry.name!r} is registered already")
+    REGISTRY.append(entry)
+    ENTRIES[entry.name], ENCODINGS[entry.name] = entry, entry.cls
+    return entry
+
+
+def unregister(name: str) -> Entry:
+    """Remove an encoding ``register`` added (posenc's own stay); returns its entry."""
+    if name in BUILT_IN or name not in ENTRIES:
+        raise ValueError(f"unregister: {name!r} is not an encoding register() added; added: "
+                         f"{', '.join(sorted(set(ENTRIES) - BUILT_IN)) or 'none'}")
+    entry = ENTRIES.pop(name)
+    del ENCODINGS[name]
+    REGISTRY.remove(entry)
+    return entry
+
+
+def name_of(cls: type[PositionalEncoding]) -> str:
+    """The registered name of an encoding class: how code that is about one scheme names it without spelling it."""
+    for entry in REGISTRY:
+        if entry.cls is cls:
+            return entry.name
+    raise ValueError(f"{cls.__name__} is not a registered encoding")
+
+
+def baseline() -> str:
+    """The name of the encoding without positions (NoPE), every bench's and comparison's baseline."""
+    return name_of(NoPE)
 
 
 def having(trait: Callable[[type[PositionalEncoding]], bool]) -> tuple[str, ...]:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from ..encodings import Learned, T5RelativeBias
 from ..lm.model import LanguageModel
 from . import encodings as figures
 from .style import save_figure
@@ -24,13 +25,19 @@ def write_figures(out: Path, models: dict[str, LanguageModel] | None = None,
         save_figure(figures.alibi_figure(), out / "alibi.png"),
     ]
     models = models or {}
-    t5 = models.get("t5")
+    t5 = _trained(models, T5RelativeBias)
     learned = t5.encoding.table.detach() if t5 is not None else None
     bidirectional = bool(t5.encoding.bidirectional) if t5 is not None else False
     written.append(save_figure(figures.t5_buckets_figure(learned=learned, bidirectional_learned=bidirectional),
                                out / "t5_buckets.png"))
     if models:
-        if "learned" in models:
-            written.append(save_figure(learned_table_figure(models["learned"].encoding.table), out / "learned_table.png"))
+        learned_model = _trained(models, Learned)
+        if learned_model is not None:
+            written.append(save_figure(learned_table_figure(learned_model.encoding.table), out / "learned_table.png"))
         written.append(save_figure(attention_maps_figure(models, window), out / "attention_maps.png"))
     return written
+
+
+def _trained(models: dict[str, LanguageModel], kind: type) -> LanguageModel | None:
+    """The first of ``models`` whose encoding is a ``kind`` (its learned parameters are what a figure draws)."""
+    return next((model for model in models.values() if isinstance(model.encoding, kind)), None)

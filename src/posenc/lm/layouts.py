@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .. import checks
+from ..encodings import NoPE, RoPE
+from ..encodings.registry import name_of
 
 LAYER_KEYS = ("encoding", "encoding_kwargs", "window", "chunk")
 GLOBAL_EVERY = 4  # layers 3, 7, ... are global
@@ -40,14 +42,16 @@ class Layout:
                      for layer in range(num_layers))
 
 
+NOPE, ROPE = name_of(NoPE), name_of(RoPE)  # the two schemes the layouts mix
+
 LAYOUTS: dict[str, Layout] = {layout.name: layout for layout in (
     Layout("irope", "Llama 4's iRoPE: RoPE in chunks of a quarter of the training length, every fourth layer "
-           "global with no positions", global_encoding="none", local_encoding="rope", local_attention="chunk"),
+           "global with no positions", global_encoding=NOPE, local_encoding=ROPE, local_attention="chunk"),
     Layout("swa+global", "Gemma 3's layers: RoPE (θ 10k) in a sliding window of a quarter of the training length, "
-           "every fourth layer global with RoPE θ 1M", global_encoding="rope", local_encoding="rope",
+           "every fourth layer global with RoPE θ 1M", global_encoding=ROPE, local_encoding=ROPE,
            local_attention="window", global_kwargs={"base": 1_000_000.0}),
     Layout("rnope-swa", "Cohere2's layers: RoPE only in a sliding window of a quarter of the training length, every "
-           "fourth layer global with no positions", global_encoding="none", local_encoding="rope",
+           "fourth layer global with no positions", global_encoding=NOPE, local_encoding=ROPE,
            local_attention="window"),
 )}
 

@@ -13,7 +13,7 @@ import torch
 
 from posenc.lm.runtime import provenance, provenance_line
 from posenc.cli import main
-from posenc.experiments.extrapolate import ROWS, ExperimentConfig, run
+from posenc.experiments.extrapolate import ExperimentConfig, all_rows, run
 from tests.helpers import failure_text
 
 ENV = {**os.environ, "POSENC_FLEX_COMPILE": "0", "OMP_NUM_THREADS": "1"}
@@ -33,7 +33,7 @@ def test_smoke_run_writes_every_file_row_and_column(smoke_run):
         if name.endswith(".png"):
             assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert results["eval_lengths"] == [16, 32, 64, 128]
-    assert [row["name"] for row in results["rows"]] == list(ROWS)  # every row, the 2022-24 encodings too
+    assert [row["name"] for row in results["rows"]] == list(all_rows())  # every row, the 2022-24 encodings too
     for row in results["rows"]:
         for length in map(str, results["eval_lengths"]):
             value = row["bits_per_byte"][length]
@@ -65,10 +65,9 @@ def test_factor_one_scalings_equal_plain_rope(smoke_run):
 
 
 def test_dynamic_rows_scale_by_length_with_their_own_factor():
-    from posenc.experiments.extrapolate import ROWS
-
-    assert ROWS["rope+dynamic1"].eval_kwargs(4.0, 64)["scaling"]["factor"] == 1.0
-    assert ROWS["rope+dynamic"].eval_kwargs(4.0, 64)["scaling"]["factor"] == 4.0
+    rows = all_rows()
+    assert rows["rope+dynamic1"].eval_kwargs(4.0, 64)["scaling"]["factor"] == 1.0
+    assert rows["rope+dynamic"].eval_kwargs(4.0, 64)["scaling"]["factor"] == 4.0
 
 
 def test_a_one_layer_layout_is_its_global_layer_alone(smoke_run):
@@ -81,11 +80,11 @@ def test_a_one_layer_layout_is_its_global_layer_alone(smoke_run):
 
 
 def test_layout_rows_build_local_layers_and_scale_only_the_global_ones():
-    config = ExperimentConfig.from_preset("default")
-    irope = config.model_config(ROWS["irope+temperature"], ROWS["irope+temperature"].eval_kwargs(4.0, 64))
+    config, rows = ExperimentConfig.from_preset("default"), all_rows()
+    irope = config.model_config(rows["irope+temperature"], rows["irope+temperature"].eval_kwargs(4.0, 64))
     assert irope.encoding == "none" and irope.encoding_kwargs["temperature"]["floor"] == 64
     assert irope.layers == ({"encoding": "rope", "encoding_kwargs": {}, "chunk": 16},) * 3 + ({},)
-    row = ROWS["swa+global+yarn"]
+    row = rows["swa+global+yarn"]
     gemma = config.model_config(row, row.eval_kwargs(4.0, 64))
     assert gemma.encoding == "rope" and gemma.encoding_kwargs["base"] == 1_000_000.0
     assert gemma.encoding_kwargs["scaling"]["rope_type"] == "yarn" and gemma.encoding_kwargs["scaling"]["factor"] == 4.0

@@ -14,7 +14,7 @@ from posenc.cli import main
 from posenc.experiments import published
 from posenc.experiments.extrapolate import ExperimentConfig, run
 from posenc.experiments.extrapolate import stages
-from posenc.experiments.extrapolate.rows import ROWS
+from posenc.experiments.extrapolate.rows import all_rows
 from posenc.experiments.rate_grid import rate_key
 from posenc.lm.data import load_corpus, sample_windows
 from posenc.lm.model import LanguageModel
@@ -41,7 +41,7 @@ def dev_bits_by_hand(config: ExperimentConfig, encoding: str, weights) -> float:
                          windows=config.eval_windows)
     dev = sample_windows(corpus.dev, config.train_length, config.dev_windows)
     assert not set(dev.files) & set(corpus.test.files) and not set(dev.files) & set(corpus.train.files)
-    model = LanguageModel(config.model_config(ROWS[encoding], ROWS[encoding].train_kwargs))
+    model = LanguageModel(config.model_config(all_rows()[encoding], all_rows()[encoding].train_kwargs))
     model.load_state_dict(storage.load_weights(weights))
     with torch.no_grad():
         logits = model.eval()(dev.tokens[:, :-1])

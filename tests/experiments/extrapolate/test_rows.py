@@ -8,8 +8,10 @@ import pytest
 
 from posenc.encodings.registry import one_axis
 from posenc.experiments.extrapolate import rows as rows_module
-from posenc.experiments.extrapolate.rows import DEFAULT_ROWS, LAYOUT_ROWS, READ_ANOTHER_WAY, ROWS, parse_rows
+from posenc.experiments.extrapolate.rows import DEFAULT_ROWS, LAYOUT_ROWS, READ_ANOTHER_WAY, all_rows, parse_rows
 from posenc.lm.layouts import LAYOUTS
+
+ROWS = all_rows()  # the built-in encodings' rows
 
 
 @pytest.mark.parametrize("factor, train_length", [(2.0, 64), (8.0, 128)])

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from posenc.cli import main
-from posenc.experiments.tasks import TASK_ROWS, TaskConfig, run
+from posenc.experiments.tasks import TaskConfig, run, task_rows
 from posenc.experiments.tasks import collect, stages
 from posenc.experiments.tasks.config import DEV_SEED, TEST_SEED
 from posenc.lm.runtime import provenance, provenance_line
@@ -83,7 +83,7 @@ def test_cli_task_flags(tmp_path, capsys):
     rows = [row["name"] for row in results["rows"]]
     assert results["provenance"] == provenance()  # versions, commit and CPU
     assert provenance_line(results["provenance"]) in (tmp_path / "run" / "results.md").read_text()
-    assert rows == list(TASK_ROWS)  # the default rows: every encoding and rope+randomized
+    assert rows == list(task_rows())  # the default rows: every encoding and rope+randomized
     with pytest.raises(SystemExit):  # text is extrapolate's: a synthetic task makes its own sequences
         main(["task", "copy", "--preset", "smoke", "--text", "x.txt"])
     assert "unrecognized arguments: --text x.txt" in capsys.readouterr().err
@@ -152,5 +152,5 @@ def test_task_rows_named_all_or_default_are_every_row_and_others_are_kept():
     parser = argparse.ArgumentParser()
     command.add_arguments(parser)
     for word in ("all", "default"):
-        assert command.config_of(parser.parse_args(["copy", "--encodings", word])).encodings == ",".join(TASK_ROWS)
+        assert command.config_of(parser.parse_args(["copy", "--encodings", word])).encodings == ",".join(task_rows())
     assert command.config_of(parser.parse_args(["recall", "--encodings", "rope,alibi"])).encodings == "rope,alibi"

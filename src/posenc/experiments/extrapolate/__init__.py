@@ -9,7 +9,7 @@ are its public face: ``posenc extend`` trains its base models through ``run``.
 
 from .checkpoints import attention_window, trained_models
 from .config import PRESETS, ExperimentConfig
-from .rows import DEFAULT_ROWS, ROWS
+from .rows import DEFAULT_ROWS, all_rows
 from .stages import run
 
-__all__ = ["DEFAULT_ROWS", "PRESETS", "ROWS", "ExperimentConfig", "attention_window", "run", "trained_models"]
+__all__ = ["DEFAULT_ROWS", "PRESETS", "ExperimentConfig", "all_rows", "attention_window", "run", "trained_models"]

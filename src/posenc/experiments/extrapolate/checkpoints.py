@@ -13,7 +13,7 @@ from ... import storage
 from ...lm.data import stdlib_corpus, text_corpus
 from ...lm.model import LanguageModel
 from .config import ExperimentConfig
-from .rows import ROWS
+from .rows import all_rows
 
 
 def trained_models(run_dir: Path) -> dict[str, LanguageModel]:
@@ -21,13 +21,13 @@ def trained_models(run_dir: Path) -> dict[str, LanguageModel]:
     if not (run_dir / "config.json").is_file():
         raise ValueError(f"--ckpt {run_dir}: not a posenc extrapolate run directory (no config.json)")
     config = ExperimentConfig.from_dict(storage.read_json(run_dir / "config.json"))
-    models = {}
+    models, rows = {}, all_rows()
     for folder in sorted((run_dir / "checkpoints").glob("*-seed*")):
         weights = folder / "model.safetensors"
         name, seed = folder.name.rsplit("-seed", 1)
-        if not weights.exists() or int(seed) != config.seed or name not in ROWS:
+        if not weights.exists() or int(seed) != config.seed or name not in rows:
             continue
-        model = LanguageModel(config.model_config(ROWS[name], {}))
+        model = LanguageModel(config.model_config(rows[name], {}))
         model.load_state_dict(storage.load_weights(weights))
         models[name] = model.eval()
     if not models:

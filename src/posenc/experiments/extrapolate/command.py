@@ -6,7 +6,7 @@ import argparse
 
 from ..arguments import add_run_folder, check_widenings, comma_ints, comma_positive_floats
 from .config import PRESETS
-from .rows import DEFAULT_ROWS, ROWS
+from .rows import DEFAULT_ROWS, all_rows
 
 #: flags that override the preset's config field of the same name
 OVERRIDES = ("encodings", "train_length", "eval_factors", "eval_stride", "eval_windows", "steps", "batch_size", "lr",
@@ -17,7 +17,7 @@ OVERRIDES = ("encodings", "train_length", "eval_factors", "eval_stride", "eval_w
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="default", choices=sorted(PRESETS), help="model/training size (default: default)")
     p.add_argument("--encodings", default="default",
-                   help=f"'all', 'default' ({', '.join(DEFAULT_ROWS)}) or a comma list of: {', '.join(ROWS)}")
+                   help=f"'all', 'default' ({', '.join(DEFAULT_ROWS)}) or a comma list of: {', '.join(all_rows())}")
     p.add_argument("--text", help="a text file or folder to use instead of the embedded stdlib corpus")
     add_run_folder(p, "%Y%m%d-%H%M%S", "<timestamp>")
     p.add_argument("--train-length", type=int, help="training window length in bytes")
@@ -46,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="auto: CUDA (bf16 autocast) when present")
     p.add_argument("--compile", action="store_true", default=None,
                    help="train under torch.compile(fullgraph=True); pays on a GPU, not on the 2-core CPU "
-                        "(see benchmarks/README.md)")
+                        "(see benchmarks/history.md)")
 
 
 def overrides(args: argparse.Namespace) -> dict:

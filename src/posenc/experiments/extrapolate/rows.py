@@ -76,11 +76,14 @@ LAYOUT_ROWS: list[Row] = [
     Row("rnope-swa", "rnope-swa", LAYOUTS["rnope-swa"].description, layout="rnope-swa"),
 ]
 
-#: a row per encoding of the registry the tiny LM trains, each followed by the rows that read it another way
-ROWS: dict[str, Row] = {row.name: row for row in [
-    *(row for name in one_axis() for row in [Row(name, name, ENTRIES[name].description),
-                                              *READ_ANOTHER_WAY.get(name, [])]),
-    *LAYOUT_ROWS]}
+
+def all_rows() -> dict[str, Row]:
+    """{name: row}: a row per encoding of the registry the tiny LM trains (read when called, so an encoding
+    ``register``ed later has its row), each followed by the rows that read it another way, then the layouts'."""
+    return {row.name: row for row in [
+        *(row for name in one_axis() for row in [Row(name, name, ENTRIES[name].description),
+                                                  *READ_ANOTHER_WAY.get(name, [])]),
+        *LAYOUT_ROWS]}
 
 DEFAULT_ROWS = ("none", "sinusoidal", "learned", "learned+interpolate", "alibi",
                 "rope", "rope+pi", "rope+ntk", "rope+dynamic", "rope+dynamic1", "rope+yarn")
@@ -88,10 +91,11 @@ DEFAULT_ROWS = ("none", "sinusoidal", "learned", "learned+interpolate", "alibi",
 
 def parse_rows(spec: str) -> list[Row]:
     """'all', 'default', or comma-separated row names -> rows, in table order."""
+    rows = all_rows()
     if spec == "all":
-        return list(ROWS.values())
+        return list(rows.values())
     names = DEFAULT_ROWS if spec == "default" else [name.strip() for name in spec.split(",") if name.strip()]
-    unknown = [name for name in names if name not in ROWS]
+    unknown = [name for name in names if name not in rows]
     if unknown or not names:
-        raise ValueError(f"--encodings: unknown rows {unknown}; valid: all, default, {', '.join(ROWS)}")
-    return [ROWS[name] for name in ROWS if name in names]
+        raise ValueError(f"--encodings: unknown rows {unknown}; valid: all, default, {', '.join(rows)}")
+    return [rows[name] for name in rows if name in names]

@@ -4,7 +4,7 @@ Public: ``TaskConfig`` (presets, checked on construction), ``run`` (train every 
 score exact match at each multiple of it, write results.json, results.md and tasks.png).
 """
 
-from .config import PRESETS, TASK_ROWS, TaskConfig
+from .config import PRESETS, TaskConfig, task_rows
 from .stages import run
 
-__all__ = ["PRESETS", "TASK_ROWS", "TaskConfig", "run"]
+__all__ = ["PRESETS", "TaskConfig", "run", "task_rows"]

@@ -10,12 +10,12 @@ import argparse
 
 from ...lm.tasks import TASKS
 from ..arguments import add_config_flags, add_run_folder, check_widenings, given
-from .config import FLAGS, PRESETS, TASK_ROWS, TaskConfig
+from .config import FLAGS, PRESETS, TaskConfig, task_rows
 
 #: config field -> its flag's help; a field not named here is set by the presets alone
 HELP = {
-    "encodings": f"rows, comma-separated: encoding names or layouts, each optionally +randomized (trained at "
-                 f"randomized positions), or 'all' (default: {', '.join(TASK_ROWS)})",
+    "encodings": "rows, comma-separated: encoding names or layouts, each optionally +randomized (trained at "
+                 "randomized positions), or 'all' (default: {rows})",
     "train_length": "training sequence length in tokens",
     "eval_factors": "evaluation lengths as multiples of --train-length (default 1,2,4,8)",
     "steps": "training steps",
@@ -40,7 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("task", choices=sorted(TASKS), help="copy: repeat the sequence; recall: the value of an asked key")
     p.add_argument("--preset", default="default", choices=sorted(PRESETS), help="model/training size (default: "
                                                                                 "default)")
-    add_config_flags(p, TaskConfig, HELP, FLAGS)
+    add_config_flags(p, TaskConfig, {**HELP, "encodings": HELP["encodings"].format(rows=", ".join(task_rows()))},
+                     FLAGS)
     add_run_folder(p, "{task}-%Y%m%d-%H%M%S", "<task>-<timestamp>")
 
 

@@ -8,10 +8,11 @@ random subset of [0, longest eval length) per sequence; Ruoss et al. 2023) and t
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ... import checks
-from ...encodings.registry import one_axis
+from ...encodings import RoPE
+from ...encodings.registry import name_of, one_axis
 from ...lm.layouts import LAYOUTS
 from ...lm.model import ModelConfig
 from ...lm.tasks import TASKS, CopyTask, RecallTask
@@ -26,7 +27,13 @@ SPLIT_SEEDS = {"dev": DEV_SEED, "test": TEST_SEED}
 FLAGS = {"dim": "--dim", "num_layers": "--layers", "num_heads": "--heads", "train_length": "--train-length",
          "batch_size": "--batch-size", "steps": "--steps", "seeds": "--seeds"}
 RANDOMIZED = "+randomized"
-TASK_ROWS = (*one_axis(), "rope+randomized")  # a row per encoding, and RoPE trained at randomized positions
+
+
+def task_rows() -> tuple[str, ...]:
+    """A row per encoding the tiny LM trains, and RoPE trained at randomized positions (the default rows)."""
+    return (*one_axis(), name_of(RoPE) + RANDOMIZED)
+
+
 PRESETS: dict[str, dict] = {
     # tests: seconds
     "smoke": dict(dim=32, num_layers=1, num_heads=2, train_length=8, batch_size=16, steps=20, lr=3e-3, warmup=5,
@@ -47,7 +54,7 @@ TASK_PRESETS = {("recall", "default"): dict(train_length=16, steps=4000)}
 class TaskConfig:
     task: str = "copy"
     preset: str = "default"
-    encodings: str = ",".join(TASK_ROWS)
+    encodings: str = field(default_factory=lambda: ",".join(task_rows()))
     dim: int = 64
     num_layers: int = 2
     num_heads: int = 4
