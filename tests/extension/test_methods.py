@@ -34,3 +34,18 @@ def test_a_methods_list_keeps_its_order_once_and_refuses_what_it_cannot_run():
         parse_methods("llama3", ("pi", "yarn"))
     with pytest.raises(ValueError, match=r"unknown methods \[\]"):
         parse_methods(" , ")
+
+
+def test_the_commands_branch_on_the_methods_traits():
+    """What each command offers follows from a trait of the method, so a new method joins by its entry alone."""
+    from posenc.experiments.extend.config import EXTEND_METHODS
+    from posenc.experiments.pretrained.config import PretrainedConfig
+    from posenc.extension.methods import BY_NAME, ROPE_TYPES, having
+
+    assert having(lambda m: m.length_dependent) == ("dynamic", "longrope")  # no retrieval cache across lengths
+    assert [m for m in METHODS if BY_NAME[m].fine_tunable] == ["pi", "ntk", "yarn", "llama3"]
+    assert EXTEND_METHODS == ("pi", "ntk", "dynamic", "yarn", "longrope")  # llama3's bands are for 8k originals
+    assert ROPE_TYPES["pi"] == "linear" and all(ROPE_TYPES[m] == m for m in METHODS if m != "pi")
+    for refused in ("dynamic", "longrope", "none"):
+        with pytest.raises(ValueError, match="--finetune-method"):
+            PretrainedConfig.from_preset("smoke", finetune_method=refused)

@@ -8,21 +8,61 @@ Each takes ``factor`` = target length / original (training) length.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from .. import checks
 
-ROPE_TYPES = {"pi": "linear", "ntk": "ntk", "dynamic": "dynamic", "yarn": "yarn", "llama3": "llama3",
-              "longrope": "longrope"}
-METHODS = tuple(ROPE_TYPES)
+
+@dataclass(frozen=True)
+class Method:
+    """A RoPE scaling by name, and the traits the commands branch on."""
+
+    name: str
+    rope_type: str  # transformers' name for it
+    #: the dict names the model's original context (``original_max_position_embeddings``)
+    reads_original: bool = False
+    #: the frequencies change with the sequence's length, so keys rotated for one length are wrong at another
+    length_dependent: bool = False
+    #: its per-frequency factors are found by a search (``longrope``), not given by a formula of ``factor``
+    searched: bool = False
+    #: further fixed parameters of the published rule
+    published: dict = field(default_factory=dict)
+    #: the published parameters are set for models with long original contexts (Llama 3.1's 8k), not tiny ones
+    for_long_originals: bool = False
+
+    @property
+    def fine_tunable(self) -> bool:
+        """A fixed formula of ``factor`` (not searched, not changing with the length): what fine-tuning can adapt to."""
+        return not (self.searched or self.length_dependent)
+
+
+REGISTRY: tuple[Method, ...] = (
+    Method("pi", "linear"),
+    Method("ntk", "ntk"),
+    Method("dynamic", "dynamic", reads_original=True, length_dependent=True),
+    Method("yarn", "yarn", reads_original=True),
+    Method("llama3", "llama3", reads_original=True, published={"low_freq_factor": 1.0, "high_freq_factor": 4.0},
+           for_long_originals=True),
+    Method("longrope", "longrope", length_dependent=True, searched=True),
+)
+BY_NAME = {method.name: method for method in REGISTRY}
+METHODS = tuple(BY_NAME)
+ROPE_TYPES = {method.name: method.rope_type for method in REGISTRY}
+
+
+def having(trait) -> tuple[str, ...]:
+    """Names of the methods for which ``trait(method)`` holds, in registry order."""
+    return tuple(method.name for method in REGISTRY if trait(method))
 
 
 def method_scaling(method: str, factor: float, original: int, *, base: float = 10000.0) -> dict:
     """The rope_parameters dict of ``method`` stretching a model trained at ``original`` tokens by ``factor``."""
-    checks.choice("method", method, [m for m in METHODS if m != "longrope"])
-    scaling = {"rope_type": ROPE_TYPES[method], "rope_theta": float(base), "factor": float(factor)}
-    if method in ("dynamic", "yarn", "llama3"):
+    checks.choice("method", method, having(lambda m: not m.searched))
+    this = BY_NAME[method]
+    scaling = {"rope_type": this.rope_type, "rope_theta": float(base), "factor": float(factor)}
+    if this.reads_original:
         scaling["original_max_position_embeddings"] = int(original)
-    if method == "llama3":  # Llama 3.1's published bands
-        scaling.update(low_freq_factor=1.0, high_freq_factor=4.0)
+    scaling.update(this.published)
     return scaling
 
 

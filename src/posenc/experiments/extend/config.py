@@ -13,12 +13,12 @@ import math
 from dataclasses import dataclass
 
 from ... import checks
-from ...extension.methods import METHODS, parse_methods
+from ...extension.methods import having, parse_methods
 from .. import extrapolate
 from ..rate_grid import check_grid
 from ..presets import preset_values
 
-EXTEND_METHODS = tuple(m for m in METHODS if m != "llama3")  # llama3's bands are set for 8k-token models
+EXTEND_METHODS = having(lambda m: not m.for_long_originals)  # the tiny LMs' contexts are tens of tokens
 
 PRESETS: dict[str, dict] = {
     # Tests and CI: well under a minute on 2 cores.

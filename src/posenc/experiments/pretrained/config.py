@@ -11,13 +11,13 @@ from dataclasses import dataclass
 
 from ... import checks
 from ...extension.adapt import MODES, check_lora_rank
-from ...extension.methods import parse_methods
+from ...extension.methods import BY_NAME, METHODS, parse_methods
 from ...extension.retrieval import LABELS, check_format
 from ...extension.retrieval_tasks import check_tasks, labels_needed
 from ...lm.corpora import parse_corpora
 from ..presets import preset_values
 
-SCALING_METHODS = ("none", "pi", "ntk", "dynamic", "yarn", "llama3", "longrope")
+SCALING_METHODS = ("none", *METHODS)  # none: the model as it was trained
 ATTENTION_METHODS = ("self-extend", "rerope", "string", "dca")  # the model's attention swapped through the registry
 HF_METHODS = SCALING_METHODS + ATTENTION_METHODS
 DRAWS = ("longest", "seeded")
@@ -105,8 +105,7 @@ class PretrainedConfig:
         checks.positive_int("--to", self.to, minimum=2)
         parse_methods(self.methods, HF_METHODS)
         checks.choice("--finetune", self.finetune, FINETUNE)
-        checks.choice("--finetune-method", self.finetune_method, [m for m in SCALING_METHODS
-                                                                  if m not in ("none", "longrope", "dynamic")])
+        checks.choice("--finetune-method", self.finetune_method, [m for m in METHODS if BY_NAME[m].fine_tunable])
         if self.text is None:
             parse_corpora(self.corpus)
         checks.positive_int("--documents", self.documents, minimum=2)  # a paired t interval needs two

@@ -33,6 +33,7 @@ from ...extension import retrieval
 from ...extension.adapt import AdaptConfig, adapt
 from ...extension.dual_chunk import default_sizes, use_dual_chunk
 from ...extension.longrope import default_max_factor, longrope_parameters, seed_candidates
+from ...extension.methods import having
 from ...extension.search import Candidate, SearchConfig, search
 from ...extension.self_extend import smallest_group, use_attention, use_self_extend
 from ...extension.shifted import farthest_distance as string_farthest, smallest_shift, use_string
@@ -44,7 +45,6 @@ from .measure import (TRAIN_BYTES, binned, corpus_of, load_model, long_documents
 from .pins import declared_family, pin
 from .share import Share
 
-LENGTH_DEPENDENT = ("dynamic", "longrope")  # frequencies change with the length: no shared retrieval cache
 def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Path | None = None,
         device: str = "auto", log=print) -> dict | None:
     """Measure (and fine-tune) every row, resumably; with ``export``, write the best row's model there."""
@@ -157,7 +157,7 @@ def _measure_all(model, tokens, rows, parameters, own, pristine, group, shift, t
             use_dual_chunk(model, *default_sizes(original))
         else:
             use_self_extend(model, config.self_extend_window, group if row["attention"] == "self-extend" else None)
-        whole = row["method"] in LENGTH_DEPENDENT
+        whole = row["method"] in having(lambda m: m.length_dependent)  # no retrieval cache shared across lengths
         measured[name] = {
             "rope_parameters": hf.full_rope_parameters(model, parameters[name]), **row,
             "test": [_document(model, tokens, f"{name}-test{i}", haystack, config, original, out, whole, share)
