@@ -1,7 +1,7 @@
 """The CUDA paths against float64 CPU references: the Triton RoPE kernel, every attention backend forward and
 backward (FlexAttention compiled, with its backward), the tiny LM's loss and gradients, and ``posenc pretrained``.
 
-Skipped without a GPU (CI has none); `benchmarks/gpu.sh` runs this file on a lent one.
+Skipped without a GPU (CI has none); `benchmarks/scripts/gpu.sh` runs this file on a lent one.
 """
 
 import contextlib

@@ -77,7 +77,7 @@ def test_report_refuses_a_missing_file_and_an_empty_folder(tmp_path, capsys, mon
     assert "no Markdown file" in capsys.readouterr().err
     monkeypatch.chdir(tmp_path)
     assert main(["report"]) == 2
-    assert "no README.md or docs/*.md here" in capsys.readouterr().err
+    assert "no README.md, docs/ or benchmarks/ pages here" in capsys.readouterr().err
 
 
 def test_posenc_report_writes_a_task_rate_table_and_refuses_a_run_without_a_grid(tmp_path, capsys):

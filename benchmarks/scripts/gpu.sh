@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks and tables in one call of a lent machine, each step time-boxed so a slow one cannot eat the rest.
-#   bash benchmarks/gpu.sh OUT_DIR [STEP...]    (no STEP: every step, in this order)
+#   bash benchmarks/scripts/gpu.sh OUT_DIR [STEP...]    (no STEP: every step, in this order)
 # Steps: tests, sweep (the Triton tiles' settings, gpu_tiles_sweep.py), bench-auto, bench-flex, rope, rope-launch,
 # verify, long (the long-context table at (1, 16, 16,384, 64), each row in its own process: gpu-long.json,
 # gpu-long.md), long-batch (the same at (4, 16, 4,096, 64), merged into gpu-long.json); tests-tiles runs only the
@@ -16,7 +16,7 @@
 # It uses the machine's own torch/Triton/transformers and this checkout's source (no install); the CPU kernels stay
 # off, since the CPU only computes the float64 references here. One log and the tables' files land in OUT_DIR.
 set -u
-out=${1:?usage: bash benchmarks/gpu.sh OUT_DIR}
+out=${1:?usage: bash benchmarks/scripts/gpu.sh OUT_DIR}
 mkdir -p "$out"
 steps=$(mktemp -d)  # each step's output, appended whole to the one log when it ends (few files come back)
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 POSENC_CPU_KERNELS=0 POSENC_FORMS_CACHE=$out/forms-cache.json
@@ -44,7 +44,7 @@ chosen() { [[ " $wanted " == *" $1 "* ]]; }
 chosen tests-tiles && step tests-tiles 140 python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_cuda.py \
     -k "triton_tiles or query_blocks"
 chosen tests && step tests 200 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_cuda.py
-chosen sweep && step sweep 150 python3 benchmarks/gpu_tiles_sweep.py
+chosen sweep && step sweep 150 python3 benchmarks/scripts/gpu_tiles_sweep.py
 chosen bench-auto && step bench-auto 130 python3 -m posenc bench --device cuda --dtype bfloat16 --tables training,memory,attention \
     --encodings $biases --train-shapes $shapes --lengths 1024,4096 --rounds 10 \
     --json "$out/bench-cuda-auto.json" --markdown "$out/bench-cuda-auto.md"
@@ -53,7 +53,7 @@ chosen bench-flex && step bench-flex 70 python3 -m posenc bench --device cuda --
     --json "$out/bench-cuda-flex.json" --markdown "$out/bench-cuda-flex.md"
 chosen rope && step rope 40 python3 -m posenc bench --device cuda --dtype bfloat16 --tables rope --rounds 20 \
     --json "$out/bench-cuda-rope.json"
-chosen rope-launch && step rope-launch 30 python3 benchmarks/gpu_rope_probe.py
+chosen rope-launch && step rope-launch 30 python3 benchmarks/scripts/gpu_rope_probe.py
 chosen verify && step verify 70 python3 -m posenc verify --device cuda --json "$out/verify-cuda.json"
 long() {  # long STEP SECONDS SHAPE: one shape's long table, merged into gpu-long.json
     step "$1" "$2" python3 -m posenc bench --device cuda --dtype bfloat16 --tables long --long-shapes "$3" \

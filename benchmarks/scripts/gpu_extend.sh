@@ -2,14 +2,15 @@
 # `posenc pretrained smollm2` on a lent GPU, whose machine reaches no package registry and takes at most 64 MiB of
 # working tree per call: the model (98 MB of GGUF, 90 MB as xz) goes over in two parts, so in two calls made
 # back to back while the machine is still warm.
-#   here:              bash benchmarks/gpu_extend.sh pack        # fills .gpu/ (git-ignored): wheels, data, model parts
-#   device, call 1:    bash benchmarks/gpu_extend.sh setup OUT   # carry .gpu/part1: installs, the smoke on CUDA = CPU
-#   device, call 2:    bash benchmarks/gpu_extend.sh run OUT RUN... # carry .gpu/part2: joins the model, each RUN
+#   here:            bash benchmarks/scripts/gpu_extend.sh pack       # fills .gpu/ (git-ignored): wheels, data, model parts
+#   device, call 1:  bash benchmarks/scripts/gpu_extend.sh setup OUT  # carry .gpu/part1: installs, the smoke on CUDA
+#                                                                     # = CPU
+#   device, call 2:  bash benchmarks/scripts/gpu_extend.sh run OUT RUN...  # carry .gpu/part2: joins the model, each RUN
 # A RUN is NAME:SECONDS:FLAGS, quoted whole: "d15:300:--methods none,yarn --to 12288".
 # transformers is carried at the version pyproject pins (the machine's own is older); everything else is the
 # machine's. Each run's folder (less its fine-tuned weights) and log come back in OUT as NAME.tar.gz.
 set -u
-stage=${1:?usage: bash benchmarks/gpu_extend.sh pack | setup OUT | run OUT NAME:SECONDS:FLAGS...}
+stage=${1:?usage: bash benchmarks/scripts/gpu_extend.sh pack | setup OUT | run OUT NAME:SECONDS:FLAGS...}
 site=/tmp/posenc-site
 work=/tmp/posenc-gpu
 gguf_name=SmolLM2-135M-Instruct.Q4_1.gguf

@@ -1,9 +1,9 @@
 """One-off A/B on a GPU: the tiny LM's RoPE training step with the tiled Triton kernel, the row-per-program kernel
 it replaced (commit 48d8584, read with ``git show``), and the eager rotation, against NoPE, round-robin in one run.
 On an H200 the three were equal, because the model's in-place rotation never takes the Triton branch these patch
-(benchmarks/README.md, the second lend): kept as the evidence for that sentence.
+(benchmarks/history.md, the second lend): kept as the evidence for that sentence.
 
-    PYTHONPATH=src python3 benchmarks/gpu_rope_ab.py
+    PYTHONPATH=src python3 benchmarks/scripts/gpu_rope_ab.py
 """
 
 import contextlib

@@ -2,7 +2,7 @@
 
 `posenc bench --tables rope` times each call synchronised, which at small shapes measures the host. This splits
 the two: a call's synchronised wall time; 100 calls back to back timed by CUDA events (device throughput, in GB/s
-of q and k read and written); and the host time to queue one call. Run by ``benchmarks/gpu.sh``.
+of q and k read and written); and the host time to queue one call. Run by ``benchmarks/scripts/gpu.sh``.
 """
 
 import time

@@ -8,7 +8,7 @@ of as many bytes. Device time by CUDA events over REPS back-to-back calls; every
 turn; medians over rounds of the time and of the per-round ratio to the baseline. Each tiling is first checked
 against ``rotate_pairs``. Finishes in well under a minute on an H200.
 
-    PYTHONPATH=src python3 benchmarks/gpu_rope_sweep.py
+    PYTHONPATH=src python3 benchmarks/scripts/gpu_rope_sweep.py
 """
 
 import statistics

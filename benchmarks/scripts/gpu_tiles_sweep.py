@@ -4,7 +4,7 @@ parameters learned), an offset table read per pair (fixed: Sandwich; learned: it
 same learned table flat past offset 128 (T5's last bucket, one read per tile there) and FoX's token values, under
 each tile setting, beside SDPA without positions, round-robin.
 
-    python3 benchmarks/gpu_tiles_sweep.py [B H T Dh]
+    python3 benchmarks/scripts/gpu_tiles_sweep.py [B H T Dh]
 
 Prints one line per (setting, contender): median ms over rounds and the ratio to SDPA's median. Each setting
 compiles its kernels once (a few seconds); the whole sweep is about a minute and a half on an H200.

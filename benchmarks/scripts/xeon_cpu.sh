@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # #28's CPU tables on the Intel Xeon that hosts a lent GPU, pinned to two of its cores: the other CPU kind these
 # machines come in (2 cores, AVX-512), which no session here has had. The GPU is not used.
-#   here:    bash benchmarks/xeon_cpu.sh pack         # .gpu/xeon (git-ignored): the ninja wheel torch's builds need
-#   device:  bash benchmarks/xeon_cpu.sh run OUT_DIR  # carry .gpu/xeon: build the C++ kernels on every core, then
-#                                                     # the training and memory tables on two, each step time-boxed
+#   here:    bash benchmarks/scripts/xeon_cpu.sh pack         # .gpu/xeon (git-ignored): the ninja wheel torch's
+#                                                             # builds need
+#   device:  bash benchmarks/scripts/xeon_cpu.sh run OUT_DIR  # carry .gpu/xeon: build the C++ kernels on every core,
+#                                                             # then the training and memory tables on two, each
+#                                                             # step time-boxed
 # The kernels are built for this host (-march=native) with its compiler; without one they fall back to the PyTorch
 # forms, which the log says (every kernel's build line). The machine's own torch runs (a CUDA build: CPU kernels are
 # the same ATen, but name its version beside the table). One log and the tables' files land in OUT_DIR.
 set -u
-stage=${1:?usage: bash benchmarks/xeon_cpu.sh pack | run OUT_DIR}
+stage=${1:?usage: bash benchmarks/scripts/xeon_cpu.sh pack | run OUT_DIR}
 cores=${POSENC_BENCH_CORES:-0,1}  # the two cores the tables run on
 biases=rope,alibi,sandwich,xpos,kerple,t5,fire,shaw,transformer_xl,cope
 

@@ -55,7 +55,7 @@ class ALiBi(PositionalEncoding):
     """
 
     has_bias = True
-    #: keys from which the channel form is the faster on CPU (measured: benchmarks/README.md)
+    #: keys from which the channel form is the faster on CPU (measured: benchmarks/history.md)
     cpu_channels_from_keys = 1024
 
     def __init__(self, num_heads: int, symmetric: bool = False):

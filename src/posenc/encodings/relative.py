@@ -218,7 +218,7 @@ class TransformerXL(PositionalEncoding):
     has_relative_logits = True
     has_score_channels = True
     has_offset_lookups = True
-    #: keys from which the channel form is the faster on CPU (measured: benchmarks/README.md)
+    #: keys from which the channel form is the faster on CPU (measured: benchmarks/history.md)
     cpu_channels_from_keys = 256
 
     def __init__(self, head_dim: int, num_heads: int, base: float = 10000.0):

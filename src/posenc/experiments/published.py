@@ -9,7 +9,8 @@ A generated region sits between two comments in a Markdown file, naming the tabl
 
 ``posenc report`` rewrites every such region from its file; ``posenc report --check`` lists the files whose
 tables differ from what their results files give (a test runs it over the README and docs), so a number in the
-docs is never copied by hand and never drifts from the run it quotes.
+docs is never copied by hand and never drifts from the run it quotes. The machines' pages under benchmarks/ hold
+regions of the same form, written by ``bench.page``, which ``posenc report`` passes in as the ``render`` here.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from .tasks import report as tasks_report
 from .verdicts import pretrained_lines, tiny_lines
 
 Rows = Callable[[dict], tuple[list[str], list[list[str]]]]
+#: a region's table name and its results -> its Markdown lines (``render``; ``bench.page.renderer`` adds the bench's)
+Render = Callable[[str, dict], str]
 
 #: table name -> the function of a results dict that gives its (header, body)
 TABLES: dict[str, Rows] = {
@@ -85,9 +88,9 @@ def render(table: str, results: dict) -> str:
     return "\n".join(markdown_table(*TABLES[table](results))) + "\n"
 
 
-def regenerate(text: str, folder: Path) -> str:
-    """``text`` (a Markdown file's content) with every generated region rewritten from its results file, read
-    relative to ``folder``."""
+def regenerate(text: str, folder: Path, render: Render = render) -> str:
+    """``text`` (a Markdown file's content) with every generated region rewritten by ``render`` from its results
+    file, read relative to ``folder``."""
     pieces, at = [], 0
     for match in BEGIN.finditer(text):
         end = text.find(END, match.end())
@@ -102,19 +105,20 @@ def regenerate(text: str, folder: Path) -> str:
     return "".join(pieces) + text[at:]
 
 
-def stale(paths: list[Path]) -> list[Path]:
+def stale(paths: list[Path], render: Render = render) -> list[Path]:
     """The Markdown files whose generated tables differ from their results files."""
-    return [p for p in paths if regenerate(p.read_text(), p.parent) != p.read_text()]
+    return [p for p in paths if regenerate(p.read_text(), p.parent, render) != p.read_text()]
 
 
-def update(paths: list[Path]) -> list[Path]:
+def update(paths: list[Path], render: Render = render) -> list[Path]:
     """Rewrite every generated table of ``paths``; returns the files that changed."""
-    changed = stale(paths)
+    changed = stale(paths, render)
     for path in changed:
-        storage.write_text(path, regenerate(path.read_text(), path.parent))
+        storage.write_text(path, regenerate(path.read_text(), path.parent, render))
     return changed
 
 
 def documented(root: Path) -> list[Path]:
-    """The Markdown files a checkout publishes: README.md and docs/*.md."""
-    return [p for p in [root / "README.md", *sorted((root / "docs").glob("*.md"))] if p.is_file()]
+    """The Markdown files a checkout publishes: README.md and every page under docs/ (its guide, its results pages and
+    their history)."""
+    return [p for p in [root / "README.md", *sorted((root / "docs").rglob("*.md"))] if p.is_file()]
