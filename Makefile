@@ -37,7 +37,7 @@ bench: $(VENV)/.installed
 	$(VENV)/bin/posenc bench $(ARGS)
 
 # Mutation testing of the modules that make numbers ([tool.mutmut] in pyproject.toml); not part of CI.
-# The score and every survivor's reason are in docs/mutation.md. One thread: mutmut forks its test runner, and a
+# The score and every survivor's reason are in docs/history/mutation.md. One thread: mutmut forks its test runner, and a
 # forked child of a process with a live OpenMP pool deadlocks (every mutant then "times out").
 mutate: $(VENV)/.installed-test
 	$(PIP) install "mutmut>=3,<4"

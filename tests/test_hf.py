@@ -1,6 +1,6 @@
 """
 
-What the mutation run over ``posenc.hf`` found unpinned (docs/mutation.md): the per-layer encoding and scaling
+What the mutation run over ``posenc.hf`` found unpinned (docs/history/mutation.md): the per-layer encoding and scaling
 of a model with one RoPE per layer type, the defaults ``full_rope_parameters`` fills in, the layers of a plain model,
 SmolLM3's sliding-window switch, loading a folder (dtype, tokenizer), and the export's folder: its mode, its record,
 its refusals. Tiny random models built offline (tests/test_hf_families.py).

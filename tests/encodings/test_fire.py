@@ -1,7 +1,7 @@
-"""FIRE: its offset table, dtypes, defaults and messages, what the mutation run found unpinned (docs/mutation.md).
-The table must be the dense bias read along offsets, up to the query that reaches the threshold; a float64 module
-asked for float32 must compute in float32; each bad argument names itself. Its values against the paper's formula:
-tests/test_oracles.py."""
+"""FIRE: its offset table, dtypes, defaults and messages, what the mutation run found unpinned
+(docs/history/mutation.md). The table must be the dense bias read along offsets, up to the query that reaches the
+threshold; a float64 module asked for float32 must compute in float32; each bad argument names itself. Its values
+against the paper's formula: tests/test_oracles.py."""
 
 import pytest
 import torch

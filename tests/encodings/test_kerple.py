@@ -1,5 +1,6 @@
-"""Kerple: a float64 module asked for float32 computes in float32, and a bad head count names itself (what the
-mutation run found unpinned, docs/mutation.md). Its values against the paper's formula: tests/test_oracles.py."""
+"""Kerple: a float64 module asked for float32 computes in float32, and a bad head count names itself (what
+the mutation run found unpinned, docs/history/mutation.md). Its values against the paper's formula:
+tests/test_oracles.py."""
 
 import pytest
 import torch
