@@ -78,3 +78,22 @@ def test_a_new_run_gets_a_dated_folder_named_by_its_arguments_and_resume_needs_o
     with pytest.raises(ValueError, match="--resume needs --out: the run directory to continue"):
         run_folder(p.parse_args(["copy", "--resume"]))
     assert "runs/<task>-<date>" in p.format_help()
+
+
+def test_a_default_preset_restates_none_of_its_configs_defaults():
+    """Each command's defaults are written once, as its config's field defaults; a preset lists only what it changes
+    (pretrained's default preset fine-tunes, which its config alone does not)."""
+    import dataclasses
+
+    from posenc.experiments.extend.config import PRESETS as EXTEND, ExtendConfig
+    from posenc.experiments.extrapolate.config import PRESETS as EXTRAPOLATE, ExperimentConfig
+    from posenc.experiments.pretrained.config import HF_PRESETS, PretrainedConfig
+    from posenc.experiments.tasks.config import PRESETS as TASKS, TaskConfig
+
+    for presets, config in ((EXTRAPOLATE, ExperimentConfig), (TASKS, TaskConfig), (EXTEND, ExtendConfig),
+                            (HF_PRESETS, PretrainedConfig)):
+        defaults = {f.name: f.default for f in dataclasses.fields(config)}
+        restated = {k: v for k, v in presets["default"].items() if defaults.get(k) == v}
+        assert not restated, f"{config.__name__}: the default preset restates {restated}"
+        built = config.from_preset("copy", "default") if config is TaskConfig else config.from_preset("default")
+        assert set(presets["default"]) <= set(defaults) and built == config(**presets["default"])

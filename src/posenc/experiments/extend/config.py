@@ -26,10 +26,7 @@ PRESETS: dict[str, dict] = {
                   finetune_warmup=2,
                   search_population=6, search_generations=2, search_parents=2, search_windows=2, sweep_windows=4,
                   curve_windows=4),
-    # On the 2-core CPU: fine-tuning sees ~13% of the pretraining tokens, at the best of three rates.
-    "default": dict(base="default", finetune_steps=80, finetune_batch=4, finetune_lrs=(1e-4, 3e-4, 1e-3),
-                    finetune_warmup=8, search_population=24, search_generations=16, search_parents=6, search_windows=8,
-                    sweep_windows=64, curve_windows=64),
+    "default": {},  # ExtendConfig's own defaults
     "gpu": dict(base="gpu", finetune_steps=400, finetune_batch=16, finetune_lrs=(1e-4, 3e-4, 1e-3),
                 finetune_warmup=40, search_population=32, search_generations=16, search_parents=8, search_windows=16,
                 sweep_windows=128, curve_windows=128, from_scratch=True),
@@ -38,6 +35,9 @@ PRESETS: dict[str, dict] = {
 
 @dataclass(frozen=True)
 class ExtendConfig:
+    """The default preset: on the 2-core CPU, fine-tuning sees ~13% of the pretraining tokens, at the best of three
+    rates."""
+
     preset: str = "default"
     factor: float = 8.0
     methods: tuple[str, ...] = ("pi", "ntk", "dynamic", "yarn", "longrope")
@@ -62,11 +62,12 @@ class ExtendConfig:
         values = preset_values(PRESETS, preset, overrides)
         steps = overrides.get("finetune_steps")
         if steps is not None and overrides.get("finetune_warmup") is None and isinstance(steps, int) and steps >= 0:
-            chosen = PRESETS[preset]
+            chosen = {**{f.name: f.default for f in dataclasses.fields(cls)}, **PRESETS[preset]}
             values["finetune_warmup"] = round(steps * chosen["finetune_warmup"] / chosen["finetune_steps"])
         if isinstance(values.get("methods"), str):
             values["methods"] = parse_methods(values["methods"], EXTEND_METHODS)
-        values["finetune_lrs"] = tuple(values["finetune_lrs"])
+        if "finetune_lrs" in values:
+            values["finetune_lrs"] = tuple(values["finetune_lrs"])
         return cls(preset=preset, **values)
 
     def __post_init__(self):

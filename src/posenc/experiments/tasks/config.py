@@ -39,8 +39,7 @@ PRESETS: dict[str, dict] = {
     "smoke": dict(dim=32, num_layers=1, num_heads=2, train_length=8, batch_size=16, steps=20, lr=3e-3, warmup=5,
                   eval_sequences=32),
     # the 2-core CPU: about a minute of training per row (copy; recall below)
-    "default": dict(dim=64, num_layers=2, num_heads=4, train_length=32, batch_size=64, steps=2000, lr=3e-3,
-                    warmup=100, eval_sequences=256),
+    "default": {},  # TaskConfig's own defaults
     # a GPU: a bigger model, more steps
     "gpu": dict(dim=256, num_layers=4, num_heads=8, train_length=64, batch_size=128, steps=5000, lr=1e-3,
                 warmup=300, eval_sequences=1024),
