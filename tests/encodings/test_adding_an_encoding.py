@@ -1,8 +1,8 @@
 """An encoding on an existing kind of position term is its module, its registry entry and its test: this file is
 all three for a throwaway one, a learned bias −|w_h|·√|i − j| per head, and it needs no other edit. Registered,
 it is built by name, served by every backend of ``attention()``, trained by the tiny LM, checked by ``posenc
-verify``, timed by ``posenc bench`` and offered as a row by ``posenc extrapolate`` and ``posenc task``; each of those
-reads the registry when it is called."""
+verify``, timed by ``posenc bench``, offered as a row by ``posenc extrapolate`` and ``posenc task``, and given its
+line of docs/guide/api.md's table by ``posenc report``; each of those reads the registry when it is called."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 import posenc
 from posenc import cli, verify
+from posenc.experiments import published
 from posenc.bench.attention import bench_attention
 from posenc.bench.command import chosen_encodings
 from posenc.encodings import PositionalEncoding, build
@@ -112,6 +113,12 @@ def test_the_tiny_lm_trains_it_as_an_extrapolate_row(registered, tmp_path):
 def test_the_tasks_offer_it(registered):
     assert NAME in task_rows()
     assert [trains for _, trains, _ in TaskConfig.from_preset("copy", "smoke", encodings=NAME).rows] == [NAME]
+
+
+def test_posenc_report_writes_its_docs_line(registered):
+    lines = published.render("encodings", {}).splitlines()
+    assert lines[-1] == f"| `{NAME}` | score bias | a test's own | `num_heads` |"
+    assert len(lines) == 2 + len(ENTRIES)  # header, rule, a line per registered encoding
 
 
 def test_unregistered_it_is_gone_and_names_are_checked(registered):

@@ -9,7 +9,8 @@ A generated region sits between two comments in a Markdown file, naming the tabl
 
 ``posenc report`` rewrites every such region from its file; ``posenc report --check`` lists the files whose
 tables differ from what their results files give (a test runs it over the README and docs), so a number in the
-docs is never copied by hand and never drifts from the run it quotes. The machines' pages under benchmarks/ hold
+docs is never copied by hand and never drifts from the run it quotes. A table of the library itself (``LIBRARY_TABLES``:
+the encodings' registry) names ``posenc`` as its source. The machines' pages under benchmarks/ hold
 regions of the same form, written by ``bench.page``, which ``posenc report`` passes in as the ``render`` here.
 """
 
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from .. import storage
+from ..encodings import registry
 from .extend import report as extend_report
 from .extend.collect import CONTROL
 from .extrapolate import report as extrapolate_report
@@ -68,6 +70,11 @@ TEXTS: dict[str, Callable[[dict], list[str]]] = {
 }
 
 
+#: tables of the library itself, not of a run; their regions name ``LIBRARY`` as the source
+LIBRARY_TABLES: dict[str, Callable[[], tuple[list[str], list[list[str]]]]] = {"encodings": registry.docs_rows}
+LIBRARY = "posenc"
+
+
 def _required(table: tuple | None, name: str, why: str) -> tuple[list[str], list[list[str]]]:
     if table is None:
         raise ValueError(f"generated table {name}: its results file {why}")
@@ -82,9 +89,12 @@ def render(table: str, results: dict) -> str:
     """The Markdown lines of ``table`` (a table or a verdict list) for ``results``, newline-terminated."""
     if table in TEXTS:
         return "\n".join(TEXTS[table](results)) + "\n"
+    if table in LIBRARY_TABLES:
+        header, body = LIBRARY_TABLES[table]()
+        return "\n".join(markdown_table(header, body, text_columns=len(header))) + "\n"
     if table not in TABLES:
         raise ValueError(f"unknown generated table {table!r}; the tables are: {', '.join(TABLES)}; the verdict "
-                         f"lists: {', '.join(TEXTS)}")
+                         f"lists: {', '.join(TEXTS)}; of the library ({LIBRARY}): {', '.join(LIBRARY_TABLES)}")
     return "\n".join(markdown_table(*TABLES[table](results))) + "\n"
 
 
@@ -98,9 +108,13 @@ def regenerate(text: str, folder: Path, render: Render = render) -> str:
             raise ValueError(f"the generated table at character {match.start()} ({match['table']}) has no "
                              f"'{END}' line after it")
         source = folder / match["source"]
-        if not source.is_file():
+        if match["source"] == LIBRARY:
+            results = {}
+        elif not source.is_file():
             raise ValueError(f"generated table {match['table']}: no results file {source}")
-        pieces += [text[at : match.end()], render(match["table"], storage.read_json(source))]
+        else:
+            results = storage.read_json(source)
+        pieces += [text[at : match.end()], render(match["table"], results)]
         at = end
     return "".join(pieces) + text[at:]
 
