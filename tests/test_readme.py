@@ -16,7 +16,8 @@ LINKED = [README, *PAGES, *sorted((ROOT / "benchmarks").rglob("*.md"))]
 # What each page's examples must leave behind: a wrong or skipped block changes these.
 OUTCOMES = {
     "README.md": lambda ns: ns["step"].shape == (1, 8, 1, 64) and ns["out"].shape == (1, 8, 128, 64),
-    "docs/guide/api.md": lambda ns: ns["logits"].shape == (1, 1, 256) and ns["packed"].shape == (1, 8, 8, 64),
+    "docs/guide/api.md": lambda ns: ns["logits"].shape == (1, 1, 256) and ns["packed"].shape == (1, 8, 8, 64)
+    and ns["mine"].shape == (1, 4, 16, 32) and "sqrt-decay" not in ns["posenc"].ENCODINGS,
     "docs/extend.md": lambda ns: ns["found"]["rope_type"] == "longrope" and len(ns["found"]["long_factor"]) == 16,
     "docs/pretrained.md": lambda ns: ns["ids"].shape == (2, 8) and ns["group"] == 3 and ns["out"].shape == (1, 4, 100, 32),
 }
