@@ -208,11 +208,13 @@ def test_the_triton_tiles_at_the_gpus_tile_sizes_equal_float64(dtype, tolerance,
 
 @pytest.mark.parametrize("name, kwargs", [("alibi", {}), ("alibi", {"symmetric": True}), ("kerple", {}),
                                           ("kerple", {"variant": "power"}), ("t5", {"bidirectional": True}),
-                                          ("sandwich", {}), ("fire", {"width": 8, "init_threshold": 300.0})])
+                                          ("sandwich", {}), ("fire", {"width": 8, "init_threshold": 300.0}),
+                                          ("fire", {"width": 33, "init_threshold": 300.0})])
 def test_the_triton_tiles_form_equals_float64_eager_at_long_context(name, kwargs):
     """``forms._tiles_form`` in float32 at 1,500 tokens (T5's last buckets then fill whole tiles; ALiBi, Kerple and
-    FIRE, past its threshold from 300, run as formulas): the output and the gradients of q, k, v and every parameter against float64 eager on the
-    CPU, causal and (but for nothing) bidirectional."""
+    FIRE, past its threshold from 300, run as formulas; FIRE's width 33 reads 64 segment keys): the output and the
+    gradients of q, k, v and every parameter against float64 eager on the CPU, causal and (but for nothing)
+    bidirectional."""
     import posenc
     from posenc.kernels import forms
 

@@ -268,3 +268,69 @@ def test_a_tile_on_a_flat_run_of_the_table_reads_one_entry_and_adds_one_sum():
             assert float((grads[3][:, high] - wanted[3][:, high]).abs().max()) > 1e-3
     print("ok")
     """)
+
+
+def test_fire_tiles_read_its_mlp_as_segments_and_equal_float64_eager():
+    """FIRE through ``forms._tiles_form``, its MLP read as linear segments per pair (``kernels.fire_segments``),
+    against float64 eager: the output and the gradients of q, k, v and every parameter (the MLP's weights and
+    biases, c, L), causal and bidirectional, at the model's positions (queries below and past L = 12, one at it; a
+    KV-cache step) and at explicit ones (a window at offset 14, shuffled), grouped-query heads, widths 5, 32 and 33
+    (P = 8, 64, 64 keys), W1 with negative and zero entries and kinks of both signs exactly at x = 0, where every
+    diagonal pair lies (torch's relu'(0) = 0 there). Width 5's kinks lie below 0.35, so tiles far from the diagonal
+    lie in one segment (one FMA per pair), near it they span several and step through the kinks in their range."""
+    _run("""
+    import copy
+    import posenc
+    from posenc.kernels import forms
+    from posenc.kernels.fire_segments import segment_of
+
+    torch.manual_seed(5)
+
+    def fire(width, spread):
+        encoding = posenc.build("fire", num_heads=2, width=width, init_threshold=12.0)
+        with torch.no_grad():
+            w1, b1 = encoding.mlp[0].weight[:, 0], encoding.mlp[0].bias
+            w1.copy_(torch.randn(width) * 4)
+            w1[1], w1[2], w1[3], w1[4] = 0.0, -abs(w1[2]), abs(w1[3]), -abs(w1[4])
+            b1.copy_(-w1 * torch.rand(width) * spread)  # kinks in [0, spread], where x lies
+            b1[1], b1[3], b1[4] = 0.3, 0.0, 0.0  # a constant unit; kinks at x = 0 of both signs
+            encoding.mlp[2].weight.normal_()
+            encoding.log_scale.add_(0.05)
+        return encoding
+
+    def compare(encoding, causal, q_pos, k_pos, contiguous, kv_heads):
+        q = torch.randn(2, 2, q_pos.shape[-1], 8)
+        k, v = torch.randn(2, kv_heads, k_pos.shape[-1], 8), torch.randn(2, kv_heads, k_pos.shape[-1], 8)
+        reference = copy.deepcopy(encoding).double()
+        exact = [x.double().requires_grad_() for x in (q, k, v)]
+        expected = posenc.attention(*exact, reference.at(q_pos, k_pos, contiguous=contiguous), causal=causal,
+                                    backend="eager")
+        at = encoding.at(q_pos, k_pos, contiguous=contiguous)
+        fast = [x.requires_grad_() for x in (q, k, v)]
+        assert forms.tiles_serve(q, at, causal)
+        got = forms._tiles_form(*fast, at, causal, None, 8 ** -0.5, causal)
+        upstream = torch.randn_like(expected)
+        wanted = torch.autograd.grad(expected, exact + list(reference.parameters()), upstream)
+        grads = torch.autograd.grad(got, fast + list(encoding.parameters()), upstream.float())
+        names = ("out", "dq", "dk", "dv", *(name for name, _ in encoding.named_parameters()))
+        for name, a, b in zip(names, (got, *grads), (expected, *wanted)):
+            error = float((a.double() - b).abs().max() / b.abs().max().clamp_min(1.0))
+            assert error < 2e-5, (encoding, causal, contiguous, kv_heads, name, error)
+
+    contiguous = torch.arange(40)[None]
+    window = (torch.arange(14, 35)[None], torch.arange(35)[None])
+    shuffled = (torch.randperm(40)[:21][None], torch.randperm(40)[:35][None])
+    for width, spread in ((5, 0.35), (32, 1.0), (33, 1.2)):
+        encoding = fire(width, spread)
+        if width == 5:  # 16 x 16 tiles of the 40 x 40 pairs in one segment, and across several
+            x = encoding.interpolated_distance(contiguous, contiguous, torch.float32)[0]
+            keys = encoding.offset_formula()[1][0, :8]
+            counts = [len(segment_of(x[i:i + 16, j:j + 16], keys).unique()) for i in (0, 16, 32) for j in (0, 16, 32)]
+            assert min(counts) == 1 and max(counts) > 2, counts
+        for causal in (True, False):
+            compare(encoding, causal, contiguous, contiguous, True, 1)
+            compare(encoding, causal, *shuffled, False, 2)
+        compare(encoding, True, contiguous[:, 19:], contiguous, True, 2)  # a KV-cache step: 21 queries, 40 keys
+        compare(encoding, True, *window, False, 1)
+    print("ok")
+    """)

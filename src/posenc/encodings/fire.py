@@ -14,8 +14,8 @@ paper's pseudo-code.
 The bias depends on the query's position as well as the offset, so this encoding overrides
 ``score_bias`` (``bias_from_offset = False``); FlexAttention looks its dense bias up per pair. Up to the
 threshold the normaliser is ψ(L) for every query, so there the bias is a table of offsets (``offset_table``),
-which the CPU kernel with the bias inside serves; on a GPU the Triton tiles evaluate the MLP per pair at any
-position (``offset_formula``).
+which the CPU kernel with the bias inside serves; on a GPU the Triton tiles read the MLP as its linear segments
+per pair at any position (``offset_formula``).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import checks
+from ..kernels.fire_segments import relu_segments
 from .base import PositionalEncoding
 
 INIT_THRESHOLD = 512.0
@@ -71,13 +72,15 @@ class FIRE(PositionalEncoding):
         return self.score_bias(torch.zeros(1, 1, dtype=torch.long, device=device), keys, dtype)[0, :, 0, :]
 
     def offset_formula(self) -> tuple[str, Tensor]:
-        """("fire", (H, 3W + 3) float32): per head [w1 (W), b1 (W), w2_h (W), b2_h, c, L], differentiable, which
-        ``kernels.tiles_triton`` evaluates per pair, the query's position included."""
-        heads, width = self.num_heads, self.mlp[0].out_features
+        """("fire", (H, 3P + 2) float32), differentiable: per head [keys (P), slopes (P), intercepts (P), c, L], the
+        MLP as its segments (``kernels.fire_segments.relu_segments``, P = next power of two ≥ W + 1), which
+        ``kernels.tiles_triton`` reads per pair at any position, the query's included."""
         first, second = self.mlp[0], self.mlp[2]
-        scalars = torch.stack([self.log_scale.abs(), (self.threshold * INIT_THRESHOLD).abs()])
-        shared = torch.cat([first.weight[:, 0], first.bias]).expand(heads, 2 * width)
-        return "fire", torch.cat([shared, second.weight, second.bias[:, None], scalars.expand(heads, 2)], 1).float()
+        keys, slopes, intercepts = relu_segments(first.weight[:, 0], first.bias, second.weight, second.bias)
+        heads, count = slopes.shape  # (H, P)
+        scalars = torch.stack([self.log_scale.abs(), (self.threshold * INIT_THRESHOLD).abs()])  # c, L
+        parts = [keys.expand(heads, count), slopes, intercepts, scalars.expand(heads, 2)]
+        return "fire", torch.cat([part.float() for part in parts], 1)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, width={self.mlp[0].out_features}"

@@ -8,10 +8,13 @@ Logits are kept in base 2 (``scale_log2`` = scale · log2 e, each bias term time
   - LINEAR / LINEAR_ABS: ``a_h · o`` / ``a_h · |o|`` (ALiBi: a_h = −slope);
   - KERPLE_LOG / KERPLE_POWER: ``−r1_h · log(1 + r2_h·|o|)`` / ``−r1_h · |o|^r2_h``;
 with ``params`` (H, 2) holding a_h or (r1_h, r2_h);
-  - FIRE: its MLP of the interpolated distance, per pair, the MLP read from the table's row of this head
-    (``tiles_terms._fire_input``), its gradient added per tile and hidden unit. Token values (FoX's c) add ``c_i − c_j``, each side taken
-relative to one float64 reference per program before it is rounded to float32, so the float32 difference keeps
-its digits where it matters (near keys) however large c grows.
+  - FIRE: its MLP of the interpolated distance x (``tiles_terms._fire_input``) as the linear segment x falls in
+    (``kernels.fire_segments``: the table's row of this head holds the sorted kinks, slopes and intercepts); a tile
+    visits only the kinks inside its range of x (far from the diagonal mostly none: one FMA per pair) and adds
+    Σ ds and Σ ds · x per segment it spans; c's and L's gradients are added once per program.
+Token values (FoX's c) add ``c_i − c_j``, each side taken relative to one float64 reference per program before it
+is rounded to float32, so the float32 difference keeps its digits where it matters (near keys) however large c
+grows.
 
 Pointer arguments named in capitals are tensors; ``s_*`` are strides (0 broadcasts a batch of one).
 """
@@ -253,8 +256,8 @@ def _query_grads_span(dq, d_values, low_rows, high_rows, first_rows, second_rows
                       DOT: tl.constexpr):
     """dq (and the queries' token values', the table's and the parameters' gradients) over key tiles start,
     start + BLOCK, … < end. Per query row: ``low_rows`` and ``high_rows``, what the tiles that share entry flat_low
-    (flat_high) add to it; ``first_rows`` and ``second_rows``, the two parameters' gradients; the caller adds
-    their sums to memory once per program."""
+    (flat_high) add to it; ``first_rows`` and ``second_rows``, the two parameters' gradients (FIRE's c and L); the
+    caller adds their sums to memory once per program."""
     for start_n in range(start, end, BLOCK):
         cols, in_keys, k_tile, k_pos, s, entry, shared = _key_tile(
             q, q_pos, q_side, reference, start_n, K, s_kt, KPOS, KVAL, table, params, n_entries, lowest, flat_low,
@@ -268,7 +271,9 @@ def _query_grads_span(dq, d_values, low_rows, high_rows, first_rows, second_rows
         if TOKEN_GRAD:
             d_values += tl.sum(ds, 1)
         if TABLE_GRAD and BIAS == 6:
-            add_fire_grads(dtable, ds, q_pos, k_pos, table, n_entries)
+            from_c, from_threshold = add_fire_grads(dtable, ds, q_pos, k_pos, table, n_entries)
+            first_rows += from_c
+            second_rows += from_threshold
         elif TABLE_GRAD:
             if shared >= 0:
                 row_sums = tl.sum(ds, 1)
@@ -333,6 +338,9 @@ def backward_queries(Q, K, V, DO, LSE, DELTA, DQ, TABLE, DTABLE, PARAMS, DPARAMS
     if TABLE_GRAD:
         tl.atomic_add(DTABLE_ + tl.maximum(flat_low, 0), tl.sum(low_rows), mask=flat_low >= 0)
         tl.atomic_add(DTABLE_ + tl.minimum(flat_high, n_entries - 1), tl.sum(high_rows), mask=flat_high < n_entries)
+    if TABLE_GRAD and BIAS == 6:  # FIRE's c and L
+        tl.atomic_add(DTABLE_ + n_entries - 2, tl.sum(first_rows))
+        tl.atomic_add(DTABLE_ + n_entries - 1, tl.sum(second_rows))
     if PARAM_GRAD:
         tl.atomic_add(DPARAMS + h * 2, tl.sum(first_rows))
         tl.atomic_add(DPARAMS + h * 2 + 1, tl.sum(second_rows))

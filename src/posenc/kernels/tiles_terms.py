@@ -44,7 +44,7 @@ def tile_logits(q, k_tile, q_pos, k_pos, cols, table, params, n_entries, lowest,
     """One tile's base-2 logits (BLOCK_M, BLOCK_N) float32, −inf where a pair may not attend (``MASKED``: the tile
     may hold such pairs); each pair's table entry (clamped into the table) and the entry every pair of the tile
     shares (−1: none). ``table``: this head's row of the numbers the bias reads: its table of offsets, or FIRE's
-    MLP (``n_entries`` of them)."""
+    segments (``n_entries`` of them)."""
     s = dot(q, k_tile, DOT) * scale_log2
     offset = q_pos[:, None] - k_pos[None, :]
     entry = tl.minimum(tl.maximum(offset - lowest, 0), n_entries - 1)
@@ -66,7 +66,7 @@ def tile_logits(q, k_tile, q_pos, k_pos, cols, table, params, n_entries, lowest,
         s -= tl.load(params) * 1.4426950408889634 * _power(_distance(offset, BIAS), tl.load(params + 1))
     elif BIAS == 6:
         x, _, _ = _fire_input(q_pos, k_pos, table, n_entries)
-        s += _fire_mlp(x, table, n_entries) * 1.4426950408889634
+        s += _fire_bias(x, table, n_entries) * 1.4426950408889634
     if HAS_TOKENS:
         s += (q_side[:, None] - k_side[None, :]) * 1.4426950408889634
     if MASKED:
@@ -120,10 +120,9 @@ def _log1p(u):
 @triton.jit
 def _fire_input(q_pos, k_pos, fire, n_entries):
     """FIRE's x = ψ(|o|) / (ψ(max(q, L)) + ε), ψ(u) = log(1 + c·u), per pair (BLOCK_M, BLOCK_N); and the per-row
-    denominator and max(q, L) for the gradients. ``fire``: [w1 (W), b1 (W), w2_h (W), b2_h, c, L], W = (N − 3) / 3."""
-    width = (n_entries - 3) // 3
-    c = tl.load(fire + 3 * width + 1)
-    threshold = tl.load(fire + 3 * width + 2)
+    denominator and max(q, L) for the gradients. ``fire``: [keys (P), slopes (P), intercepts (P), c, L]."""
+    c = tl.load(fire + n_entries - 2)
+    threshold = tl.load(fire + n_entries - 1)
     distance = tl.abs(q_pos[:, None] - k_pos[None, :]).to(tl.float32)
     normalizer = tl.maximum(q_pos.to(tl.float32), threshold)
     denominator = _log1p(c * normalizer) + 1e-6
@@ -131,38 +130,69 @@ def _fire_input(q_pos, k_pos, fire, n_entries):
 
 
 @triton.jit
-def _fire_mlp(x, fire, n_entries):
-    """b2_h + Σ_k w2_hk · relu(w1_k · x + b1_k), per pair."""
-    width = (n_entries - 3) // 3
-    bias = tl.zeros_like(x) + tl.load(fire + 3 * width)
-    for unit in range(width):
-        hidden = tl.maximum(tl.load(fire + unit) * x + tl.load(fire + width + unit), 0.0)
-        bias += tl.load(fire + 2 * width + unit) * hidden
+def _segment(x, fire, keys):
+    """#{r : fire[r] < x} per element of x: a branch-free binary search over the ``keys`` (a power of two) sorted
+    keys, whose last is +inf, so it lands in 0 .. keys − 1 in log2(keys) steps."""
+    segment = tl.zeros(x.shape, tl.int32)
+    half = keys // 2
+    while half > 0:
+        segment += tl.where(tl.load(fire + segment + half - 1) < x, half, 0)
+        half = half // 2
+    return segment
+
+
+@triton.jit
+def _fire_range(x, fire, keys):
+    """The least and the greatest segment of a tile's x (scalars): those of its least and greatest x."""
+    ends = _segment(tl.where(tl.arange(0, 2) == 0, tl.min(x), tl.max(x)), fire, keys)  # (2,)
+    return tl.min(ends), tl.max(ends)
+
+
+@triton.jit
+def _fire_bias(x, fire, n_entries):
+    """slopes[s] · x + intercepts[s] per pair, s its segment: FIRE's MLP (``kernels.fire_segments``). From the
+    tile's least segment on, each key inside the tile's range of x moves the pairs past it to the next segment: a
+    tile far from the diagonal spans a narrow range of x and mostly holds none (one FMA per pair)."""
+    keys = (n_entries - 2) // 3
+    low, high = _fire_range(x, fire, keys)
+    bias = tl.load(fire + keys + low) * x + tl.load(fire + 2 * keys + low)
+    for r in range(low, high):
+        past = tl.load(fire + keys + r + 1) * x + tl.load(fire + 2 * keys + r + 1)
+        bias = tl.where(tl.load(fire + r) < x, past, bias)
     return bias
 
 
 @triton.jit
 def add_fire_grads(DFIRE, ds, q_pos, k_pos, fire, n_entries):
-    """Add one tile's Σ ds · ∂bias/∂(w1, b1, w2_h, b2_h, c, L) to this head's gradient row (atomic adds)."""
-    width = (n_entries - 3) // 3
+    """Add one tile's Σ ds and Σ ds · x per segment (the gradients of its intercept and slope) to this head's
+    gradient row (two atomic adds per segment the tile spans); return its rows' Σ_j ds · ∂bias/∂c and ∂bias/∂L
+    (BLOCK_M,) each, which the caller sums over its tiles."""
+    keys = (n_entries - 2) // 3
     x, denominator, normalizer = _fire_input(q_pos, k_pos, fire, n_entries)
-    slope = tl.zeros_like(x)  # ∂bias/∂x per pair
-    for unit in range(width):
-        w1, w2 = tl.load(fire + unit), tl.load(fire + 2 * width + unit)
-        before = w1 * x + tl.load(fire + width + unit)
-        active = tl.where(before > 0.0, ds, 0.0)
-        tl.atomic_add(DFIRE + unit, tl.sum(active * x) * w2)
-        tl.atomic_add(DFIRE + width + unit, tl.sum(active) * w2)
-        tl.atomic_add(DFIRE + 2 * width + unit, tl.sum(ds * tl.maximum(before, 0.0)))
-        slope += tl.where(before > 0.0, w1 * w2, 0.0)
-    tl.atomic_add(DFIRE + 3 * width, tl.sum(ds))
-    c = tl.load(fire + 3 * width + 1)
-    threshold = tl.load(fire + 3 * width + 2)
+    low, high = _fire_range(x, fire, keys)
+    weighted = ds * x
+    if low == high:
+        tl.atomic_add(DFIRE + keys + low, tl.sum(weighted))
+        tl.atomic_add(DFIRE + 2 * keys + low, tl.sum(ds))
+        pulled = ds * tl.load(fire + keys + low)  # ds · ∂bias/∂x
+    else:
+        segment = tl.zeros(x.shape, tl.int32) + low
+        slope = tl.zeros_like(x) + tl.load(fire + keys + low)
+        for r in range(low, high):  # as in _fire_bias
+            past = tl.load(fire + r) < x
+            segment += past.to(tl.int32)
+            slope = tl.where(past, tl.load(fire + keys + r + 1), slope)
+        for s in range(low, high + 1):
+            inside = segment == s
+            tl.atomic_add(DFIRE + keys + s, tl.sum(tl.where(inside, weighted, 0.0)))
+            tl.atomic_add(DFIRE + 2 * keys + s, tl.sum(tl.where(inside, ds, 0.0)))
+        pulled = ds * slope
+    c = tl.load(fire + n_entries - 2)
+    threshold = tl.load(fire + n_entries - 1)
     distance = tl.abs(q_pos[:, None] - k_pos[None, :]).to(tl.float32)
     grown = (normalizer / (1.0 + c * normalizer)) / denominator  # ∂ log(ψ(max(q, L)) + ε) / ∂c, per row
-    dx_dc = (distance / (1.0 + c * distance)) / denominator[:, None] - x * grown[:, None]
     chosen = tl.where(threshold > q_pos.to(tl.float32), 1.0, tl.where(threshold == q_pos.to(tl.float32), 0.5, 0.0))
     at_threshold = chosen * (c / (1.0 + c * normalizer)) / denominator  # a tie splits max's gradient, as torch's
-    pulled = ds * slope
-    tl.atomic_add(DFIRE + 3 * width + 1, tl.sum(pulled * dx_dc))
-    tl.atomic_add(DFIRE + 3 * width + 2, tl.sum(-pulled * x * at_threshold[:, None]))
+    along = tl.sum(pulled * x, 1)  # Σ_j ds · ∂bias/∂x · x per row
+    from_c = tl.sum(pulled * (distance / (1.0 + c * distance)), 1) / denominator - along * grown
+    return from_c, -along * at_threshold

@@ -47,15 +47,17 @@ CHECKED_ON_GPU = ("linear", "linear_abs", "kerple_log", "kerple_power")
 @dataclass(frozen=True)
 class Formula:
     """A bias computed inside the tiles: ``kind`` one of FORMULAS, ``params`` float, differentiable: (H, 2) with
-    a_h in column 0 for the linear kinds, r1_h and r2_h for Kerple's; for FIRE (H, 3W + 3), per head its MLP
-    [w1 (W), b1 (W), w2_h (W), b2_h, c, L] (a bias of the query's position too, not of the offset alone)."""
+    a_h in column 0 for the linear kinds, r1_h and r2_h for Kerple's; for FIRE (H, 3P + 2), P a power of two ≥ 2,
+    per head its MLP as segments [keys (P), slopes (P), intercepts (P), c, L] (``kernels.fire_segments``; a bias
+    of the query's position too, not of the offset alone)."""
 
     def __post_init__(self):
         columns = 2 if self.kind != "fire" else self.params.shape[-1] if self.params.dim() == 2 else 0
+        keys = (columns - 2) // 3
         if self.kind not in FORMULAS or self.params.dim() != 2 or self.params.shape[-1] != columns or (
-                self.kind == "fire" and (columns < 6 or columns % 3)):
-            raise ValueError(f"formula must be one of {sorted(FORMULAS)} with params (H, 2), or (H, 3W + 3) for "
-                             f"fire, got {self.kind!r} with {tuple(self.params.shape)}")
+                self.kind == "fire" and (keys < 2 or columns != 3 * keys + 2 or keys & (keys - 1))):
+            raise ValueError(f"formula must be one of {sorted(FORMULAS)} with params (H, 2), or (H, 3P + 2) with P "
+                             f"a power of two >= 2 for fire, got {self.kind!r} with {tuple(self.params.shape)}")
 
     kind: str
     params: Tensor
