@@ -161,7 +161,7 @@ def test_no_source_file_exceeds_400_lines():
     ("experiments/extend/stages.py", "from ..extrapolate.stages import prepare_run_dir",
      "command extend may not import command extrapolate"),
     ("experiments/tables.py", "from .extrapolate import run", "shared experiment modules may not import a command"),
-    ("hf.py", "import posenc.experiments.pretrained", "hf may not import experiments"),
+    ("hf/loading.py", "import posenc.experiments.pretrained", "hf may not import experiments"),
 ])
 def test_a_forbidden_import_is_caught(module, line, why):
     """Each rule fails on the import it forbids, added to the real module's text."""

