@@ -38,7 +38,8 @@ from .kernels.local import check_span, joined_mask, local_attention
 from .kernels.flex import flex_backend
 from .kernels.forms import allowed_pairs, masked, math_dtype, score_forms
 from .kernels.sinks import sdpa_with_sink, softmax_with_sink
-from .encodings.base import NoPE, PositionalEncoding, PositionedEncoding
+from .encodings.base import NoPE, PositionalEncoding
+from .encodings.positioned import PositionedEncoding
 from .positions import default_positions
 
 BACKENDS = ("auto", "eager", "sdpa", "flex")

@@ -9,7 +9,7 @@ import torch
 
 import posenc
 from posenc.encodings.alibi import ALiBi
-from posenc.encodings.base import channels_from_keys
+from posenc.encodings.positioned import channels_from_keys
 from posenc.encodings.relative import TransformerXL
 from posenc.encodings.sandwich import Sandwich
 from posenc.kernels import blockwise, dispatch

@@ -28,7 +28,8 @@ from torch import Tensor, nn
 
 from .. import checks
 from ..kernels import rotate_pairs
-from .base import PositionalEncoding, PositionedEncoding
+from .base import PositionalEncoding
+from .positioned import PositionedEncoding
 from .scaling import rope_frequencies
 
 

@@ -19,7 +19,8 @@ from torch import Tensor
 from .. import checks
 from ..kernels import (rope_angles, rope_cos_sin, rope_qk_triton, rope_qk_triton_, rotate_pairs, rotate_pairs_,
                        triton_available)
-from .base import PositionalEncoding, PositionedEncoding
+from .base import PositionalEncoding
+from .positioned import PositionedEncoding
 from .scaling import SCALINGS, normalize_scaling, rope_frequencies
 
 LAYOUTS = ("half", "interleaved")

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from .. import checks
 from ..kernels import rope_cos_sin
-from .base import PositionedEncoding
+from .positioned import PositionedEncoding
 from .rotary import RoPE
 
 #: ζ_c = (2c/Dh + GAMMA) / (1 + GAMMA), the paper's 0.4

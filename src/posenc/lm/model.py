@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from .. import checks
 from ..attention import attention, attention_weights
 from ..encodings import build_for_model
-from ..encodings.base import PositionedEncoding
+from ..encodings.positioned import PositionedEncoding
 from .layouts import check_layers
 
 EMBEDDING_STD = 0.02  # GPT-2's initialisation of every weight and of the token embeddings
