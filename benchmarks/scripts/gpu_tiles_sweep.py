@@ -1,8 +1,9 @@
 """The Triton tiles' terms apart, and their block sizes, on a lent GPU: forward + backward of
 ``kernels.tiles_triton`` at (1, 16, 16,384, 64) bf16 causal with no term, ALiBi's and Kerple's formulas (Kerple's
 parameters learned), an offset table read per pair (fixed: Sandwich; learned: its gradient by diagonal sums), the
-same learned table flat past offset 128 (T5's last bucket, one read per tile there) and FoX's token values, under
-each tile setting, beside SDPA without positions, round-robin.
+same learned table flat past offset 128 (T5's last bucket, one read per tile there), FoX's token values and FIRE's
+MLP as segments (the query's position in every pair; its parameters learned, the segment table rebuilt per call as
+a model rebuilds it per forward), under each tile setting, beside SDPA without positions, round-robin.
 
     python3 benchmarks/scripts/gpu_tiles_sweep.py [B H T Dh]
 
@@ -18,6 +19,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from posenc.encodings import FIRE
 from posenc.kernels import tiles_triton
 
 #: (forward BLOCK_M, forward BLOCK_N, backward BLOCK, warps, stages), as ``tiles_triton._blocks`` returns them
@@ -41,6 +43,7 @@ def main(batch: int = 1, heads: int = 16, length: int = 16384, width: int = 64) 
     kerple = tiles_triton.Formula("kerple_log", (torch.rand(heads, 2, device=device) + 0.1).requires_grad_())
     tokens = torch.nn.functional.logsigmoid(torch.randn(batch, heads, length, device=device) + 3).cumsum(-1)
     tokens.requires_grad_()
+    fire = FIRE(heads).to(device)
     scale = width ** -0.5
     contenders = {
         "sdpa (no positions)": (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), []),
@@ -55,6 +58,8 @@ def main(batch: int = 1, heads: int = 16, length: int = 16384, width: int = 64) 
                                                                           flat=(-1, 128)), [flat]),
         "tiles, token values": (lambda: tiles_triton.tiled_attention(q, k, v, scale=scale, token_values=tokens),
                                 [tokens]),
+        "tiles, fire segments": (lambda: tiles_triton.tiled_attention(
+            q, k, v, scale=scale, formula=tiles_triton.Formula(*fire.offset_formula())), list(fire.parameters())),
     }
     original = tiles_triton._blocks
     for setting in SETTINGS:

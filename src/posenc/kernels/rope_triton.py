@@ -25,7 +25,7 @@ from torch import Tensor
 
 @dataclass(frozen=True)
 class Tiling:
-    """The work of one program; ``benchmarks/gpu_rope_sweep.py`` times a few of these against ``copy_``."""
+    """The work of one program; ``benchmarks/scripts/gpu_rope_sweep.py`` times a few of these against ``copy_``."""
 
     pairs: int = 2048  # pairs per head: a tile of pairs // F positions (at most 64)
     heads: int = 8  # heads per program, sharing one load of the tile's cos/sin (2x the bf16 bytes of one head)

@@ -140,7 +140,7 @@ def _blocks(q: Tensor) -> tuple[int, int, int, int, int]:
     """(forward BLOCK_M, forward BLOCK_N, backward BLOCK, warps, pipeline stages) for q's device and head width;
     small tiles under the interpreter, so a test at a few dozen tokens crosses tiles. On an H200 (bf16, Dh 64,
     16,384 tokens) 128 × 64 forward and 64 × 64 backward tiles with 4 warps ran fastest of four settings
-    (benchmarks/h200-tiles-first.log); 128 × 128 does not fit its shared memory."""
+    (benchmarks/h200/h200-tiles-first.log); 128 × 128 does not fit its shared memory."""
     if q.device.type == "cpu":
         return 16, 16, 16, 1, 1
     wide = q.shape[-1] > 64
