@@ -126,7 +126,7 @@ def _fire_input(q_pos, k_pos, fire, n_entries):
     distance = tl.abs(q_pos[:, None] - k_pos[None, :]).to(tl.float32)
     normalizer = tl.maximum(q_pos.to(tl.float32), threshold)
     denominator = _log1p(c * normalizer) + 1e-6
-    return _log1p(c * distance) / denominator[:, None], denominator, normalizer
+    return _log1p(c * distance) * (1.0 / denominator)[:, None], denominator, normalizer  # a division per row
 
 
 @triton.jit
