@@ -17,27 +17,17 @@ Shapes: B batch, H heads, Tq/Tk query/key lengths, Dh head width, Dv value width
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-
 import torch
 from torch import Tensor
 
 from . import native
 
-SOURCE = Path(__file__).with_name("gated_counts_cpu.cpp")
-PREFIX = "posenc_gated_counts_cpu"
-
-
-@functools.cache
-def extension():
-    """The compiled module, or None where it is switched off or cannot be built (warned once)."""
-    return native.load(PREFIX, SOURCE, "CoPE's attention kernel")
+extension = native.loader("gated_counts_cpu.cpp", "CoPE's attention kernel")
 
 
 def serves(q: Tensor) -> bool:
     """Whether the kernel runs on q's device here: CPU, eager (not inside a ``torch.compile`` graph), built."""
-    return q.device.type == "cpu" and not torch.compiler.is_compiling() and extension() is not None
+    return native.runs_here(q, extension)
 
 
 def gated_counts_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, *, scale: float, gate_scale: float

@@ -21,6 +21,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
@@ -110,3 +111,21 @@ def load(prefix: str, source: Path, what: str):
     except Exception as error:  # noqa: BLE001 - any build failure means "use the PyTorch form"
         warnings.warn(f"posenc: {what} could not be built, using the PyTorch form ({error})", stacklevel=3)
         return None
+
+
+def loader(source_name: str, what: str) -> Callable[[], Any]:
+    """The loader of the C++ kernel ``kernels/<source_name>``: called, its compiled module, built on first use under
+    the prefix ``posenc_<its stem>``, or None where kernels are off or it cannot be built (warned once, with
+    ``what``)."""
+    source = Path(__file__).with_name(source_name)
+
+    @functools.cache
+    def extension():
+        return load("posenc_" + source.stem, source, what)
+
+    return extension
+
+
+def runs_here(x: torch.Tensor, extension: Callable[[], Any]) -> bool:
+    """Whether a CPU kernel runs on x's device here: CPU, eager (not inside a ``torch.compile`` graph), built."""
+    return x.device.type == "cpu" and not torch.compiler.is_compiling() and extension() is not None
