@@ -193,8 +193,8 @@ def test_too_small_corpus_fails_before_training(tmp_path, capsys):
 @pytest.mark.parametrize("flag, value, message", [
     ("--steps", "0", "steps must be an integer >= 1"),
     ("--lr", "-1", "lr must be a number > 0.0"),
-    ("--eval-factors", "1,0", "eval_factors must be integers >= 1"),
-    ("--eval-stride", "0", "eval_stride must be an integer >= 1"),
+    ("--eval-factors", "1,0", "--eval-factors must be integers >= 1"),
+    ("--eval-stride", "0", "--eval-stride must be an integer >= 1"),
     ("--dim", "31", "dim (31) must be divisible by num_heads (2)"),
     ("--dim", "6", "head_dim must be an even integer >= 2, got 3"),
     ("--compare", "none:alibi", "--compare pairs rows over seeds: it needs --seeds >= 2"),

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from ... import checks
 from ...lm.layouts import LAYOUTS
 from ...lm.model import ModelConfig
+from ..pinning import WHEN_ABSENT, as_current
 from ..presets import preset_values
-from ..rate_grid import check_grid, sweeping_seeds
+from ..rate_grid import sweeping_seeds
+from ..tiny_lm import check_training
 from ..verdicts import expand_family, parse_family
 from .rows import Row, parse_rows
 
@@ -68,30 +70,20 @@ class ExperimentConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> "ExperimentConfig":
-        """The inverse of to_dict (e.g. a run directory's config.json)."""
-        values = dict(values)
+        """The inverse of to_dict (e.g. a run directory's config.json, read as the current version reads it)."""
+        values = as_current(values, "extrapolate")
         for name in ("eval_factors", "lrs"):
             if name in values:
                 values[name] = tuple(values[name])
         return cls(**values)
 
     def __post_init__(self):
-        for name in ("dim", "num_layers", "num_heads", "train_length", "batch_size", "steps", "eval_windows", "seeds"):
-            checks.positive_int(name, getattr(self, name))
-        checks.positive_int("warmup", self.warmup, minimum=0)
-        checks.positive_float("lr", self.lr)
-        if self.lrs:
-            check_grid("--lrs", self.lrs)
-        checks.positive_int("--lr-widenings", self.lr_widenings, minimum=0)
-        self.sweep_seeds  # a bad --lr-sweep-seeds fails here
-        if not self.eval_factors or any(not isinstance(f, int) or f < 1 for f in self.eval_factors):
-            raise ValueError(f"eval_factors must be integers >= 1, got {self.eval_factors}")
+        check_training(self, counts=("eval_windows",))
         if self.eval_stride is not None:
-            checks.positive_int("eval_stride", self.eval_stride)
+            checks.positive_int("--eval-stride", self.eval_stride)
         if self.window_length > 4 * max(self.eval_lengths):
             raise ValueError(f"eval_factors {self.eval_factors}: evaluation windows must hold a whole number of every "
                              f"eval length, here {self.window_length} bytes; choose factors that divide the largest")
-        checks.choice("device", self.device, ("auto", "cpu", "cuda"))
         parse_rows(self.encodings)  # unknown names fail here, before anything runs
         if self.compare:
             self.family  # so does a comparison of rows or lengths the run does not have
@@ -135,16 +127,10 @@ class ExperimentConfig:
 
     def training_dict(self) -> dict:
         """The fields a checkpoint depends on: a resumed run must keep them. A field at the value its absence
-        means (``ABSENT_TRAINING_FIELDS``) is left out, so the dict equals one written before the field existed."""
-        values = self.to_dict()
-        return {name: values[name] for name in TRAINING_FIELDS
-                if name not in ABSENT_TRAINING_FIELDS or values[name] != ABSENT_TRAINING_FIELDS[name]}
-
-    def training_changes(self, pinned: dict) -> list[str]:
-        """The training fields in which this config differs from a run's ``config.json`` (``pinned``)."""
-        current, absent = self.training_dict(), ABSENT_TRAINING_FIELDS
-        return [name for name in TRAINING_FIELDS
-                if pinned.get(name, absent.get(name)) != current.get(name, absent.get(name))]
+        means (``pinning.WHEN_ABSENT``) is left out, so the dict equals one written before the field existed (extend
+        pins it, and its LongRoPE search logs hold it)."""
+        values, absent = self.to_dict(), WHEN_ABSENT["extrapolate"]
+        return {name: values[name] for name in TRAINING_FIELDS if name not in absent or values[name] != absent[name]}
 
     @property
     def dev_windows(self) -> int:
@@ -162,5 +148,3 @@ class ExperimentConfig:
 # eval lengths, protocol, windows, device) may change between --resume calls.
 TRAINING_FIELDS = ("dim", "num_layers", "num_heads", "train_length", "batch_size", "steps", "lr", "lrs",
                    "lr_widenings", "lr_sweep_seeds", "warmup", "text", "checkpoint_every")
-#: what a config.json written before a field existed meant by its absence
-ABSENT_TRAINING_FIELDS = {"lrs": [], "lr_widenings": 2, "lr_sweep_seeds": 0}

@@ -10,7 +10,8 @@ import argparse
 
 from ...lm.tasks import TASKS
 from ..arguments import add_config_flags, add_run_folder, check_widenings, given
-from .config import FLAGS, PRESETS, TaskConfig, task_rows
+from ..tiny_lm import FLAGS
+from .config import PRESETS, TaskConfig, task_rows
 
 #: config field -> its flag's help; a field not named here is set by the presets alone
 HELP = {

@@ -17,15 +17,13 @@ from ...lm.layouts import LAYOUTS
 from ...lm.model import ModelConfig
 from ...lm.tasks import TASKS, CopyTask, RecallTask
 from ..presets import preset_values
-from ..rate_grid import check_grid, sweeping_seeds
+from ..rate_grid import sweeping_seeds
+from ..tiny_lm import check_training
 
 TEST_SEED = 1_000_003  # test sequences: a generator seeded by this plus the length
 DEV_SEED = 2_000_003  # dev sequences, likewise
 SPLIT_SEEDS = {"dev": DEV_SEED, "test": TEST_SEED}
 
-#: the fields ``posenc task`` sets by flag, as its messages name them (the others come from the presets alone)
-FLAGS = {"dim": "--dim", "num_layers": "--layers", "num_heads": "--heads", "train_length": "--train-length",
-         "batch_size": "--batch-size", "steps": "--steps", "seeds": "--seeds"}
 RANDOMIZED = "+randomized"
 
 
@@ -83,17 +81,7 @@ class TaskConfig:
 
     def __post_init__(self):
         checks.choice("task", self.task, tuple(TASKS))
-        for name in ("dim", "num_layers", "num_heads", "train_length", "batch_size", "steps", "eval_sequences", "seeds"):
-            checks.positive_int(FLAGS.get(name, name), getattr(self, name))
-        checks.positive_int("warmup", self.warmup, minimum=0)
-        checks.positive_float("--lr", self.lr)
-        if self.lrs:
-            check_grid("--lrs", self.lrs)
-        checks.positive_int("--lr-widenings", self.lr_widenings, minimum=0)
-        self.sweep_seeds  # a bad --lr-sweep-seeds fails here
-        if not self.eval_factors or any(not isinstance(f, int) or f < 1 for f in self.eval_factors):
-            raise ValueError(f"--eval-factors must be integers >= 1, got {','.join(map(str, self.eval_factors))}")
-        checks.choice("device", self.device, ("auto", "cpu", "cuda"))
+        check_training(self, counts=("eval_sequences",))
         for length in self.eval_lengths:
             self.task_spec.check_length(length)
         self.rows  # unknown names fail here

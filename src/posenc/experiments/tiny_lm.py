@@ -1,0 +1,30 @@
+"""What the two commands that train tiny byte LMs share (``posenc extrapolate``, ``posenc task``): the flags their
+training fields go by, and one check of those fields, so a bad value is refused alike by both, naming its flag."""
+
+from __future__ import annotations
+
+from .. import checks
+from .rate_grid import check_grid, sweeping_seeds
+
+#: a training field -> the flag that sets it (a field missing here is set by the presets alone, named as itself)
+FLAGS = {"dim": "--dim", "num_layers": "--layers", "num_heads": "--heads", "train_length": "--train-length",
+         "batch_size": "--batch-size", "steps": "--steps", "seeds": "--seeds", "eval_windows": "--eval-windows"}
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def check_training(config, counts: tuple[str, ...] = ()) -> None:
+    """A ValueError naming the flag of the first bad training field of ``config`` (an ``ExperimentConfig`` or a
+    ``TaskConfig``): the model's sizes, the training's length, batch, steps and seeds, and ``counts`` (the command's
+    own) integers >= 1; warm-up >= 0; a rate > 0, a grid of rates without repeats, widenings >= 0, sweeping seeds
+    among the seeds; evaluation factors integers >= 1; a known device."""
+    for name in ("dim", "num_layers", "num_heads", "train_length", "batch_size", "steps", *counts, "seeds"):
+        checks.positive_int(FLAGS.get(name, name), getattr(config, name))
+    checks.positive_int("warmup", config.warmup, minimum=0)
+    checks.positive_float("--lr", config.lr)
+    if config.lrs:
+        check_grid("--lrs", config.lrs)
+    checks.positive_int("--lr-widenings", config.lr_widenings, minimum=0)
+    sweeping_seeds(config.seed, config.seeds, config.lr_sweep_seeds, config.lrs)
+    if not config.eval_factors or any(not isinstance(f, int) or f < 1 for f in config.eval_factors):
+        raise ValueError(f"--eval-factors must be integers >= 1, got {','.join(map(str, config.eval_factors))}")
+    checks.choice("--device", config.device, DEVICES)

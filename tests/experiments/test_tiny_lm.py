@@ -1,0 +1,33 @@
+"""Both commands that train tiny LMs refuse a bad training field alike, naming its flag (``tiny_lm.check_training``)."""
+
+import pytest
+
+from posenc.experiments.extrapolate.config import ExperimentConfig
+from posenc.experiments.tasks.config import TaskConfig
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("num_layers", 0, r"^--layers must be an integer >= 1, got 0"),
+    ("num_heads", 1.5, r"^--heads must be an integer >= 1, got 1.5"),
+    ("steps", True, r"^--steps must be an integer >= 1, got True"),
+    ("seeds", 0, r"^--seeds must be an integer >= 1, got 0"),
+    ("warmup", -1, r"^warmup must be an integer >= 0, got -1"),
+    ("lr", 0.0, r"^--lr must be"),
+    ("lrs", (1e-3, 1e-3), r"^--lrs must not repeat a rate, got 0.001, 0.001"),
+    ("lr_widenings", -1, r"^--lr-widenings must be an integer >= 0"),
+    ("lr_sweep_seeds", 1, r"^--lr-sweep-seeds says which seeds sweep a grid of --lrs; give --lrs too"),
+    ("eval_factors", (1, 0), r"^--eval-factors must be integers >= 1, got 1,0"),
+    ("device", "tpu", r"^--device must be one of \['auto', 'cpu', 'cuda'\], got 'tpu'"),
+])
+def test_both_commands_refuse_a_bad_training_field_naming_its_flag(field, value, message):
+    for build in (lambda: ExperimentConfig.from_preset("smoke", **{field: value}),
+                  lambda: TaskConfig.from_preset("copy", "smoke", **{field: value})):
+        with pytest.raises(ValueError, match=message):
+            build()
+
+
+def test_each_command_checks_its_own_counts():
+    with pytest.raises(ValueError, match=r"^--eval-windows must be an integer >= 1, got 0"):
+        ExperimentConfig.from_preset("smoke", eval_windows=0)
+    with pytest.raises(ValueError, match=r"^eval_sequences must be an integer >= 1, got 0"):
+        TaskConfig.from_preset("copy", "smoke", eval_sequences=0)
