@@ -48,9 +48,9 @@ def _add_experiments(commands) -> None:
 
 
 def _run_extrapolate(args) -> int:
-    from .experiments.extrapolate import ExperimentConfig, command, run
+    from .experiments.extrapolate import command, run
 
-    run(ExperimentConfig.from_preset(args.preset, **command.overrides(args)), run_folder(args), resume=args.resume)
+    run(command.config_of(args), run_folder(args), resume=args.resume)
     return 0
 
 
