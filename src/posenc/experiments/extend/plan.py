@@ -15,6 +15,7 @@ from pathlib import Path
 from ... import storage
 from ...lm.data import Corpus, Windows, load_corpus, sample_windows
 from ...lm.model import LanguageModel, ModelConfig
+from .. import pinning
 from ..extrapolate import ExperimentConfig
 from .config import RESULT_FIELDS, ExtendConfig, ExtendRow, make_rows
 
@@ -118,20 +119,12 @@ def _read_run(run: Path, config: ExtendConfig, device: str | None) -> tuple[Expe
 
 def pin_config(out: Path, config: ExtendConfig, base: ExperimentConfig, run: Path | None, resume: bool) -> None:
     """Write config.json, or on --resume refuse a config that would change a finished result."""
-    pinned = out / "config.json"
     current = {"extend": config.to_dict(), "base": base.training_dict(), "run": str(run) if run else None}
-    if pinned.exists():
-        previous = storage.read_json(pinned)
-        if not resume:
-            raise ValueError(f"--out {out} already holds a run; pass --resume to continue it or choose another --out")
-        changed = sorted(k for k in RESULT_FIELDS if previous["extend"].get(k) != current["extend"][k])
-        changed += ["base model"] if previous["base"] != current["base"] else []
-        changed += ["--run"] if previous["run"] != current["run"] else []
-        if changed:
-            raise ValueError(f"--resume: {out} was run with a different config (differs in {changed}); only "
-                             "--methods, --seeds, --from-scratch and --device may change")
-    elif resume:
-        raise ValueError(f"--resume: {out} holds no posenc extend run (no config.json there); start one with: "
-                         f"posenc extend --out {out}")
-    else:
-        storage.write_json(pinned, current)
+    held = pinning.open_pin(out, resume, run="posenc extend run", start=f"posenc extend --out {out}")
+    if held is None:
+        pinning.write_pin(out, current)
+        return
+    changed = pinning.changed_fields(current["extend"], held["extend"], "extend", sorted(RESULT_FIELDS))
+    changed += ["base model"] if pinning.changed_fields(current["base"], held["base"], "extrapolate") else []
+    changed += ["--run"] if held["run"] != current["run"] else []
+    pinning.refuse_changes(out, changed, may_change="--methods, --seeds, --from-scratch and --device")

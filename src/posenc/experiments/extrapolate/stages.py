@@ -31,11 +31,11 @@ from ...lm.evaluate import evaluate
 from ...lm.model import LanguageModel
 from ...lm.runtime import Runtime, provenance
 from ...lm.train import TrainConfig, train
-from .. import intervals
+from .. import intervals, pinning
 from ..rate_grid import choose_rate, inherit_rate, rate_key
 from . import report
 from .collect import collect
-from .config import ExperimentConfig
+from .config import TRAINING_FIELDS, ExperimentConfig
 from .rows import parse_rows
 
 def prepare_run_dir(out: Path, config: ExperimentConfig, resume: bool) -> None:
@@ -44,20 +44,12 @@ def prepare_run_dir(out: Path, config: ExperimentConfig, resume: bool) -> None:
     ``config.json`` keeps the first invocation's full config (``posenc plot --ckpt``
     reads it); only TRAINING_FIELDS must match on --resume.
     """
-    pinned = out / "config.json"
-    if pinned.exists():
-        previous = storage.read_json(pinned)
-        if not resume:
-            raise ValueError(f"--out {out} already holds a run; pass --resume to continue it or choose another --out")
-        changed = sorted(config.training_changes(previous))
-        if changed:
-            raise ValueError(f"--resume: {out} was trained with a different config (differs in {changed}); "
-                             "only rows, seeds and evaluation settings may change")
-    elif resume:
-        raise ValueError(f"--resume: {out} holds no posenc extrapolate run (no config.json there); "
-                         f"start one with: posenc extrapolate --out {out}")
-    else:
-        storage.write_json(pinned, config.to_dict())
+    held = pinning.open_pin(out, resume, run="posenc extrapolate run", start=f"posenc extrapolate --out {out}")
+    if held is None:
+        pinning.write_pin(out, config.to_dict())
+        return
+    changed = pinning.changed_fields(config.to_dict(), held, "extrapolate", sorted(TRAINING_FIELDS))
+    pinning.refuse_changes(out, changed, did="trained", may_change="rows, seeds and evaluation settings")
 
 
 def pin_corpus_and_commit(out: Path, corpus: dict, commit: str | None) -> list:

@@ -7,14 +7,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from ... import storage
+from .. import pinning
 from .config import PretrainedConfig, plan_rows
-
-# What a run pinned before a config field existed did instead of that field's default: its keys, planted before
-# wordings were calibrated, read "The secret word for ...", so resuming it needs --retrieval-format secret-word.
-BEFORE_THE_FIELD = {"retrieval_format": "secret-word"}
-
-
 
 def pin(out: Path, config: PretrainedConfig, resume: bool, corpus: dict | None = None,
          commit: str | None = None) -> list:
@@ -24,38 +18,30 @@ def pin(out: Path, config: PretrainedConfig, resume: bool, corpus: dict | None =
     pinned takes this one's). Every finished measurement is a function of its row, document and the pinned fields,
     so the files of the rows both runs share stay valid. Returns every commit that has measured for the run, in
     order (this one last). ``first_rows``, the rows the first invocation planned, dates the run's family
-    (``declared_family``)."""
-    pinned = out / "config.json"
+    (``declared_family``). What an older pin meant by a field it lacks is ``pinning.WHEN_ABSENT``'s to say."""
     current = {"hf": config.to_dict(), "corpus": corpus, "commits": [commit], "first_rows": list(plan_rows(config))}
-    if pinned.exists():
-        if not resume:
-            raise ValueError(f"--out {out} already holds a run; pass --resume to continue it or choose another --out")
-        held = storage.read_json(pinned)
-        if corpus is not None and held.get("corpus") not in (None, corpus):
+    held = pinning.open_pin(out, resume, run="posenc pretrained run",
+                            start=f"posenc pretrained {config.model} --out {out}")
+    if held is not None:
+        held = pinning.as_current(held, "pretrained")
+        if corpus is not None and held["corpus"] not in (None, corpus):
             raise ValueError(f"--resume: {out} was measured on another corpus ({_corpus_name(held['corpus'])}, "
                              f"not {_corpus_name(corpus)}); its measurements cannot be merged with this one's")
-        current["commits"] = [c for c in held.get("commits", []) if c != commit] + [commit]
-        current["first_rows"] = held.get("first_rows")  # None: pinned before families were declared
-        previous = held.get("hf", {})
+        current["commits"] = [c for c in held["commits"] if c != commit] + [commit]
+        current["first_rows"] = held["first_rows"]
+        previous = held["hf"]
         adds_rows = {"methods", "preset"} | ({"finetune"} if previous.get("finetune") == "none" else set())
         defaults = {field.name: field.default for field in dataclasses.fields(PretrainedConfig)}
-        defaults.update(BEFORE_THE_FIELD)  # a field newer than the run: what the run did then, else its default
-        was = {k: previous.get(k, defaults.get(k)) for k in current["hf"]}
-        changed = sorted(k for k, v in current["hf"].items() if k not in adds_rows and was[k] != v
-                         and not (isinstance(v, tuple) and was[k] == list(v)))
-        if changed:
-            raise ValueError(f"--resume: {out} was run with a different config (differs in {changed})")
-    elif resume:
-        raise ValueError(f"--resume: {out} holds no posenc pretrained run (no config.json there); start one "
-                         f"with: posenc pretrained {config.model} --out {out}")
-    storage.write_json(pinned, current)
+        changed = pinning.changed_fields(current["hf"], previous, "pretrained.hf", sorted(current["hf"]), defaults)
+        pinning.refuse_changes(out, [k for k in changed if k not in adds_rows])
+    pinning.write_pin(out, current)
     return current["commits"]
 
 
 def declared_family(out: Path, rows: dict) -> dict:
     """{"declared": when the comparisons of a run's ``rows`` were fixed, "exploratory"}: with its first invocation,
     or (exploratory) after rows were added on --resume to a run whose earlier rows' results were known."""
-    first = storage.read_json(out / "config.json").get("first_rows")
+    first = pinning.read_pin(out, "pretrained")["first_rows"]
     if first is None:
         return {"declared": "not recorded (the run was pinned before families were)", "exploratory": False}
     added = [name for name in rows if name not in first]

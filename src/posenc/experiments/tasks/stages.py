@@ -32,12 +32,16 @@ from ...lm.model import LanguageModel
 from ...lm.runtime import Runtime
 from ...lm.tasks import IGNORE, exact_match
 from ...lm.train import TrainConfig, train
+from .. import pinning
 from ..rate_grid import choose_rate, inherit_rate, rate_key
 from . import report
 from .collect import collect
 from .config import DEV_SEED, SPLIT_SEEDS, TaskConfig
 
 EVAL_BATCH = 64
+#: the fields a checkpoint depends on: a resumed run must keep them
+TRAINING_FIELDS = ("task", "dim", "num_layers", "num_heads", "train_length", "batch_size", "steps", "lr", "warmup",
+                   "lrs", "lr_widenings", "lr_sweep_seeds")
 
 
 def run(config: TaskConfig, out: Path, *, resume: bool = False, log=print) -> dict:
@@ -65,22 +69,12 @@ def run(config: TaskConfig, out: Path, *, resume: bool = False, log=print) -> di
 
 
 def _prepare(out: Path, config: TaskConfig, resume: bool) -> None:
-    pinned = out / "config.json"
-    if pinned.exists():
-        if not resume:
-            raise ValueError(f"--out {out} already holds a run; pass --resume to continue it or choose another --out")
-        previous = storage.read_json(pinned)
-        fields = ("task", "dim", "num_layers", "num_heads", "train_length", "batch_size", "steps", "lr", "warmup")
-        changed = [k for k in fields if previous.get(k) != getattr(config, k)]
-        # a run made before rate grids existed trained at --lr alone
-        changed += [k for k, default in (("lrs", []), ("lr_widenings", 2), ("lr_sweep_seeds", 0))
-                    if previous.get(k, default) != config.to_dict()[k]]
-        if changed:
-            raise ValueError(f"--resume: {out} was trained with a different config (differs in {changed})")
-    elif resume:
-        raise ValueError(f"--resume: {out} holds no task run (no config.json there)")
-    else:
-        storage.write_json(pinned, config.to_dict())
+    held = pinning.open_pin(out, resume, run="task run")
+    if held is None:
+        pinning.write_pin(out, config.to_dict())
+        return
+    pinning.refuse_changes(out, pinning.changed_fields(config.to_dict(), held, "tasks", TRAINING_FIELDS),
+                           did="trained")
 
 
 def _train_row(config: TaskConfig, name, encoding, randomized, seed, out, runtime, log):

@@ -1,0 +1,133 @@
+"""Every command's pin read as the current version reads it (``experiments.pinning``). Each pin here is written by
+hand the old way, without a field that came later. The field reads as what the old run did, so the resume goes
+ahead when the new config does the same, and is refused, with the field named, when it does not."""
+
+import pytest
+
+from posenc import storage
+from posenc.experiments.extend.config import ExtendConfig
+from posenc.experiments.extend.plan import _read_run, pin_config
+from posenc.experiments.extrapolate import ExperimentConfig
+from posenc.experiments.extrapolate.checkpoints import trained_models
+from posenc.experiments.extrapolate.config import TRAINING_FIELDS
+from posenc.experiments.extrapolate.rows import parse_rows
+from posenc.experiments.extrapolate.stages import prepare_run_dir
+from posenc.experiments.pinning import WHEN_ABSENT, open_pin
+from posenc.experiments.pretrained.config import PretrainedConfig
+from posenc.experiments.pretrained.pins import declared_family, pin
+from posenc.experiments.tasks import TaskConfig
+from posenc.experiments.tasks.stages import _prepare
+from posenc.lm.model import LanguageModel
+
+GRID = (1e-3, 3e-3)
+#: (the field, a config that does what a run from before the field did, a config that does not)
+RATE_FIELDS = [("lrs", {}, {"lrs": GRID}),
+               ("lr_widenings", {"lrs": GRID}, {"lrs": GRID, "lr_widenings": 0}),
+               ("lr_sweep_seeds", {"lrs": GRID, "seeds": 2}, {"lrs": GRID, "seeds": 2, "lr_sweep_seeds": 1})]
+
+
+def extrapolate_config(**overrides) -> ExperimentConfig:
+    return ExperimentConfig.from_preset("smoke", **{"encodings": "rope", "device": "cpu", **overrides})
+
+
+def task_config(**overrides) -> TaskConfig:
+    return TaskConfig.from_preset("copy", "smoke", **{"encodings": "alibi", "device": "cpu", **overrides})
+
+
+def without(values: dict, field: str) -> dict:
+    """``values`` as a pin written before ``field`` existed holds them."""
+    assert field in values
+    return {k: v for k, v in values.items() if k != field}
+
+
+#: {a training command's table in WHEN_ABSENT: (how it pins a run, its config, how its refusal ends)}
+TRAINERS = {"extrapolate": (prepare_run_dir, extrapolate_config, "; only rows, seeds and evaluation settings"),
+            "tasks": (_prepare, task_config, "$")}
+
+
+@pytest.mark.parametrize("command", TRAINERS)
+@pytest.mark.parametrize("field, kept, changed", RATE_FIELDS)
+def test_a_run_from_before_a_rate_field_resumes_only_as_it_trained(tmp_path, command, field, kept, changed):
+    prepare, make, end = TRAINERS[command]
+    old = make(**kept)
+    assert old.to_dict()[field] == WHEN_ABSENT[command][field]
+    storage.write_json(tmp_path / "config.json", without(old.to_dict(), field))
+    prepare(tmp_path, old, resume=True)
+    with pytest.raises(ValueError, match=rf"was trained with a different config \(differs in \['{field}'\]\){end}"):
+        prepare(tmp_path, make(**changed), resume=True)
+
+
+@pytest.mark.parametrize("field, kept, changed", RATE_FIELDS)
+def test_extend_resumes_on_a_base_from_before_a_rate_field_only_as_it_trained(tmp_path, field, kept, changed):
+    """extend pins its base model's training fields: a base pinned before a rate field is the same base model."""
+    config, old = ExtendConfig.from_preset("smoke"), extrapolate_config(**kept)
+    base = without({name: old.to_dict()[name] for name in TRAINING_FIELDS}, field)
+    storage.write_json(tmp_path / "config.json", {"extend": config.to_dict(), "base": base, "run": None})
+    pin_config(tmp_path, config, old, None, resume=True)
+    with pytest.raises(ValueError, match=r"was run with a different config \(differs in \['base model'\]\)"):
+        pin_config(tmp_path, config, extrapolate_config(**changed), None, resume=True)
+
+
+def test_extend_refuses_a_pin_from_before_a_result_field_with_the_field_named(tmp_path):
+    """Its result fields have no shims: a pin without one ran another protocol (one rate, not a grid on dev)."""
+    config, base = ExtendConfig.from_preset("smoke"), extrapolate_config()
+    assert WHEN_ABSENT["extend"] == {}
+    old = {"extend": without(config.to_dict(), "sweep_windows"), "base": base.training_dict(), "run": None}
+    storage.write_json(tmp_path / "config.json", old)
+    with pytest.raises(ValueError, match=r"differs in \['sweep_windows'\]\); only --methods"):
+        pin_config(tmp_path, config, base, None, resume=True)
+
+
+@pytest.mark.parametrize("field, kept, changed", RATE_FIELDS)
+def test_plot_and_extend_read_an_extrapolate_run_from_before_a_rate_field(tmp_path, field, kept, changed):
+    """``posenc plot --ckpt`` and ``posenc extend --run`` read the run's pin through ``ExperimentConfig.from_dict``."""
+    old = extrapolate_config(**kept)
+    storage.write_json(tmp_path / "config.json", without(old.to_dict(), field))
+    model = LanguageModel(old.model_config(parse_rows("rope")[0], {}))
+    storage.save_weights(tmp_path / "checkpoints" / "rope-seed0" / "model.safetensors", model.state_dict())
+    assert ExperimentConfig.from_dict(storage.read_json(tmp_path / "config.json")) == old
+    assert list(trained_models(tmp_path)) == ["rope"]
+    assert _read_run(tmp_path, ExtendConfig.from_preset("smoke"), "cpu") == (old, False)
+
+
+@pytest.mark.parametrize("field, kept, changed", [
+    ("retrieval_format", {"retrieval_format": "secret-word"}, {}),  # keys planted before wordings were calibrated
+    ("string_local", {}, {"string_local": 8}),  # any other field newer than the run: what its default does
+])
+def test_pretrained_resumes_a_run_from_before_a_config_field_only_as_it_measured(tmp_path, field, kept, changed):
+    old = PretrainedConfig.from_preset("smoke", **kept)
+    storage.write_json(tmp_path / "config.json", {"hf": without(old.to_dict(), field)})
+    pin(tmp_path, old, resume=True)
+    storage.write_json(tmp_path / "config.json", {"hf": without(old.to_dict(), field)})
+    with pytest.raises(ValueError, match=rf"was run with a different config \(differs in \['{field}'\]\)$"):
+        pin(tmp_path, PretrainedConfig.from_preset("smoke", **changed), resume=True)
+
+
+def test_pretrained_reads_a_pin_from_before_corpora_commits_and_families(tmp_path):
+    """No corpus: the resume takes this one's, then holds the run to it; no commits: this one is the first listed;
+    no first rows: the family was not declared, and a resume does not declare it after the fact."""
+    config = PretrainedConfig.from_preset("smoke", retrieval_format="secret-word")
+    storage.write_json(tmp_path / "config.json", {"hf": config.to_dict()})
+    assert declared_family(tmp_path, {})["declared"].startswith("not recorded")
+    stdlib = {"source": "python3.11.7 stdlib", "sha256": "6542f7510a0b9f4f"}
+    assert pin(tmp_path, config, resume=True, corpus=stdlib, commit="b2") == ["b2"]
+    held = storage.read_json(tmp_path / "config.json")
+    assert held["corpus"] == stdlib and held["first_rows"] is None
+    assert declared_family(tmp_path, {"none": {}})["declared"].startswith("not recorded")
+    with pytest.raises(ValueError, match=r"was measured on another corpus \(python3.11.7 stdlib"):
+        pin(tmp_path, config, resume=True, corpus={"source": "python3.12.3 stdlib", "sha256": "01234567"})
+
+
+@pytest.mark.parametrize("run, start, message", [
+    ("posenc extend run", "posenc extend --out X", "holds no posenc extend run (no config.json there); start one "
+                                                   "with: posenc extend --out X"),
+    ("task run", None, "holds no task run (no config.json there)"),
+])
+def test_a_pin_needs_resume_and_a_resume_needs_a_pin(tmp_path, run, start, message):
+    assert open_pin(tmp_path, False, run=run, start=start) is None
+    with pytest.raises(ValueError, match=r"^--resume: .* " + message.replace("(", r"\(").replace(")", r"\)") + "$"):
+        open_pin(tmp_path, True, run=run, start=start)
+    storage.write_json(tmp_path / "config.json", {"a": 1})
+    assert open_pin(tmp_path, True, run=run, start=start) == {"a": 1}
+    with pytest.raises(ValueError, match=r"^--out .* already holds a run; pass --resume to continue it or choose "):
+        open_pin(tmp_path, False, run=run, start=start)
