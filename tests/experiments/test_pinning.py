@@ -131,3 +131,17 @@ def test_a_pin_needs_resume_and_a_resume_needs_a_pin(tmp_path, run, start, messa
     assert open_pin(tmp_path, True, run=run, start=start) == {"a": 1}
     with pytest.raises(ValueError, match=r"^--out .* already holds a run; pass --resume to continue it or choose "):
         open_pin(tmp_path, False, run=run, start=start)
+
+
+def test_a_run_pinned_before_compare_existed_declared_no_comparisons(tmp_path):
+    """extrapolate's collect reads --compare through the table: a pin without it declared none, so a resume
+    without --compare keeps the family declared and one with it is exploratory."""
+    from posenc.experiments.extrapolate.collect import declared
+    from posenc.experiments.extrapolate.config import ExperimentConfig
+
+    config = ExperimentConfig.from_preset("smoke")
+    pin = {k: v for k, v in config.to_dict().items() if k != "compare"}
+    storage.write_json(tmp_path / "config.json", pin)
+    assert declared(config, tmp_path)["exploratory"] is False
+    later = ExperimentConfig.from_preset("smoke", seeds=2, compare="alibi:rope")
+    assert declared(later, tmp_path)["exploratory"] is True

@@ -32,7 +32,8 @@ _BEFORE_RATE_GRIDS = {"lrs": [], "lr_widenings": 2, "lr_sweep_seeds": 0}
 WHEN_ABSENT: dict[str, dict[str, Any]] = {
     # extrapolate's config.json (ExperimentConfig.to_dict), and the "base" section of extend's pin (its training
     # fields, ExperimentConfig.training_dict, which leaves out a field at the value its absence means)
-    "extrapolate": _BEFORE_RATE_GRIDS,
+    # (a run pinned before --compare existed declared no comparisons)
+    "extrapolate": {**_BEFORE_RATE_GRIDS, "compare": ""},
     "tasks": _BEFORE_RATE_GRIDS,  # posenc task's config.json (TaskConfig.to_dict)
     # the "extend" section of extend's pin: none. A pin written before one of its result fields existed ran under
     # another protocol (one fine-tuning rate, not a sweep chosen on dev) and is refused with that field named

@@ -12,6 +12,7 @@ from ...lm.evaluate import protocol
 from ...lm.leakage import train_overlap
 from ...lm.runtime import provenance
 from .. import intervals
+from ..pinning import read_pin
 from ..verdicts import seed_comparisons
 
 
@@ -81,7 +82,7 @@ def collect(config, rows, corpus, windows: Windows, out: Path, runtime, training
 def declared(config, out: Path) -> dict:
     """{"declared", "exploratory"}: whether --compare is the one the run's first invocation pinned in config.json
     (written before anything trained), or was changed on --resume, after results may have been seen."""
-    if storage.read_json(out / "config.json").get("compare", "") == config.compare:
+    if read_pin(out, "extrapolate")["compare"] == config.compare:
         return {"declared": "before the run: --compare, pinned in config.json by its first invocation",
                 "exploratory": False}
     return {"declared": "after results could be seen: --compare changed on --resume", "exploratory": True}
