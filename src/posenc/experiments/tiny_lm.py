@@ -1,5 +1,6 @@
 """What the two commands that train tiny byte LMs share (``posenc extrapolate``, ``posenc task``): the flags their
-training fields go by, and one check of those fields, so a bad value is refused alike by both, naming its flag."""
+training fields go by and their help, and one check of those fields, so a bad value is refused alike by both,
+naming its flag."""
 
 from __future__ import annotations
 
@@ -10,6 +11,21 @@ from .rate_grid import check_grid, sweeping_seeds
 FLAGS = {"dim": "--dim", "num_layers": "--layers", "num_heads": "--heads", "train_length": "--train-length",
          "batch_size": "--batch-size", "steps": "--steps", "seeds": "--seeds", "eval_windows": "--eval-windows"}
 DEVICES = ("auto", "cpu", "cuda")
+#: the training fields' help, for both commands' flags (``arguments.add_config_flags``)
+HELP = {
+    "steps": "training steps",
+    "lr": "peak learning rate",
+    "lrs": "peak learning rates to choose from, per row and seed, by the loss on dev data at the training length "
+           "(default: --lr alone)",
+    "lr_widenings": "with --lrs: rates a row may add, a grid step at a time, past the grid's edge while its best "
+                    "rate sits there (default 2)",
+    "lr_sweep_seeds": "with --lrs: only the first K seeds sweep the grid; later seeds train once, at the rate with "
+                      "the lowest mean dev loss over those K (default: every seed sweeps)",
+    "dim": "model width",
+    "num_layers": "transformer blocks",
+    "num_heads": "attention heads",
+    "seed": "first seed (default 0)",
+}
 
 
 def check_training(config, counts: tuple[str, ...] = ()) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..arguments import add_config_flags, add_run_folder, check_widenings, given
-from ..tiny_lm import FLAGS
+from ..tiny_lm import FLAGS, HELP as TRAINING_HELP
 from .config import PRESETS, ExperimentConfig
 from .rows import DEFAULT_ROWS, all_rows
 
@@ -18,20 +18,9 @@ HELP = {
     "eval_factors": "eval lengths as multiples of the train length (default 1,2,4,8)",
     "eval_stride": "sliding-window evaluation with this stride (default: non-overlapping)",
     "eval_windows": "number of longest-length windows in the eval span",
-    "steps": "training steps",
     "batch_size": "global batch size (split across DDP processes)",
-    "lr": "peak learning rate",
-    "lrs": "peak learning rates to choose from, per trained encoding and seed, by the loss on dev windows "
-           "(sequences) at the training length (default: --lr alone)",
-    "lr_widenings": "with --lrs: rates a row may add, a grid step at a time, past the grid's edge while its best "
-                    "rate sits there (default 2)",
-    "lr_sweep_seeds": "with --lrs: only the first K seeds sweep the grid; later seeds train once, at the rate with "
-                      "the lowest mean dev loss over those K (default: every seed sweeps)",
-    "dim": "model width",
-    "num_layers": "transformer blocks",
-    "num_heads": "attention heads",
+    **TRAINING_HELP,
     "seeds": "repeat with this many seeds and report mean ± std (default 1)",
-    "seed": "first seed (default 0)",
     "compare": "the family of comparisons the run's verdicts will read, declared before it runs: ROW:ROW@FACTOR "
                "(row a minus row b at that multiple of --train-length) or ROW:ROW (at every one), comma-separated; "
                "paired over seeds (needs --seeds >= 2) and corrected together",

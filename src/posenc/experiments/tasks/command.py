@@ -10,7 +10,7 @@ import argparse
 
 from ...lm.tasks import TASKS
 from ..arguments import add_config_flags, add_run_folder, check_widenings, given
-from ..tiny_lm import FLAGS
+from ..tiny_lm import FLAGS, HELP as TRAINING_HELP
 from .config import PRESETS, TaskConfig, task_rows
 
 #: config field -> its flag's help; a field not named here is set by the presets alone
@@ -19,20 +19,9 @@ HELP = {
                  "randomized positions), or 'all' (default: {rows})",
     "train_length": "training sequence length in tokens",
     "eval_factors": "evaluation lengths as multiples of --train-length (default 1,2,4,8)",
-    "steps": "training steps",
     "batch_size": "sequences per step",
-    "lr": "peak learning rate",
-    "lrs": "peak learning rates to choose from, per row and seed, by the loss on dev sequences at the training "
-           "length (default: --lr alone)",
-    "lr_widenings": "with --lrs: rates a row may add, a grid step at a time, past the grid's edge while its best "
-                    "rate sits there (default 2)",
-    "lr_sweep_seeds": "with --lrs: only the first K seeds sweep the grid; later seeds train once, at the rate with "
-                      "the lowest mean dev loss over those K (default: every seed sweeps)",
-    "dim": "model width",
-    "num_layers": "transformer blocks",
-    "num_heads": "attention heads",
+    **TRAINING_HELP,
     "seeds": "repeat with this many seeds (default 1)",
-    "seed": "first seed (default 0)",
     "device": "auto (CUDA when present), cpu or cuda",
 }
 
