@@ -5,7 +5,7 @@
 # verify, long (the long-context table at (1, 16, 16,384, 64), each row in its own process: gpu-long.json,
 # gpu-long.md), long-batch (the same at (4, 16, 4,096, 64), merged into gpu-long.json); tests-tiles runs only the
 # CUDA tests of the Triton tiles and of the dense paths by query blocks; fire runs FIRE's CUDA tests and its long row
-# alone (its tiles read the MLP as segments since 4ad84af). Every step together takes more than one call's 10
+# alone (its tiles read the MLP as segments since de66bf9). Every step together takes more than one call's 10
 # minutes: name the steps a call has time for (fire sweep tests-tiles long fits one).
 # 1. tests/test_cuda.py (Triton RoPE, every backend and form forward and backward against float64 on the CPU, forms
 #    timed on the GPU, the tiny LM, posenc pretrained against the CPU); 2. `posenc bench` in bf16 on the auto backend (its
