@@ -81,6 +81,9 @@ def test_a_long_context_file_of_rows_names_its_gpu_and_commit():
     ("bench-fancy", "unknown bench table 'bench-fancy'; the bench tables are: bench-attention, "),
     ("bench-forms", "generated table bench-forms: its results file has no forms table"),
     ("bench-memory:alibi,-cope", "name encodings to keep or, each with '-', to drop, not both"),
+    ("bench-memory:alibx", "bench rows :alibx: no row is alibx; the rows: none, "),  # a typo, not a short table
+    ("bench-memory:-alibx", "bench rows :-alibx: no row is alibx"),
+    ("bench-memory:-none", "the baseline (none) always stays"),
 ])
 def test_bad_markers_are_one_line_errors(table, message):
     results = json.loads((BENCHMARKS / "xeon" / "xeon-after.json").read_text())

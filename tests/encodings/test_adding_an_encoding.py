@@ -122,16 +122,28 @@ def test_posenc_report_writes_its_docs_line(registered):
 
 
 def test_unregistered_it_is_gone_and_names_are_checked(registered):
-    with pytest.raises(ValueError, match="registered already"):
+    with pytest.raises(ValueError, match="is registered already"):
         register(Entry(NAME, SqrtDecay, "score bias", "", ""))
     with pytest.raises(ValueError, match="lower-case"):
         register(Entry("Rope+2", SqrtDecay, "score bias", "", ""))
     with pytest.raises(ValueError, match="PositionalEncoding subclass"):
         register(Entry("plain", nn.Linear, "score bias", "", ""))
+    with pytest.raises(ValueError, match="commands' --encodings"):
+        register(Entry("all", SqrtDecay, "score bias", "", ""))
     with pytest.raises(ValueError, match="not an encoding register"):
         unregister("rope")
     unregister(NAME)
     assert NAME not in ENTRIES and NAME not in one_axis() and NAME not in posenc.ENCODINGS
     with pytest.raises(ValueError, match="unknown encoding"):
         build(NAME, num_heads=2)
+    with pytest.raises(ValueError, match="none was added"):
+        unregister(NAME)
+    register(Entry("irope", SqrtDecay, "score bias", "", ""))  # a layout's name: the rows refuse it, not silently
+    try:
+        with pytest.raises(ValueError, match="'irope' has a layout's name"):
+            parse_rows("irope")
+        with pytest.raises(ValueError, match="'irope' has a layout's name"):
+            TaskConfig.from_preset("copy", "smoke", encodings="irope")
+    finally:
+        unregister("irope")
     register(registered)  # the fixture removes it again

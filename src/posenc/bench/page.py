@@ -42,14 +42,20 @@ def _facts(results: dict | list) -> str:
 
 
 def _selected(rows: list[dict], only: str) -> list[dict]:
+    """The ``rows`` that ``:only`` keeps: the named encodings and the baseline, or all but the ``-``named; a name
+    that no row has (a typo would otherwise leave a table silently short) or a dropped baseline is a ValueError."""
     names = only.split(",")
     key = [row.get("encoding", row.get("contender")) for row in rows]
-    if all(name.startswith("-") for name in names):
-        dropped = {name[1:] for name in names}
-        return [row for row, k in zip(rows, key) if k not in dropped]
-    if any(name.startswith("-") for name in names):
+    if any(name.startswith("-") for name in names) and not all(name.startswith("-") for name in names):
         raise ValueError(f"bench rows :{only}: name encodings to keep or, each with '-', to drop, not both")
-    return [row for row, k in zip(rows, key) if k in {*names, baseline()}]
+    named = {name.removeprefix("-") for name in names}
+    unknown = sorted(named - set(key))
+    if unknown or baseline() in named and names[0].startswith("-"):
+        why = f"no row is {', '.join(unknown)}" if unknown else f"the baseline ({baseline()}) always stays"
+        raise ValueError(f"bench rows :{only}: {why}; the rows: {', '.join(dict.fromkeys(map(str, key)))}")
+    if names[0].startswith("-"):
+        return [row for row, k in zip(rows, key) if k not in named]
+    return [row for row, k in zip(rows, key) if k in {*named, baseline()}]
 
 
 def render(table: str, results: dict | list) -> str:

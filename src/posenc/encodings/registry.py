@@ -96,6 +96,8 @@ ENTRIES: dict[str, Entry] = {entry.name: entry for entry in REGISTRY}
 ENCODINGS: dict[str, type[PositionalEncoding]] = {entry.name: entry.cls for entry in REGISTRY}
 BUILT_IN = frozenset(ENTRIES)
 NAME_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-")
+#: words the commands' --encodings flags give a meaning of their own
+RESERVED = frozenset({"all", "default"})
 
 
 def register(entry: Entry) -> Entry:
@@ -106,8 +108,9 @@ def register(entry: Entry) -> Entry:
         raise ValueError(f"register: {entry.name!r}'s cls must be a PositionalEncoding subclass, got {entry.cls!r}")
     if not entry.name or not set(entry.name) <= NAME_CHARACTERS:
         raise ValueError(f"register: name {entry.name!r} must be lower-case letters, digits, '_' or '-'")
-    if entry.name in ENTRIES:
-        raise ValueError(f"register: an encoding named {entry.name!r} is registered already")
+    if entry.name in ENTRIES or entry.name in RESERVED:
+        taken = "is registered already" if entry.name in ENTRIES else "is a word of the commands' --encodings"
+        raise ValueError(f"register: the name {entry.name!r} {taken}; choose another")
     REGISTRY.append(entry)
     ENTRIES[entry.name], ENCODINGS[entry.name] = entry, entry.cls
     return entry
@@ -116,8 +119,9 @@ def register(entry: Entry) -> Entry:
 def unregister(name: str) -> Entry:
     """Remove an encoding ``register`` added (posenc's own stay); returns its entry."""
     if name in BUILT_IN or name not in ENTRIES:
-        raise ValueError(f"unregister: {name!r} is not an encoding register() added; added: "
-                         f"{', '.join(sorted(set(ENTRIES) - BUILT_IN)) or 'none'}")
+        added = sorted(set(ENTRIES) - BUILT_IN)
+        raise ValueError(f"unregister: {name!r} is not an encoding register() added; "
+                         + (f"added: {', '.join(added)}" if added else "none was added"))
     entry = ENTRIES.pop(name)
     del ENCODINGS[name]
     REGISTRY.remove(entry)

@@ -107,8 +107,12 @@ def regenerate(text: str, folder: Path, render: Render = render) -> str:
         if end < 0:
             raise ValueError(f"the generated table at character {match.start()} ({match['table']}) has no "
                              f"'{END}' line after it")
-        source = folder / match["source"]
-        if match["source"] == LIBRARY:
+        source, library = folder / match["source"], match["table"] in LIBRARY_TABLES
+        if library != (match["source"] == LIBRARY):
+            raise ValueError(f"generated table {match['table']}: " + (
+                f"a table of the library names {LIBRARY} as its source, not {match['source']}" if library else
+                f"a table of a run names its results file, not {LIBRARY}"))
+        if library:
             results = {}
         elif not source.is_file():
             raise ValueError(f"generated table {match['table']}: no results file {source}")

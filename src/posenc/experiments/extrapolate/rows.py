@@ -79,7 +79,11 @@ LAYOUT_ROWS: list[Row] = [
 
 def all_rows() -> dict[str, Row]:
     """{name: row}: a row per encoding of the registry the tiny LM trains (read when called, so an encoding
-    ``register``ed later has its row), each followed by the rows that read it another way, then the layouts'."""
+    ``register``ed later has its row), each followed by the rows that read it another way, then the layouts'. An
+    encoding registered under a layout's name is refused here: its row and the layout's would be one."""
+    clash = sorted(set(one_axis()) & {row.trains for row in LAYOUT_ROWS})
+    if clash:
+        raise ValueError(f"encoding {clash[0]!r} has a layout's name (lm.layouts.LAYOUTS); register it as another")
     return {row.name: row for row in [
         *(row for name in one_axis() for row in [Row(name, name, ENTRIES[name].description),
                                                   *READ_ANOTHER_WAY.get(name, [])]),

@@ -108,6 +108,9 @@ class TaskConfig:
         rows = []
         for name in (part.strip() for part in self.encodings.split(",") if part.strip()):
             encoding = name.removesuffix(RANDOMIZED)
+            if encoding in one_axis() and encoding in LAYOUTS:
+                raise ValueError(f"encoding {encoding!r} has a layout's name (lm.layouts.LAYOUTS); register it as "
+                                 "another")
             if encoding not in one_axis() and encoding not in LAYOUTS:
                 raise ValueError(f"--encodings: unknown row {name!r}; valid: encodings {', '.join(one_axis())} and "
                                  f"layouts {', '.join(LAYOUTS)}, each optionally with {RANDOMIZED}")
