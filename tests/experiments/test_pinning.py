@@ -145,3 +145,12 @@ def test_a_run_pinned_before_compare_existed_declared_no_comparisons(tmp_path):
     assert declared(config, tmp_path)["exploratory"] is False
     later = ExperimentConfig.from_preset("smoke", seeds=2, compare="alibi:rope")
     assert declared(later, tmp_path)["exploratory"] is True
+
+
+def test_a_pretrained_run_pinned_before_finetune_existed_was_zero_shot_and_may_add_it(tmp_path):
+    config = PretrainedConfig.from_preset("smoke", finetune="none")
+    pin(tmp_path, config, resume=False)
+    held = storage.read_json(tmp_path / "config.json")
+    del held["hf"]["finetune"]  # written before --finetune existed: a zero-shot run
+    storage.write_json(tmp_path / "config.json", held)
+    pin(tmp_path, PretrainedConfig.from_preset("smoke", finetune="pose"), resume=True)  # adds the fine-tuned rows

@@ -29,9 +29,9 @@ def pin(out: Path, config: PretrainedConfig, resume: bool, corpus: dict | None =
                              f"not {_corpus_name(corpus)}); its measurements cannot be merged with this one's")
         current["commits"] = [c for c in held["commits"] if c != commit] + [commit]
         current["first_rows"] = held["first_rows"]
-        previous = held["hf"]
-        adds_rows = {"methods", "preset"} | ({"finetune"} if previous.get("finetune") == "none" else set())
         defaults = {field.name: field.default for field in dataclasses.fields(PretrainedConfig)}
+        previous = pinning.as_current(held["hf"], "pretrained.hf", defaults)  # a run pinned before --finetune: none
+        adds_rows = {"methods", "preset"} | ({"finetune"} if previous["finetune"] == "none" else set())
         changed = pinning.changed_fields(current["hf"], previous, "pretrained.hf", sorted(current["hf"]), defaults)
         pinning.refuse_changes(out, [k for k in changed if k not in adds_rows])
     pinning.write_pin(out, current)
