@@ -56,7 +56,7 @@ def anchors(page: Path) -> set[str]:
     for heading in re.findall(r"^#{1,6} (.+)$", text, flags=re.M):
         slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
         seen[slug] = seen.get(slug, -1) + 1
-    return {slug if n == 0 else f"{slug}-{i}" for slug, n in seen.items() for i in range(n + 1)}
+    return {slug if i == 0 else f"{slug}-{i}" for slug, n in seen.items() for i in range(n + 1)}
 
 
 def test_the_readme_reaches_every_docs_page_and_stays_short():

@@ -40,12 +40,12 @@ def test_the_commands_branch_on_the_methods_traits():
     """What each command offers follows from a trait of the method, so a new method joins by its entry alone."""
     from posenc.experiments.extend.config import EXTEND_METHODS
     from posenc.experiments.pretrained.config import PretrainedConfig
-    from posenc.extension.methods import BY_NAME, ROPE_TYPES, having
+    from posenc.extension.methods import BY_NAME, having
 
     assert having(lambda m: m.length_dependent) == ("dynamic", "longrope")  # no retrieval cache across lengths
     assert [m for m in METHODS if BY_NAME[m].fine_tunable] == ["pi", "ntk", "yarn", "llama3"]
     assert EXTEND_METHODS == ("pi", "ntk", "dynamic", "yarn", "longrope")  # llama3's bands are for 8k originals
-    assert ROPE_TYPES["pi"] == "linear" and all(ROPE_TYPES[m] == m for m in METHODS if m != "pi")
+    assert BY_NAME["pi"].rope_type == "linear" and all(BY_NAME[m].rope_type == m for m in METHODS if m != "pi")
     for refused in ("dynamic", "longrope", "none"):
         with pytest.raises(ValueError, match="--finetune-method"):
             PretrainedConfig.from_preset("smoke", finetune_method=refused)

@@ -42,7 +42,7 @@ TABLES = {
 }
 
 
-def cells(table: str, rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+def _cells(table: str, rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     """(header, body) of ``table`` for ``rows``: the cells every rendering shares."""
     columns = TABLES[table][1]
     return [name for name, _ in columns], [[cell(row) for _, cell in columns] for row in rows]
@@ -50,7 +50,7 @@ def cells(table: str, rows: list[dict]) -> tuple[list[str], list[list[str]]]:
 
 def plain(table: str, rows: list[dict], machine: str = "") -> str:
     """The table for a terminal; ``machine`` (``machine.one_line``) printed under its title."""
-    header, body = cells(table, rows)
+    header, body = _cells(table, rows)
     widths = [max(len(line[i]) for line in [header] + body) for i in range(len(header))]
     lines = [TABLES[table][0]] + ([f"on {machine}"] if machine else []) + ["  ".join(h.ljust(w) for h, w in zip(header, widths)),
              "  ".join("-" * w for w in widths)]
@@ -59,7 +59,7 @@ def plain(table: str, rows: list[dict], machine: str = "") -> str:
 
 def markdown_lines(table: str, rows: list[dict]) -> list[str]:
     """The rows as the lines of a Markdown table (no title)."""
-    header, body = cells(table, rows)
+    header, body = _cells(table, rows)
     rule = "|" + " --- |" * len(header)
     return ["| " + " | ".join(header) + " |", rule] + ["| " + " | ".join(line) + " |" for line in body]
 

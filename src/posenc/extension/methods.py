@@ -8,7 +8,7 @@ Each takes ``factor`` = target length / original (training) length.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .. import checks
 
@@ -25,8 +25,8 @@ class Method:
     length_dependent: bool = False
     #: its per-frequency factors are found by a search (``longrope``), not given by a formula of ``factor``
     searched: bool = False
-    #: further fixed parameters of the published rule
-    published: dict = field(default_factory=dict)
+    #: further fixed parameters of the published rule, (key, value) pairs
+    published: tuple[tuple[str, float], ...] = ()
     #: the published parameters are set for models with long original contexts (Llama 3.1's 8k), not tiny ones
     for_long_originals: bool = False
 
@@ -41,13 +41,12 @@ REGISTRY: tuple[Method, ...] = (
     Method("ntk", "ntk"),
     Method("dynamic", "dynamic", reads_original=True, length_dependent=True),
     Method("yarn", "yarn", reads_original=True),
-    Method("llama3", "llama3", reads_original=True, published={"low_freq_factor": 1.0, "high_freq_factor": 4.0},
+    Method("llama3", "llama3", reads_original=True, published=(("low_freq_factor", 1.0), ("high_freq_factor", 4.0)),
            for_long_originals=True),
     Method("longrope", "longrope", length_dependent=True, searched=True),
 )
 BY_NAME = {method.name: method for method in REGISTRY}
 METHODS = tuple(BY_NAME)
-ROPE_TYPES = {method.name: method.rope_type for method in REGISTRY}
 
 
 def having(trait) -> tuple[str, ...]:
@@ -62,7 +61,7 @@ def method_scaling(method: str, factor: float, original: int, *, base: float = 1
     scaling = {"rope_type": this.rope_type, "rope_theta": float(base), "factor": float(factor)}
     if this.reads_original:
         scaling["original_max_position_embeddings"] = int(original)
-    scaling.update(this.published)
+    scaling.update(dict(this.published))
     return scaling
 
 

@@ -35,8 +35,8 @@ PRESETS: dict[str, dict] = {
 
 @dataclass(frozen=True)
 class ExtendConfig:
-    """The default preset: on the 2-core CPU, fine-tuning sees ~13% of the pretraining tokens, at the best of three
-    rates."""
+    """What ``posenc extend`` runs, checked on construction. Its field defaults are the default preset: on the 2-core
+    CPU, fine-tuning sees ~13% of the pretraining tokens, at the best of three rates."""
 
     preset: str = "default"
     factor: float = 8.0
