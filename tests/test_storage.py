@@ -124,3 +124,10 @@ def test_an_installed_file_is_found_through_its_package_and_a_missing_one_says_s
         storage.installed_file("torch", "torch/not-a-file.txt", "no such file")
     with pytest.raises(ValueError, match="^no such package$"):
         storage.installed_file("posenc-no-such-package", "x", "no such package")
+
+
+def test_a_json_file_cut_short_is_named_in_one_line(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text('{"steps": 1')
+    with pytest.raises(ValueError, match=r"config.json is not valid JSON \(.*\): it was cut short or edited by hand$"):
+        storage.read_json(path)

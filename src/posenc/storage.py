@@ -47,7 +47,11 @@ def write_json(path: str | os.PathLike, data) -> Path:
 
 
 def read_json(path: str | os.PathLike):
-    return json.loads(Path(path).read_text())
+    """A JSON file's value; a ValueError naming the file where it is not JSON (cut short, or edited by hand)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON ({error}): it was cut short or edited by hand") from None
 
 
 def save_checkpoint(path: str | os.PathLike, state: dict) -> Path:
