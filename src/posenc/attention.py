@@ -33,10 +33,9 @@ from torch import Tensor
 
 from . import checks
 from .kernels import dispatch, query_blocks, sticks
-from .kernels.band import band_attention
 from .kernels.local import check_span, joined_mask, local_attention
 from .kernels.flex import flex_backend
-from .kernels.forms import allowed_pairs, masked, math_dtype, score_forms
+from .kernels.forms import BAND, STICKS, allowed_pairs, masked, math_dtype, repeat_kv_heads, score_forms
 from .kernels.sinks import sdpa_with_sink, softmax_with_sink
 from .encodings.base import NoPE, PositionalEncoding
 from .encodings.positioned import PositionedEncoding
@@ -97,11 +96,11 @@ def attention(
     _check_normalization(encoding, causal, sink, window, chunk)
     q, k = at.rotate(q, k)
     if k.shape[1] != q.shape[1] and (name == "eager" or encoding.has_relative_logits or encoding.has_relative_values):
-        k, v = _repeat_kv_heads(k, q.shape[1]), _repeat_kv_heads(v, q.shape[1])
+        k, v = repeat_kv_heads(k, q.shape[1]), repeat_kv_heads(v, q.shape[1])
     plain_causal = causal and at.contiguous and q.shape[2] == k.shape[2]
     if window is not None or chunk is not None:
         if name != "eager" and plain_causal and mask is None and sink is None and encoding.only_rotates:
-            k, v = _repeat_kv_heads(k, q.shape[1]), _repeat_kv_heads(v, q.shape[1])
+            k, v = repeat_kv_heads(k, q.shape[1]), repeat_kv_heads(v, q.shape[1])
             return local_attention(q, k, v, window=window, chunk=chunk, scale=scale)
         mask = joined_mask(mask, at.q_pos, at.k_pos, window, chunk)
     if sink is not None:
@@ -140,11 +139,6 @@ def _check_normalization(encoding: PositionalEncoding, causal: bool, sink: Tenso
                          "sink out")
 
 
-def _repeat_kv_heads(x: Tensor, heads: int) -> Tensor:
-    """Grouped-query attention: (B, Hkv, T, D) -> (B, H, T, D), each K/V head serving H/Hkv query heads."""
-    return x if x.shape[1] == heads else x.repeat_interleave(heads // x.shape[1], dim=1)
-
-
 def serves(backend: str, encoding: PositionalEncoding, q: Tensor, k: Tensor, v: Tensor, sink: bool = False) -> bool:
     """Whether a named backend (not "auto") can run this encoding on these tensors (with a sink logit)."""
     return _refusal(backend, encoding, q, _needs_grad(encoding, q, k, v), sink) is None
@@ -172,9 +166,9 @@ def choose_backend(backend: str, encoding: PositionalEncoding, q: Tensor, k: Ten
 def _refusal(backend: str, encoding: PositionalEncoding, q: Tensor, needs_grad: bool, sink: bool = False
              ) -> str | None:
     if encoding.replaces_softmax and backend != "eager" and not (
-            backend == "sdpa" and encoding.breaks_sticks and not sink and sticks.serves(q)):
+            backend == "sdpa" and STICKS.accepts(encoding) and not sink and sticks.serves(q)):
         return f"its weights replace the softmax that {backend} computes; use backend='eager' (or 'auto')"
-    if backend == "sdpa" and encoding.has_relative_values and (sink or not encoding.has_band_form):
+    if backend == "sdpa" and encoding.has_relative_values and (sink or not BAND.accepts(encoding)):
         return "its value-side term is outside SDPA's softmax(QKᵀ+mask)·V; use backend='eager'"
     if backend == "flex" and sink:
         return "a sink logit is one more key, outside a score_mod; use backend='sdpa' or 'eager'"
@@ -253,7 +247,7 @@ def attention_weights(
     mask = joined_mask(mask, at.q_pos, at.k_pos, window, chunk)
     compute = math_dtype(q.dtype)
     q, k = at.rotate(q.to(compute), k.to(compute))
-    k = _repeat_kv_heads(k, q.shape[1])
+    k = repeat_kv_heads(k, q.shape[1])
     return _weights(q, k, at, causal, mask, q.shape[-1] ** -0.5 if scale is None else scale, sink)
 
 
@@ -271,20 +265,14 @@ def _resolve_positions(q, k, q_positions, k_positions, mask) -> tuple[Tensor, Te
 
 def _sdpa(q, k, v, at: PositionedEncoding, causal, mask, scale, plain_causal) -> Tensor:
     encoding = at.encoding
-    if encoding.replaces_softmax:  # served here only by the stick-breaking kernel, on CPU
-        k, v = _repeat_kv_heads(k, q.shape[1]), _repeat_kv_heads(v, q.shape[1])
-        if at.contiguous and mask is None:
-            return sticks.stick_breaking_attention(q, k, v, scale=scale, attend_current=encoding.attend_current)
-        return _eager(q, k, v, at, causal, mask, scale)
-    if encoding.has_relative_values:  # served only with a band form (Shaw)
-        if plain_causal and mask is None:
-            key_band, value_band, value_floor = encoding.band_parts(math_dtype(q.dtype))
-            return band_attention(q, k, v, key_band, value_band, value_floor, scale=scale)
-        return _eager(q, k, v, at, causal, mask, scale)
-    if not (encoding.has_relative_logits or encoding.has_bias) and plain_causal and mask is None:
+    if encoding.only_rotates and plain_causal and mask is None:
         gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, **gqa)
     forms = score_forms(q, at, causal, mask, plain_causal)
+    if encoding.replaces_softmax or encoding.has_relative_values:  # the one form that serves, or eager's sums
+        if forms:
+            return next(iter(forms.values()))(q, k, v, at, causal, mask, scale, plain_causal)
+        return _eager(q, repeat_kv_heads(k, q.shape[1]), repeat_kv_heads(v, q.shape[1]), at, causal, mask, scale)
     if "mask" in forms and query_blocks.needed(q, k):  # a (B, H, Tq, Tk) float mask: the dense path by blocks
         forms = {name: form for name, form in forms.items() if name != "mask"} or {"blocks": _eager}
     # where several serve: the fastest here, timed once per shape bucket (``kernels.dispatch``)

@@ -187,7 +187,6 @@ def test_nan_forget_gates_name_the_gates():
     ("score bias", lambda e: e.bias_at(torch.zeros(1), torch.zeros(1))),
     ("content-position logits", lambda e: e.relative_logits(*[torch.zeros(1, 1, 2, 2)] * 2, *[positions(2)] * 2)),
     ("content-position values", lambda e: e.relative_values(torch.zeros(1, 1, 2, 2), *[positions(2)] * 2)),
-    ("band form", lambda e: e.band_parts(torch.float32)),
     ("score channels", lambda e: e.score_channel_parts(*[torch.zeros(1, 1, 2, 2)] * 2, *[positions(2)] * 2, 1.0)),
 ])
 def test_an_absent_door_says_which_encoding_lacks_it(door, call):
@@ -258,3 +257,20 @@ def test_score_channels_are_the_widened_parts(name):
     torch.testing.assert_close(wide_q, widen(content, query_side), rtol=0, atol=0)
     torch.testing.assert_close(wide_k, widen(k, key_side), rtol=0, atol=0)
     assert wide_k.shape == (2, HEADS, 5, HEAD_DIM + key_side.shape[-1])
+
+
+def test_no_one_encoding_kernel_trait_is_a_flag_on_the_base_class():
+    """The kernels that serve one kind of encoding say what they read as a Protocol in their own module; the base
+    class carries none of it, so NoPE is served by none of them and each built-in by exactly its own."""
+    from posenc.encodings.cope import CoPE
+    from posenc.encodings.relative import Shaw, TransformerXL
+    from posenc.encodings.stick_breaking import StickBreaking
+    from posenc.kernels import band, gated_counts, offset_lookup, sticks
+
+    served = {band.Banded: Shaw(HEAD_DIM, HEADS), gated_counts.GatedCounts: CoPE(HEAD_DIM),
+              offset_lookup.OffsetLookups: TransformerXL(HEAD_DIM, HEADS), sticks.BreaksSticks: StickBreaking()}
+    for trait, own in served.items():
+        assert [isinstance(e, trait) for e in served.values()] == [e is own for e in served.values()], trait
+        assert not isinstance(NoPE(), trait)
+    for flag in ("has_band_form", "has_gated_counts", "has_offset_lookups", "breaks_sticks"):
+        assert not hasattr(NoPE, flag), flag

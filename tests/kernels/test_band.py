@@ -67,13 +67,12 @@ def test_bad_input_is_a_value_error(call, message):
 def spy(monkeypatch):
     calls = []
     original = band.band_attention
-    attention_module = __import__("posenc.attention", fromlist=["band_attention"])
 
     def recording(*args, **kwargs):
         calls.append(kwargs)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(attention_module, "band_attention", recording)
+    monkeypatch.setattr(band, "band_attention", recording)
     return calls
 
 

@@ -8,6 +8,8 @@ import torch
 
 import posenc
 from posenc.encodings.alibi import ALiBi
+from posenc.encodings.base import PositionalEncoding
+from posenc.encodings.cope import CoPE
 from posenc.encodings.relative import TransformerXL
 from posenc.kernels import forms, gated_counts, offset_bias
 from posenc.kernels.flex import flex_backend
@@ -24,7 +26,6 @@ class SlopedTransformerXL(TransformerXL):
 
     has_bias = True
     has_score_channels = False
-    has_offset_lookups = False
 
     def bias_at(self, offset, head, dtype=torch.float32):
         return -(0.5 ** (head.to(dtype) + 1)) * offset.abs().to(dtype)
@@ -61,6 +62,37 @@ def test_another_device_is_offered_the_gpu_forms(name, q_len, dtype, offered):
     at = posenc.build(name, num_heads=2, **kwargs).at(*own_positions(q_len, 16), contiguous=True)
     q = torch.empty(1, 2, q_len, 4, dtype=dtype, device="meta")
     assert forms.score_forms(q, at, True, None, True) == offered
+
+
+class CountsByAnotherName(PositionalEncoding):
+    """CoPE's term in an encoding that is no CoPE: it only has the members ``gated_counts.GatedCounts`` reads."""
+
+    has_relative_logits = True
+    relative_logits_scaled = False
+
+    def __init__(self, head_dim):
+        super().__init__()
+        self.cope = CoPE(head_dim)
+        self.embeddings, self.gate_scale = self.cope.embeddings, self.cope.gate_scale
+
+    def relative_logits(self, q, k, q_pos, k_pos, allowed=None):
+        return self.cope.relative_logits(q, k, q_pos, k_pos, allowed)
+
+
+@pytest.mark.skipif(gated_counts.extension() is None, reason="no C++ toolchain to build the kernels")
+def test_a_kernel_serves_any_encoding_with_the_members_it_reads_and_no_term_it_would_drop():
+    """Forms choose by trait, never by name: an unrelated class with CoPE's two members runs in CoPE's kernel
+    (equal to eager in float64); given a bias too, which the kernel would drop, it is offered the mask instead."""
+    torch.manual_seed(0)
+    enc = CountsByAnotherName(4).double()
+    with torch.no_grad():
+        enc.embeddings.normal_()
+    q, k, v = (randn(1, 2, 9, 4, seed=seed) for seed in range(3))
+    at = enc.at(*own_positions(9, 9), contiguous=True)
+    assert forms.score_forms(q, at, True, None, True) == {"counts": forms._counts_form}
+    torch.testing.assert_close(posenc.attention(q, k, v, enc, backend="sdpa"), eager(q, k, v, enc))
+    enc.has_bias = True
+    assert forms.score_forms(q, at, True, None, True) == {"mask": forms._mask_form}
 
 
 @pytest.mark.skipif(gated_counts.extension() is None or offset_bias.extension() is None,

@@ -43,9 +43,6 @@ class PositionalEncoding(nn.Module):
     has_relative_logits = False
     relative_logits_scaled = True  # False: the content-position term is added after the logit scale (CoPE)
     has_relative_values = False
-    #: causal attention at the model's own positions can run the content-position terms as attention plus a
-    #: band of near offsets (``band_parts``, served by ``kernels.band``)
-    has_band_form = False
     #: the score terms can also ride along q and k as extra channels (``score_channels``)
     has_score_channels = False
     #: the score bias is a function of (offset, head) alone (``bias_at``); False when it also reads
@@ -54,21 +51,11 @@ class PositionalEncoding(nn.Module):
     #: keys from which ``score_channels`` is the faster form on CPU (see ``channels_from_keys``);
     #: ``math.inf`` where it never measured faster
     cpu_channels_from_keys: float = 0
-    #: CoPE's term (gated counts looked up in ``embeddings``, gates at ``gate_scale``), which causal attention at
-    #: the model's own positions runs inside ``kernels.gated_counts``
-    has_gated_counts = False
-    #: Transformer-XL's terms as two per-head query shifts and a per-head table of offsets
-    #: (``offset_lookup_parts``), which causal attention at the model's own positions runs inside
-    #: ``kernels.offset_lookup``
-    has_offset_lookups = False
     #: heads this encoding was built for; None when it works with any count.
     num_heads: int | None = None
     #: the attention weights are not a softmax of the logits but the encoding's ``weights(logits, allowed)``
-    #: (stick-breaking); eager serves it, sdpa where ``breaks_sticks`` (below), and only causally
+    #: (stick-breaking); eager serves it, and sdpa where a kernel does (``kernels.forms.WHOLE_FORMS``)
     replaces_softmax = False
-    #: the weights are stick-breaking's (``attend_current`` says whether a query's own key breaks the stick),
-    #: which sdpa runs inside ``kernels.sticks`` on CPU
-    breaks_sticks = False
     #: no bidirectional form (stick-breaking, FoX): ``attention()`` refuses causal=False
     causal_only = False
     #: a query may attend to the key at its own position under a causal mask (stick-breaking's default: not)
@@ -87,8 +74,7 @@ class PositionalEncoding(nn.Module):
         """Whether softmax(q·kᵀ)·v of the rotated q and k is the whole of this encoding's attention (NoPE, RoPE,
         an input-door encoding): what ``kernels.local`` and the fused causal paths serve."""
         return not (self.has_bias or self.has_relative_logits or self.has_relative_values or self.replaces_softmax
-                    or self.has_token_gates or self.has_gated_counts or self.has_offset_lookups
-                    or not self.attends_to_itself)
+                    or self.has_token_gates or not self.attends_to_itself)
 
     def embed(self, x: Tensor, positions: Tensor, seq_len: int | None = None) -> Tensor:
         """Input door. x: (B, T, D); positions: (B or 1, T). Returns (B, T, D).
@@ -164,11 +150,6 @@ class PositionalEncoding(nn.Module):
     def relative_values(self, probs: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """Content-position values: Σ_j probs_ij a_{i-j}. probs: (B, H, Tq, Tk) -> (B, H, Tq, Dh)."""
         raise NotImplementedError(f"{type(self).__name__} has no content-position values")
-
-    def band_parts(self, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
-        """Where ``has_band_form``: (key_band (K, Dh), value_band (K, Dv), value_floor (Dv,)) for
-        ``kernels.band``, whose causal attention then equals the content-position doors'."""
-        raise NotImplementedError(f"{type(self).__name__} has no band form")
 
     def score_channels(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, scale: float
                        ) -> tuple[Tensor, Tensor]:

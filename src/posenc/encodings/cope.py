@@ -34,7 +34,6 @@ class CoPE(PositionalEncoding):
 
     has_relative_logits = True
     relative_logits_scaled = False
-    has_gated_counts = True
 
     def __init__(self, head_dim: int, max_positions: int = 64):
         super().__init__()

@@ -217,7 +217,6 @@ class TransformerXL(PositionalEncoding):
 
     has_relative_logits = True
     has_score_channels = True
-    has_offset_lookups = True
     #: keys from which the channel form is the faster on CPU (measured: benchmarks/history.md)
     cpu_channels_from_keys = 256
 

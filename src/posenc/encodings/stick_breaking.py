@@ -30,7 +30,6 @@ class StickBreaking(PositionalEncoding):
     """Stick-breaking attention weights in place of the softmax; no position doors."""
 
     replaces_softmax = True
-    breaks_sticks = True
     causal_only = True
 
     def __init__(self, attend_current: bool = False):

@@ -21,6 +21,8 @@ K band width (Shaw's max_distance).
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -28,6 +30,17 @@ from torch import Tensor
 from .. import checks
 
 from .blockwise import compute_dtype, query_blocks, token_major_zeros
+
+
+@runtime_checkable
+class Banded(Protocol):
+    """An encoding whose content-position terms this kernel computes (Shaw): learned key and value terms for the
+    nearest offsets, as a band of K diagonals, where ``has_band_form`` (its offsets are integers)."""
+
+    has_band_form: bool
+
+    def band_parts(self, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+        """(key_band (K, Dh), value_band (K, Dv), value_floor (Dv,)): ``band_attention``'s three arguments."""
 
 
 def band_attention(q: Tensor, k: Tensor, v: Tensor, key_band: Tensor, value_band: Tensor,

@@ -1,8 +1,18 @@
 """The forms a score term runs in inside ``attention``'s sdpa backend, and which of them a call offers to
-``dispatch``'s timing: ``table`` (a bias of offsets inside ``offset_bias``), ``gates`` (FoX's c_i − c_j there too),
-``counts`` (CoPE inside ``gated_counts``), ``lookups`` (Transformer-XL inside ``offset_lookup``), ``channels`` (extra
-q/k channels), ``mask`` (a float mask on SDPA or ``blockwise``) and, on a GPU, ``tiles`` (an offset table or FoX's
-token values inside ``tiles_triton``'s tiles) and ``flex`` (FlexAttention's score_mod).
+``dispatch``'s timing. Each ``Form`` declares, by trait, which encodings it serves and on which calls:
+
+  - for weights or value terms a float mask cannot carry, one form or none (then ``attention`` computes as eager
+    does): ``sticks`` (stick-breaking's weights inside ``sticks``) and ``band`` (Shaw's terms as a band of
+    diagonals, ``band``);
+  - for score terms, every form that serves is timed: ``counts`` (CoPE inside ``gated_counts``), ``gates`` (FoX's
+    c_i − c_j inside ``offset_bias``), ``table`` (a bias of offsets there too), ``lookups`` (Transformer-XL inside
+    ``offset_lookup``), ``channels`` (extra q/k channels) and ``mask`` (a float mask on SDPA or ``blockwise``); on a
+    GPU ``tiles`` (an offset table, FIRE's segments or FoX's token values inside ``tiles_triton``'s tiles) and
+    ``flex`` (FlexAttention's score_mod).
+
+A kernel that serves one kind of encoding says what it reads from it as a ``Protocol`` in its own module
+(``gated_counts.GatedCounts``, ``offset_lookup.OffsetLookups``, ``sticks.BreaksSticks``, ``band.Banded``): an
+encoding with those members is served, whatever its name.
 
 Every form is ``form(q, k, v, at, causal, mask, scale, plain_causal) -> (B, H, Tq, Dv)`` with q (B, H, Tq, Dh) and k
 (B, Hkv, Tk, Dh) already rotated, v (B, Hkv, Tk, Dv) and ``at`` the encoding at its positions (a
@@ -11,13 +21,33 @@ Every form is ``form(q, k, v, at, causal, mask, scale, plain_causal) -> (B, H, T
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import blockwise, gated_counts, offset_bias, offset_lookup, triton_available
+from . import band, blockwise, gated_counts, offset_bias, offset_lookup, sticks, triton_available
 from .channels import attend_with_channels
 from .flex import FLEX_DTYPES, flex_backend
+
+
+@dataclass(frozen=True)
+class Form:
+    """A way to run an encoding's terms: ``run`` serves the encodings ``accepts(encoding)`` admits (a trait of
+    the encoding, never its name), on the calls ``fits(q, at, causal, mask, plain_causal)`` admits. Where it serves
+    and ``spares_mask(encoding)``, the float mask is not offered beside it: the mask would keep a (B, H, Tq, Tk)
+    tensor for the backward."""
+
+    name: str
+    run: Callable[..., Tensor]
+    accepts: Callable[..., bool]
+    fits: Callable[..., bool]
+    spares_mask: Callable[..., bool] = lambda encoding: False
+
+    def serves(self, q: Tensor, at, causal: bool, mask: Tensor | None, plain_causal: bool) -> bool:
+        return self.accepts(at.encoding) and self.fits(q, at, causal, mask, plain_causal)
 
 
 def allowed_pairs(q_pos: Tensor, k_pos: Tensor, causal: bool, mask: Tensor | None, itself: bool = True) -> Tensor | None:
@@ -31,29 +61,20 @@ def allowed_pairs(q_pos: Tensor, k_pos: Tensor, causal: bool, mask: Tensor | Non
 
 
 def score_forms(q, at, causal, mask, plain_causal) -> dict:
-    """The forms that serve these score terms, {name: form(q, k, v, at, causal, mask, scale, plain_causal)}: every one
+    """The forms that serve this call, {name: form(q, k, v, at, causal, mask, scale, plain_causal)}. For weights or
+    value terms a mask cannot carry: the one of ``WHOLE_FORMS`` that serves, or none. For score terms: every form
     that serves, to be timed (on a GPU those of ``gpu_score_forms``); inside a compiled graph the one a rule picks
     (channels where ``channels_serve`` says, else the mask)."""
-    encoding, compute = at.encoding, math_dtype(q.dtype)
+    encoding = at.encoding
+    if encoding.replaces_softmax or encoding.has_relative_values:
+        return {f.name: f.run for f in WHOLE_FORMS if f.serves(q, at, causal, mask, plain_causal)}
     if torch.compiler.is_compiling():
         return {"channels": _channel_form} if at.channels_serve(q.dtype) else {"mask": _mask_form}
     if q.device.type != "cpu":
         return gpu_score_forms(q, at, causal, mask)
-    if encoding.has_gated_counts and causal and mask is None and at.contiguous and gated_counts.serves(q):
-        return {"counts": _counts_form}  # the mask form would keep (B, H, Tq, Tk) gates, counts and logits
-    if encoding.has_token_gates and causal and mask is None and at.contiguous and offset_bias.serves(q):
-        return {"gates": _gate_form}  # the mask form would keep a (B, H, Tq, Tk) bias and its gradient
-    forms = {}
-    if encoding.has_bias and not encoding.has_relative_logits and mask is None and offset_bias.serves(q) and (
-            at.offset_table(causal, compute) is not None):
-        forms["table"] = _table_form
-    if encoding.has_offset_lookups and causal and mask is None and at.contiguous and offset_lookup.serves(q):
-        forms["lookups"] = _lookup_form
-    if at.channels_exact(q.dtype):
-        forms["channels"] = _channel_form
-        if encoding.has_relative_logits:  # the mask form would keep (B, H, Tq, Tk) logits for the backward
-            return forms
-    return {**forms, "mask": _mask_form}
+    offered = [f for f in CPU_FORMS if f.serves(q, at, causal, mask, plain_causal)]
+    forms = {f.name: f.run for f in offered}
+    return forms if any(f.spares_mask(encoding) for f in offered) else {**forms, "mask": _mask_form}
 
 
 def gpu_score_forms(q: Tensor, at, causal: bool, mask: Tensor | None) -> dict:
@@ -178,6 +199,51 @@ def _mask_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
         attn_mask = attn_mask.to(q.dtype)
     gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale, **gqa)
+
+
+def _sticks_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
+    k, v = repeat_kv_heads(k, q.shape[1]), repeat_kv_heads(v, q.shape[1])
+    return sticks.stick_breaking_attention(q, k, v, scale=scale, attend_current=at.encoding.attend_current)
+
+
+def _band_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
+    key_band, value_band, value_floor = at.encoding.band_parts(math_dtype(q.dtype))
+    return band.band_attention(q, k, v, key_band, value_band, value_floor, scale=scale)
+
+
+def _own_positions(q, at, causal, mask, plain_causal) -> bool:
+    """A causal call at the model's own positions (a training step, a prefill, a KV-cache step), no mask."""
+    return causal and mask is None and at.contiguous
+
+
+STICKS = Form("sticks", _sticks_form, lambda e: e.replaces_softmax and isinstance(e, sticks.BreaksSticks),
+              lambda q, at, causal, mask, plain: at.contiguous and mask is None and sticks.serves(q))
+BAND = Form("band", _band_form,
+            lambda e: e.has_relative_values and isinstance(e, band.Banded) and e.has_band_form,
+            lambda q, at, causal, mask, plain: plain and mask is None)
+#: the forms of weights or value terms that a float mask cannot carry
+WHOLE_FORMS = (STICKS, BAND)
+#: the forms of score terms on CPU, in the order ``dispatch`` times them; the mask form comes last unless spared
+CPU_FORMS = (
+    Form("counts", _counts_form,
+         lambda e: e.has_relative_logits and not e.has_bias and isinstance(e, gated_counts.GatedCounts),
+         lambda q, *call: _own_positions(q, *call) and gated_counts.serves(q), spares_mask=lambda e: True),
+    Form("gates", _gate_form, lambda e: e.has_token_gates,
+         lambda q, *call: _own_positions(q, *call) and offset_bias.serves(q), spares_mask=lambda e: True),
+    Form("table", _table_form, lambda e: e.has_bias and not e.has_relative_logits,
+         lambda q, at, causal, mask, plain: mask is None and offset_bias.serves(q) and (
+             at.offset_table(causal, math_dtype(q.dtype)) is not None)),
+    Form("lookups", _lookup_form,
+         lambda e: e.has_relative_logits and not e.has_bias and isinstance(e, offset_lookup.OffsetLookups),
+         lambda q, *call: _own_positions(q, *call) and offset_lookup.serves(q)),
+    Form("channels", _channel_form, lambda e: e.has_score_channels,
+         lambda q, at, *rest: at.channels_exact(q.dtype), spares_mask=lambda e: e.has_relative_logits),
+)
+
+
+def repeat_kv_heads(x: Tensor, heads: int) -> Tensor:
+    """Grouped-query attention: (B, Hkv, T, D) -> (B, H, T, D), each K/V head serving H/Hkv query heads."""
+    return x if x.shape[1] == heads else x.repeat_interleave(heads // x.shape[1], dim=1)
 
 
 def math_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -17,12 +17,23 @@ Shapes: B batch, H heads, Tq/Tk query/key lengths, Dh head width, Dv value width
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 import torch
 from torch import Tensor
 
 from . import native
 
 extension = native.loader("gated_counts_cpu.cpp", "CoPE's attention kernel")
+
+
+@runtime_checkable
+class GatedCounts(Protocol):
+    """An encoding whose content-position term this kernel computes (CoPE): each key's gate is
+    ``sigmoid(gate_scale · q·k)``, and the gates counted back from the query look up ``embeddings``."""
+
+    embeddings: Tensor  # (P, Dh): the position vector at each integer count
+    gate_scale: float
 
 
 def serves(q: Tensor) -> bool:

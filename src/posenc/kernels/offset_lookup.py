@@ -15,12 +15,26 @@ Shapes: B batch, H heads, Tq/Tk query/key lengths, Dh head width, Dv value width
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 import torch
 from torch import Tensor
 
 from . import native
 
 extension = native.loader("offset_lookup_cpu.cpp", "the offset-lookup attention kernel")
+
+
+@runtime_checkable
+class OffsetLookups(Protocol):
+    """An encoding whose content-position term this kernel computes (Transformer-XL): the logit of query i and
+    key j gains ``(q_i + lookup_shift)·table[i − j] + content_shift·k_j``."""
+
+    def offset_lookup_table(self, keys: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """(H, keys, Dh): each head's vector at offsets 0 .. keys − 1."""
+
+    def query_shifts(self, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """(content_shift (H, Dh), lookup_shift (H, Dh))."""
 
 
 def serves(q: Tensor) -> bool:

@@ -14,12 +14,25 @@ Shapes: B batch, H heads, Tq/Tk query/key lengths, Dh head width, Dv value width
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 import torch
 from torch import Tensor
 
 from . import native
 
 extension = native.loader("sticks_cpu.cpp", "the stick-breaking attention kernel")
+
+
+@runtime_checkable
+class BreaksSticks(Protocol):
+    """An encoding whose weights this kernel computes: stick-breaking's, in place of the softmax, with or without
+    the key at the query's own position (``attend_current``)."""
+
+    attend_current: bool
+
+    def weights(self, logits: Tensor, allowed: Tensor | None) -> Tensor:
+        """Stick-breaking's (B, H, Tq, Tk) weights from the scaled logits."""
 
 
 def serves(q: Tensor) -> bool:
