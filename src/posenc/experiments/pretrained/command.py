@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ...extension.retrieval import FORMATS
 from ..arguments import add_config_flags, add_run_folder, given as given_flags
+from . import swaps
 from .config import HF_PRESETS, PretrainedConfig
 
 #: config field -> its flag's help; a field not named here is set by the presets alone
@@ -90,12 +91,11 @@ def _refuse_unused(given: dict, config: PretrainedConfig) -> None:
     pose_only = flags("finetune_window", "pose_chunks")
     if config.finetune == "full" and pose_only:
         raise ValueError(f"{', '.join(pose_only)} apply to --finetune pose; --finetune full trains on windows of --to")
-    grouping = flags("self_extend_window", "self_extend_group")
-    if grouping and not config.uses_self_extend:
-        raise ValueError(f"{', '.join(grouping)} apply to the self-extend and rerope rows: add one to --methods")
     sizing = flags("task_questions", "task_size")
     if sizing and not config.retrieval_tasks:
         raise ValueError(f"{', '.join(sizing)} apply to --retrieval-tasks: name multi-value or variable-tracking")
-    shifting = flags("string_shift", "string_local")
-    if shifting and "string" not in config.methods:
-        raise ValueError(f"{', '.join(shifting)} apply to the string row: add string to --methods")
+    for fields in dict.fromkeys(swap.flags for swap in swaps.SWAPS if swap.flags):  # each swap's own flags
+        unused, owners = flags(*fields), swaps.owners(fields[0])
+        if unused and not set(owners) & set(config.methods):
+            rows = f"the {' and '.join(owners)} rows: add one" if len(owners) > 1 else f"the {owners[0]} row: add {owners[0]}"
+            raise ValueError(f"{', '.join(unused)} apply to {rows} to --methods")

@@ -16,9 +16,10 @@ from ...extension.retrieval import LABELS, check_format
 from ...extension.retrieval_tasks import check_tasks, labels_needed
 from ...lm.corpora import parse_corpora
 from ..presets import preset_values
+from . import swaps
 
 SCALING_METHODS = ("none", *METHODS)  # none: the model as it was trained
-ATTENTION_METHODS = ("self-extend", "rerope", "string", "dca")  # the model's attention swapped through the registry
+ATTENTION_METHODS = tuple(swaps.BY_NAME)  # the model's attention swapped (``swaps``)
 HF_METHODS = SCALING_METHODS + ATTENTION_METHODS
 DRAWS = ("longest", "seeded")
 FINETUNE = ("none",) + tuple(m for m in MODES if m != "control")  # the control comes with pose
@@ -146,7 +147,8 @@ class PretrainedConfig:
 
     @property
     def uses_self_extend(self) -> bool:
-        return any(m in ("self-extend", "rerope") for m in self.methods)
+        """A row reads through Self-Extend's window (Self-Extend, ReRoPE)."""
+        return any(swaps.BY_NAME[m].windowed for m in self.methods if m in swaps.BY_NAME)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -31,14 +31,14 @@ import torch
 from ... import hf, storage
 from ...extension import retrieval
 from ...extension.adapt import AdaptConfig, adapt
-from ...extension.dual_chunk import default_sizes, use_dual_chunk
+from ...extension.dual_chunk import default_sizes
 from ...extension.longrope import default_max_factor, longrope_parameters, seed_candidates
 from ...extension.methods import having
 from ...extension.search import Candidate, SearchConfig, search
-from ...extension.self_extend import smallest_group, use_attention, use_self_extend
-from ...extension.shifted import farthest_distance as string_farthest, smallest_shift, use_string
+from ...extension.self_extend import smallest_group, use_attention
+from ...extension.shifted import farthest_distance as string_farthest, smallest_shift
 from ...lm.runtime import Runtime, provenance
-from . import context_use, keys, report
+from . import context_use, keys, report, swaps
 from .config import PretrainedConfig, plan_rows
 from .measure import (TRAIN_BYTES, binned, corpus_of, load_model, long_documents, method_parameters, position_losses,
                       prefill, read_text_tokens, sliding_losses)
@@ -103,7 +103,8 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
                                     original, dev[0]["ids"], runtime, out, log)
             stages[f"fine-tune {name}"] = time.perf_counter() - started
     measuring = dict(model=model, tokens=tokens, rows=rows, parameters=parameters, own=own, pristine=pristine,
-                     group=group, shift=shift, test=test, haystacks=haystacks, dev=dev, config=config,
+                     sizes=swaps.Sizes(original, config.self_extend_window, group, shift, config.string_local),
+                     test=test, haystacks=haystacks, dev=dev, config=config,
                      original=original, out=out, wording=wording)
     if runtime.world_size > 1:  # the ranks split the measurements; rank 0 then reads them all back
         share = Share(runtime.rank, runtime.world_size)
@@ -136,7 +137,7 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
     return results
 
 
-def _measure_all(model, tokens, rows, parameters, own, pristine, group, shift, test, haystacks, dev, config,
+def _measure_all(model, tokens, rows, parameters, own, pristine, sizes, test, haystacks, dev, config,
                  original, out, wording, share, stages, log=None):
     """Every row on every document, the in-context retrieval and the control: this process's ``share`` of them
     measured (the others are None), each a file under measurements/. Returns (measured, in_context, control)."""
@@ -151,12 +152,8 @@ def _measure_all(model, tokens, rows, parameters, own, pristine, group, shift, t
         hf.apply_scaling(model, parameters[name])
         if row["attention"] == "sdpa":
             use_attention(model, "sdpa")
-        elif row["attention"] == "string":
-            use_string(model, shift, config.string_local)
-        elif row["attention"] == "dca":
-            use_dual_chunk(model, *default_sizes(original))
         else:
-            use_self_extend(model, config.self_extend_window, group if row["attention"] == "self-extend" else None)
+            swaps.BY_NAME[row["attention"]].install(model, sizes)
         whole = row["method"] in having(lambda m: m.length_dependent)  # no retrieval cache shared across lengths
         measured[name] = {
             "rope_parameters": hf.full_rope_parameters(model, parameters[name]), **row,
