@@ -133,3 +133,31 @@ def test_every_bold_verdict_on_the_results_page_has_a_corrected_interval_off_zer
     bold = re.findall(r"^- \*\*.*?corrected \[([-+]\d\.\d+), ([-+]\d\.\d+)\]", text, flags=re.M)
     assert len(bold) >= 10
     assert all(not float(low) <= 0 <= float(high) for low, high in bold)
+
+
+def test_the_headline_counts_the_verdicts_and_groups_them_by_what_they_are_measured_against():
+    strong = [0.1 + 0.01 * k for k in range(16)]
+    weaker = [-0.05 - 0.002 * k for k in range(16)]
+    around_zero = [(-1) ** k * 0.1 + 0.001 for k in range(16)]
+    got = family(strong, weaker, around_zero,
+                 names=["loss past: a − base", "loss past: b − base", "keys found: c − base"])
+    text = " ".join(verdicts.headline(got, "document"))
+    low, high = got["loss past: a − base"]["corrected"]
+    assert text.startswith("2 of 3 comparisons carry a verdict over 16 documents")
+    assert f"loss past, against base: a +0.175 [{low:+.3f}, {high:+.3f}], b -0.065 [" in text
+    assert text.endswith("No verdict: c − base (keys found).")
+    consistent = family([0.30, 0.31, 0.29, 0.33, 0.30], [0.1, -0.1, 0.1, -0.1, 0.1])
+    assert " ".join(verdicts.headline(consistent, "seed")) == (
+        "0 of 2 comparisons carry a verdict over 5 seeds (mean, Bonferroni-corrected interval). Consistent in every "
+        "seed, too few seeds for a verdict: row0 − base (loss past). No verdict: row1 − base (loss past).")
+
+
+def test_a_tiny_headline_says_when_its_family_was_declared():
+    a = [{"16": 2.0 + s} for s in (0.0, 0.1, 0.3, 0.2, 0.4)]
+    b = [{"16": 2.1 + s} for s in (0.0, 0.1, 0.3, 0.2, 0.5)]
+    results = tiny_results({"a": a, "b": b}, [{"a": "a", "b": "b", "factor": 1}])
+    text = " ".join(verdicts.tiny_headline(results))
+    assert text.startswith("0 of 1 comparisons carry a verdict over 5 seeds")
+    assert text.endswith("When the family was fixed: before the run.")
+    with pytest.raises(ValueError, match="declares no family"):
+        verdicts.tiny_headline({"rows": []})

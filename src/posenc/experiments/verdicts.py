@@ -169,6 +169,34 @@ def _compact(comparisons: dict[str, dict], kinds: dict[str, str], unit: str) -> 
     return lines[:-1]
 
 
+def headline(comparisons: dict[str, dict], unit: str) -> list[str]:
+    """One paragraph for the README: how many of the family carry a verdict, each verdict's mean and corrected
+    interval grouped by what it is measured against, then the rest by name."""
+    return wrapped([_headline_text(comparisons, unit)]) if comparisons else []
+
+
+def _headline_text(comparisons: dict[str, dict], unit: str) -> str:
+    kinds = {name: outcome(c) for name, c in comparisons.items()}
+    n = len(next(iter(comparisons.values()))["per_document"])
+    groups: dict[str, list[str]] = {}
+    for name, c in comparisons.items():
+        if kinds[name] == VERDICT:
+            measure, pair = name.split(": ", 1)
+            a, b = pair.split(" − ")
+            groups.setdefault(f"{measure}, against {b}", []).append(
+                f"{a} {c['mean']:+.3f} [{c['corrected'][0]:+.3f}, {c['corrected'][1]:+.3f}]")
+    verdicts = sum(kind == VERDICT for kind in kinds.values())
+    text = (f"{verdicts} of {len(comparisons)} comparisons carry a verdict over {n} {unit}s (mean, Bonferroni-corrected "
+            f"interval)" + (": " + "; ".join(f"{group}: {', '.join(items)}" for group, items in groups.items())
+                            if groups else "") + ".")
+    for kind, label in ((CONSISTENT, f"Consistent in every {unit}, too few {unit}s for a verdict"),
+                        (NONE, "No verdict")):
+        names = [name.split(": ", 1)[1] + f" ({name.split(': ')[0]})" for name, k in kinds.items() if k == kind]
+        if names:
+            text += f" {label}: {', '.join(names)}."
+    return text
+
+
 def wrapped(lines: list[str], width: int = WIDTH) -> list[str]:
     """``lines`` wrapped at ``width`` characters, a bullet's continuation indented under its text."""
     out = []
@@ -200,6 +228,13 @@ def tiny_lines(results: dict, compact: bool = False) -> list[str]:
     return wrapped(sentences(seed_comparisons(results), "seed", compact) + (
         [f"- No value (a row has none at that length): {', '.join(missing)}."] if missing else []) + [
         "", family_line(results)])
+
+
+def tiny_headline(results: dict) -> list[str]:
+    """``headline`` of a tiny-model run's declared family, and when it was declared."""
+    if "family" not in results:
+        raise ValueError("this results file declares no family of comparisons (extrapolate --compare)")
+    return wrapped([f"{_headline_text(seed_comparisons(results), 'seed')} {family_line(results)}"])
 
 
 def pretrained_lines(results: dict, compact: bool = False) -> list[str]:
