@@ -161,3 +161,11 @@ def test_a_tiny_headline_says_when_its_family_was_declared():
     assert text.endswith("When the family was fixed: before the run.")
     with pytest.raises(ValueError, match="declares no family"):
         verdicts.tiny_headline({"rows": []})
+
+
+def test_the_committed_real_model_headline_names_its_family_exploratory():
+    results = json.loads((ROOT / "docs" / "results" / "smollm2-1.5x-calibrated-all.json").read_text())
+    text = " ".join(verdicts.pretrained_headline(results))
+    assert text.startswith("12 of 18 comparisons carry a verdict over 16 documents")
+    assert "keys found, against none: yarn +0.633 [" in text
+    assert text.endswith("Exploratory: its corrections hold only for a family fixed in advance.")

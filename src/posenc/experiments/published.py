@@ -29,7 +29,7 @@ from .pretrained import context_use, layer_scaling
 from .pretrained import report as pretrained_report
 from .tables import markdown_table
 from .tasks import report as tasks_report
-from .verdicts import headline, pretrained_lines, tiny_headline, tiny_lines
+from .verdicts import pretrained_headline, pretrained_lines, tiny_headline, tiny_lines
 
 Rows = Callable[[dict], tuple[list[str], list[list[str]]]]
 #: a region's table name and its results -> its Markdown lines (``render``; ``bench.page.renderer`` adds the bench's)
@@ -68,7 +68,7 @@ TEXTS: dict[str, Callable[[dict], list[str]]] = {
     "pretrained-verdicts": pretrained_lines,
     "pretrained-verdicts-compact": lambda results: pretrained_lines(results, compact=True),
     "extrapolate-verdicts-headline": tiny_headline,
-    "pretrained-verdicts-headline": lambda results: headline(results["comparisons"], "document"),
+    "pretrained-verdicts-headline": pretrained_headline,
 }
 
 

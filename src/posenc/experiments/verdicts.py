@@ -237,6 +237,11 @@ def tiny_headline(results: dict) -> list[str]:
     return wrapped([f"{_headline_text(seed_comparisons(results), 'seed')} {family_line(results)}"])
 
 
+def pretrained_headline(results: dict) -> list[str]:
+    """``headline`` of a real-model run's family, and when it was declared."""
+    return wrapped([f"{_headline_text(results['comparisons'], 'document')} {family_line(results)}"])
+
+
 def pretrained_lines(results: dict, compact: bool = False) -> list[str]:
     """The verdict lines of a real-model run's family, and what its context control reads."""
     first, last = results["control"]["context"]
