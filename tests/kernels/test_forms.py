@@ -11,7 +11,7 @@ from posenc.encodings.alibi import ALiBi
 from posenc.encodings.base import PositionalEncoding
 from posenc.encodings.cope import CoPE
 from posenc.encodings.relative import TransformerXL
-from posenc.kernels import forms, gated_counts, offset_bias
+from posenc.kernels import forms, gated_counts, offset_bias, offset_lookup
 from posenc.kernels.flex import flex_backend
 from tests.helpers import seeded_randn as randn
 
@@ -62,6 +62,19 @@ def test_another_device_is_offered_the_gpu_forms(name, q_len, dtype, offered):
     at = posenc.build(name, num_heads=2, **kwargs).at(*own_positions(q_len, 16), contiguous=True)
     q = torch.empty(1, 2, q_len, 4, dtype=dtype, device="meta")
     assert forms.score_forms(q, at, True, None, True) == offered
+
+
+@pytest.mark.skipif(offset_lookup.extension() is None, reason="no C++ toolchain to build the kernels")
+def test_transformer_xl_is_offered_its_lookups_and_channels_and_never_the_mask():
+    """Content-position logits as a mask would keep a (B, H, Tq, Tk) tensor for the backward: where the channels
+    serve they spare it; bidirectionally the lookups do not serve, and a bias would bring the mask back."""
+    q = torch.zeros(1, 2, 8, 4)
+    at = posenc.build("transformer_xl", head_dim=4, num_heads=2).at(*own_positions(8, 8), contiguous=True)
+    assert forms.score_forms(q, at, True, None, True) == {"lookups": forms._lookup_form,
+                                                          "channels": forms._channel_form}
+    assert forms.score_forms(q, at, False, None, False) == {"channels": forms._channel_form}
+    sloped = SlopedTransformerXL(4, 2).at(*own_positions(8, 8), contiguous=True)
+    assert forms.score_forms(q, sloped, True, None, True) == {"mask": forms._mask_form}
 
 
 class CountsByAnotherName(PositionalEncoding):
