@@ -315,3 +315,31 @@ def test_dense_paths_by_query_blocks_on_cuda_equal_float64(monkeypatch, name):
     for what, a, b in zip(("out", "dq", "dk", "dv", *(n for n, _ in on_gpu.named_parameters())), (got, *grads),
                           (expected, *wanted)):
         assert _relative_error(a, b, floor=1.0) < LOOSER.get(name, FLOAT32), (name, what)
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 2e-5), (torch.bfloat16, 5e-2)])
+@pytest.mark.parametrize("attend_current", [False, True])
+def test_stick_breaking_in_triton_tiles_at_the_gpus_tile_sizes_equals_float64(monkeypatch, dtype, tolerance,
+                                                                             attend_current):
+    """``sticks_triton`` at its GPU tiles (64 × 64) over 1,000 queries of a 1,100-key cache, grouped-query heads:
+    values and the gradients of q, k and v against float64 stick-breaking on the CPU; then through
+    ``attention(backend="auto")`` with the kernel offered (POSENC_STICKS_TRITON=1)."""
+    import posenc
+    from posenc.kernels.sticks_triton import stick_breaking_attention
+
+    torch.manual_seed(7)
+    q, k, v = torch.randn(2, 4, 1000, 64), torch.randn(2, 2, 1100, 64), torch.randn(2, 2, 1100, 64)
+    encoding = posenc.build("stick-breaking", attend_current=attend_current)
+    exact = [x.to(dtype).double().requires_grad_() for x in (q, k, v)]
+    positions = {"q_positions": torch.arange(100, 1100), "k_positions": torch.arange(1100)}
+    expected = attention(*exact, encoding, backend="eager", scale=0.125, **positions)
+    upstream = torch.randn_like(expected)
+    wanted = torch.autograd.grad(expected, exact, upstream)
+    monkeypatch.setenv("POSENC_STICKS_TRITON", "1")
+    for run in (lambda *x: stick_breaking_attention(*x, scale=0.125, attend_current=attend_current),
+                lambda *x: attention(*x, encoding, backend="auto", scale=0.125)):
+        fast = [x.to(CUDA, dtype).requires_grad_() for x in (q, k, v)]
+        got = run(*fast)
+        grads = torch.autograd.grad(got, fast, upstream.to(CUDA, dtype))
+        for what, a, b in zip(("out", "dq", "dk", "dv"), (got, *grads), (expected, *wanted)):
+            assert _relative_error(a, b) < tolerance, (what, dtype, attend_current)

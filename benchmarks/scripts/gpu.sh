@@ -5,8 +5,10 @@
 # verify, long (the long-context table at (1, 16, 16,384, 64), each row in its own process: gpu-long.json,
 # gpu-long.md), long-batch (the same at (4, 16, 4,096, 64), merged into gpu-long.json); tests-tiles runs only the
 # CUDA tests of the Triton tiles and of the dense paths by query blocks; fire runs FIRE's CUDA tests and its long row
-# alone (its tiles read the MLP as segments since de66bf9). Every step together takes more than one call's 10
-# minutes: name the steps a call has time for (fire sweep tests-tiles long fits one).
+# alone (its tiles read the MLP as segments since de66bf9); sticks runs stick-breaking's Triton tiles (sticks_triton,
+# offered on a GPU only with POSENC_STICKS_TRITON=1 until checked there) through its CUDA tests and its long row.
+# Every step together takes more than one call's 10 minutes: name the steps a call has time for (fire sticks sweep
+# tests-tiles long fits one).
 # 1. tests/test_cuda.py (Triton RoPE, every backend and form forward and backward against float64 on the CPU, forms
 #    timed on the GPU, the tiny LM, posenc pretrained against the CPU); 2. `posenc bench` in bf16 on the auto backend (its
 #    forms timed at first use) for the bias encodings; 3. the same training step with FlexAttention forced; 4. RoPE
@@ -48,6 +50,11 @@ chosen tests && step tests 200 python3 -m pytest -q -p no:cacheprovider -n 4 tes
 chosen fire && step fire-tests 120 python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_cuda.py -k fire
 chosen fire && step fire-long 60 python3 -m posenc bench --device cuda --dtype bfloat16 --tables long \
     --long-shapes 1x16x16384x64 --encodings fire --rounds 5 --long-timeout 45 --markdown "$out/fire-long.md"
+chosen sticks && POSENC_STICKS_TRITON=1 step sticks-tests 100 python3 -m pytest -q -p no:cacheprovider -n 8 \
+    tests/test_cuda.py -k stick
+chosen sticks && POSENC_STICKS_TRITON=1 step sticks-long 60 python3 -m posenc bench --device cuda --dtype bfloat16 \
+    --tables long --long-shapes 1x16x16384x64 --encodings stick-breaking --rounds 5 --long-timeout 45 \
+    --markdown "$out/sticks-long.md"
 chosen sweep && step sweep 150 python3 benchmarks/scripts/gpu_tiles_sweep.py
 chosen bench-auto && step bench-auto 130 python3 -m posenc bench --device cuda --dtype bfloat16 --tables training,memory,attention \
     --encodings $biases --train-shapes $shapes --lengths 1024,4096 --rounds 10 \

@@ -32,10 +32,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import checks
-from .kernels import dispatch, query_blocks, sticks
+from .kernels import dispatch, query_blocks
 from .kernels.local import check_span, joined_mask, local_attention
 from .kernels.flex import flex_backend
-from .kernels.forms import BAND, STICKS, allowed_pairs, masked, math_dtype, repeat_kv_heads, score_forms
+from .kernels.forms import BAND, STICKS, allowed_pairs, masked, math_dtype, repeat_kv_heads, score_forms, sticks_serve
 from .kernels.sinks import sdpa_with_sink, softmax_with_sink
 from .encodings.base import NoPE, PositionalEncoding
 from .encodings.positioned import PositionedEncoding
@@ -166,7 +166,7 @@ def choose_backend(backend: str, encoding: PositionalEncoding, q: Tensor, k: Ten
 def _refusal(backend: str, encoding: PositionalEncoding, q: Tensor, needs_grad: bool, sink: bool = False
              ) -> str | None:
     if encoding.replaces_softmax and backend != "eager" and not (
-            backend == "sdpa" and STICKS.accepts(encoding) and not sink and sticks.serves(q)):
+            backend == "sdpa" and STICKS.accepts(encoding) and not sink and sticks_serve(q)):
         return f"its weights replace the softmax that {backend} computes; use backend='eager' (or 'auto')"
     if backend == "sdpa" and encoding.has_relative_values and (sink or not BAND.accepts(encoding)):
         return "its value-side term is outside SDPA's softmax(QKᵀ+mask)·V; use backend='eager'"

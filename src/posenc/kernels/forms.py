@@ -201,9 +201,25 @@ def _mask_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale, **gqa)
 
 
+def sticks_serve(q: Tensor) -> bool:
+    """Whether a stick-breaking kernel runs on q here: the C++ one on CPU, the Triton one on a GPU
+    (``sticks_triton.offered``: once checked there)."""
+    return sticks.serves(q) or (triton_available() and sticks_triton().offered(q))
+
+
+def sticks_triton():
+    """The ``sticks_triton`` module, imported on first use (Triton is optional)."""
+    from . import sticks_triton as module
+
+    return module
+
+
 def _sticks_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
+    current = at.encoding.attend_current
+    if not sticks.serves(q):  # a GPU: the Triton tiles, which read grouped k and v heads as they are
+        return sticks_triton().stick_breaking_attention(q, k, v, scale=scale, attend_current=current)
     k, v = repeat_kv_heads(k, q.shape[1]), repeat_kv_heads(v, q.shape[1])
-    return sticks.stick_breaking_attention(q, k, v, scale=scale, attend_current=at.encoding.attend_current)
+    return sticks.stick_breaking_attention(q, k, v, scale=scale, attend_current=current)
 
 
 def _band_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
@@ -217,7 +233,7 @@ def _own_positions(q, at, causal, mask, plain_causal) -> bool:
 
 
 STICKS = Form("sticks", _sticks_form, lambda e: e.replaces_softmax and isinstance(e, sticks.BreaksSticks),
-              lambda q, at, causal, mask, plain: at.contiguous and mask is None and sticks.serves(q))
+              lambda q, at, causal, mask, plain: at.contiguous and mask is None and sticks_serve(q))
 BAND = Form("band", _band_form,
             lambda e: e.has_relative_values and isinstance(e, band.Banded) and e.has_band_form,
             lambda q, at, causal, mask, plain: plain and mask is None)

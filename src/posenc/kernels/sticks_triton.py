@@ -1,0 +1,233 @@
+"""Stick-breaking attention inside Triton tiles, forward and backward (CUDA; CPU tensors under TRITON_INTERPRET=1).
+
+Stick-breaking's weights replace the softmax: with z = scale·q·kᵀ over the allowed keys (causal: l ≤ i, or l < i
+where a query does not attend to its own key),
+
+    A_ij = σ(z_ij) · Π_{j<l allowed} (1 − σ(z_il)),    out_i = Σ_j A_ij v_j    (rows sum to at most 1).
+
+Each query tile walks its key tiles from the diagonal back to key 0 and carries, per row, the log of the stick
+that later keys left: Σ_{l later} log σ(−z_il). Inside a tile a reverse cumulative sum gives each key its share,
+so nothing of size Tq × Tk exists, and there is no running maximum to rescale (every log weight is ≤ 0).
+
+The backward walks the same way. With g_ij = dO_i·v_j and D_i = Σ_j A_ij g_ij = dO_i·out_i,
+
+    dz_il = A_il g_il σ(−z_il) − σ(z_il) Σ_{j<l} A_ij g_ij,    Σ_{j<l} A_ij g_ij = D_i − Σ_{j≥l} A_ij g_ij,
+
+so the walk carries the suffix Σ_{j≥l} A_ij g_ij beside the stick; D_i comes from the forward's float32 output. dq
+stays in the program; dk and dv are added atomically in float32, per key/value head, so grouped-query heads need
+no repeated k or v.
+
+Positions: queries at Tk − Tq .. Tk − 1 and keys at 0 .. Tk − 1 (a training step, a prefill, a KV-cache step).
+Shapes: B batch, H query heads, Hkv key/value heads, Tq/Tk query/key lengths, Dh head width, Dv value width.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .tiles_jit import IEEE, NATIVE, UPCAST
+from .tiles_terms import dot
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: whether a GPU has run this kernel's CUDA tests; until then ``forms`` offers it on a GPU only where
+#: POSENC_STICKS_TRITON=1 (``benchmarks/scripts/gpu.sh`` sets it), and stick-breaking there computes as eager does
+CHECKED_ON_GPU = False
+
+
+def serves(q: Tensor) -> bool:
+    """Whether the kernel runs on q's device and dtype here: CUDA (or CPU tensors under ``TRITON_INTERPRET=1``),
+    float16/bfloat16/float32, eager (not inside a ``torch.compile`` graph)."""
+    interpreted = q.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+    return (q.is_cuda or interpreted) and q.dtype in DTYPES and not torch.compiler.is_compiling()
+
+
+def offered(q: Tensor) -> bool:
+    """Whether ``forms`` offers this kernel for q: it serves, and on a GPU it has been checked there (or is asked
+    for by POSENC_STICKS_TRITON=1)."""
+    checked = CHECKED_ON_GPU or os.environ.get("POSENC_STICKS_TRITON") == "1" or not q.is_cuda
+    return serves(q) and checked
+
+
+def stick_breaking_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, attend_current: bool) -> Tensor:
+    """Causal stick-breaking attention at the model's own positions.
+
+    Args:
+        q: (B, H, Tq, Dh); k: (B, Hkv, Tk, Dh); v: (B, Hkv, Tk, Dv), Tq ≤ Tk, H a multiple of Hkv; float16,
+            bfloat16 or float32.
+        scale: the logit scale.
+        attend_current: whether a query may attend to the key at its own position.
+    Returns:
+        (B, H, Tq, Dv) in q's dtype; a row with no allowed key is zeros.
+    """
+    batch, heads, q_len, _ = q.shape
+    if k.dim() != 4 or k.shape[0] != batch or heads % k.shape[1] or k.shape[2] < q_len or (
+            v.shape[:3] != k.shape[:3]) or q.dtype not in DTYPES:
+        raise ValueError(f"q (B, H, Tq, Dh), k (B, Hkv, Tk, Dh), v (B, Hkv, Tk, Dv) with Tq <= Tk, H a multiple of "
+                         f"Hkv, in one of {DTYPES}; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)} {q.dtype}")
+    return _StickBreaking.apply(q, k, v, float(scale), bool(attend_current))
+
+
+@triton.jit
+def _log_sigmoid(x):
+    return tl.minimum(x, 0.0) - tl.log(1.0 + tl.exp(-tl.abs(x)))
+
+
+@triton.jit
+def _key_tile(q, start_n, K, V, s_kt, s_vt, rows, q_pos, q_len, k_len, scale, offs_d, offs_dv,
+              HEAD_DIM: tl.constexpr, VALUE_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CURRENT: tl.constexpr,
+              DOT: tl.constexpr):
+    """A query tile against the keys from ``start_n``: (keys, k (BLOCK_N, BLOCK_D), v (BLOCK_N, BLOCK_DV), z,
+    allowed, log σ(z), log σ(−z) (0 where not allowed))."""
+    cols = start_n + tl.arange(0, BLOCK_N)
+    in_keys = cols < k_len
+    k_tile = tl.load(K + cols[:, None] * s_kt + offs_d[None, :],
+                     mask=in_keys[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    v_tile = tl.load(V + cols[:, None] * s_vt + offs_dv[None, :],
+                     mask=in_keys[:, None] & (offs_dv[None, :] < VALUE_DIM), other=0.0)
+    z = dot(q, tl.trans(k_tile), DOT) * scale
+    earlier = (cols[None, :] <= q_pos[:, None]) if CURRENT else (cols[None, :] < q_pos[:, None])
+    allowed = earlier & in_keys[None, :] & (rows < q_len)[:, None]
+    log_rest = tl.where(allowed, _log_sigmoid(-z), 0.0)
+    return cols, in_keys, k_tile, v_tile, z, allowed, _log_sigmoid(z), log_rest
+
+
+@triton.jit
+def _weights(log_take, log_rest, stick, allowed):
+    """The tile's weights: each key takes σ(z) of what the later keys of the tile and ``stick`` (the later tiles',
+    per row) left."""
+    later_in_tile = tl.cumsum(log_rest, axis=1, reverse=True) - log_rest
+    return tl.where(allowed, tl.exp(log_take + later_in_tile + stick[:, None]), 0.0)
+
+
+@triton.jit
+def _forward(Q, K, V, OUT, s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb, s_vh, s_vt, s_ob, s_oh, s_ot,
+             heads, group, q_len, k_len, scale, HEAD_DIM: tl.constexpr, VALUE_DIM: tl.constexpr,
+             BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             CURRENT: tl.constexpr, DOT: tl.constexpr):
+    """OUT (B, H, Tq, Dv) float32."""
+    start_m = tl.program_id(0) * BLOCK_M
+    b, h = tl.program_id(1) // heads, tl.program_id(1) % heads
+    rows = start_m + tl.arange(0, BLOCK_M)
+    q_pos = rows + (k_len - q_len)
+    offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
+    q = tl.load(Q + b * s_qb + h * s_qh + rows[:, None] * s_qt + offs_d[None, :],
+                mask=(rows < q_len)[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    K_, V_ = K + b * s_kb + (h // group) * s_kh, V + b * s_vb + (h // group) * s_vh
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    stick = tl.zeros([BLOCK_M], tl.float32)
+    tiles = tl.cdiv(tl.minimum(start_m + BLOCK_M + (k_len - q_len), k_len), BLOCK_N)
+    for back in range(0, tiles):
+        cols, in_keys, k_tile, v_tile, z, allowed, log_take, log_rest = _key_tile(
+            q, (tiles - 1 - back) * BLOCK_N, K_, V_, s_kt, s_vt, rows, q_pos, q_len, k_len, scale, offs_d, offs_dv,
+            HEAD_DIM, VALUE_DIM, BLOCK_N, CURRENT, DOT)
+        weights = _weights(log_take, log_rest, stick, allowed)
+        acc += dot(weights.to(v_tile.dtype), v_tile, DOT)
+        stick += tl.sum(log_rest, 1)
+    tl.store(OUT + b * s_ob + h * s_oh + rows[:, None] * s_ot + offs_dv[None, :], acc,
+             mask=(rows < q_len)[:, None] & (offs_dv[None, :] < VALUE_DIM))
+
+
+@triton.jit
+def _backward(Q, K, V, DO, DELTA, DQ, DK, DV, s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb, s_vh, s_vt,
+              s_dob, s_doh, s_dot, s_dqb, s_dqh, s_dqt, s_dkb, s_dkh, s_dkt, s_dvb, s_dvh, s_dvt,
+              heads, group, q_len, k_len, scale, HEAD_DIM: tl.constexpr, VALUE_DIM: tl.constexpr,
+              BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              CURRENT: tl.constexpr, DOT: tl.constexpr):
+    """DQ (B, H, Tq, Dh) in q's dtype; DK (B, Hkv, Tk, Dh) and DV (B, Hkv, Tk, Dv) float32, added to."""
+    start_m = tl.program_id(0) * BLOCK_M
+    b, h = tl.program_id(1) // heads, tl.program_id(1) % heads
+    rows = start_m + tl.arange(0, BLOCK_M)
+    in_queries = rows < q_len
+    q_pos = rows + (k_len - q_len)
+    offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
+    q = tl.load(Q + b * s_qb + h * s_qh + rows[:, None] * s_qt + offs_d[None, :],
+                mask=in_queries[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    grad = tl.load(DO + b * s_dob + h * s_doh + rows[:, None] * s_dot + offs_dv[None, :],
+                   mask=in_queries[:, None] & (offs_dv[None, :] < VALUE_DIM), other=0.0)
+    total = tl.load(DELTA + tl.program_id(1) * q_len + rows, mask=in_queries, other=0.0)  # D_i
+    kv_head = h // group
+    K_, V_ = K + b * s_kb + kv_head * s_kh, V + b * s_vb + kv_head * s_vh
+    DK_, DV_ = DK + b * s_dkb + kv_head * s_dkh, DV + b * s_dvb + kv_head * s_dvh
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    stick = tl.zeros([BLOCK_M], tl.float32)
+    later_taken = tl.zeros([BLOCK_M], tl.float32)  # Σ over the later tiles' keys of A·g
+    tiles = tl.cdiv(tl.minimum(start_m + BLOCK_M + (k_len - q_len), k_len), BLOCK_N)
+    for back in range(0, tiles):
+        cols, in_keys, k_tile, v_tile, z, allowed, log_take, log_rest = _key_tile(
+            q, (tiles - 1 - back) * BLOCK_N, K_, V_, s_kt, s_vt, rows, q_pos, q_len, k_len, scale, offs_d, offs_dv,
+            HEAD_DIM, VALUE_DIM, BLOCK_N, CURRENT, DOT)
+        # the weights as the forward's product read them (rounded to v's dtype), so that Σ_j A_ij g_ij is D_i
+        weights = _weights(log_take, log_rest, stick, allowed).to(v_tile.dtype).to(tl.float32)
+        taken = weights * dot(grad, tl.trans(v_tile), DOT)  # A_ij g_ij
+        from_here = tl.cumsum(taken, axis=1, reverse=True) + later_taken[:, None]  # Σ_{j ≥ l} A g
+        take = tl.exp(log_take)  # σ(z)
+        dz = tl.where(allowed, taken * (1.0 - take) - take * (total[:, None] - from_here), 0.0) * scale
+        dq += dot(dz.to(k_tile.dtype), k_tile, DOT)
+        key_rows = in_keys[:, None]
+        tl.atomic_add(DK_ + cols[:, None] * s_dkt + offs_d[None, :], dot(tl.trans(dz.to(q.dtype)), q, DOT),
+                      mask=key_rows & (offs_d[None, :] < HEAD_DIM))
+        tl.atomic_add(DV_ + cols[:, None] * s_dvt + offs_dv[None, :],
+                      dot(tl.trans(weights.to(grad.dtype)), grad, DOT), mask=key_rows & (offs_dv[None, :] < VALUE_DIM))
+        stick += tl.sum(log_rest, 1)
+        later_taken += tl.sum(taken, 1)
+    tl.store(DQ + b * s_dqb + h * s_dqh + rows[:, None] * s_dqt + offs_d[None, :], dq.to(DQ.dtype.element_ty),
+             mask=in_queries[:, None] & (offs_d[None, :] < HEAD_DIM))
+
+
+def _blocks(q: Tensor) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, warps): 16 × 16 under the interpreter, so a test at a few dozen tokens crosses tiles; on a
+    GPU 64 × 64 with 4 warps, the tiles' backward size (``tiles_triton._blocks``), not yet timed for this kernel."""
+    return (16, 16, 1) if q.device.type == "cpu" else (64, 64, 4)
+
+
+def _product_kind(q: Tensor) -> int:
+    if q.dtype == torch.float32:
+        return IEEE
+    return UPCAST if q.device.type == "cpu" else NATIVE  # the interpreter's bfloat16 products are wrong
+
+
+def _last_unit(x: Tensor) -> Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _sizes(q: Tensor, k: Tensor, v: Tensor, attend_current: bool) -> dict:
+    block_m, block_n, warps = _blocks(q)
+    return dict(HEAD_DIM=q.shape[-1], VALUE_DIM=v.shape[-1], BLOCK_D=max(16, triton.next_power_of_2(q.shape[-1])),
+                BLOCK_DV=max(16, triton.next_power_of_2(v.shape[-1])), BLOCK_M=block_m, BLOCK_N=block_n,
+                CURRENT=attend_current, DOT=_product_kind(q), num_warps=warps)
+
+
+class _StickBreaking(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, scale, attend_current):
+        q, k, v = (_last_unit(x) for x in (q, k, v))
+        batch, heads, q_len, _ = q.shape
+        out = torch.empty(batch, heads, q_len, v.shape[-1], device=q.device, dtype=torch.float32)
+        sizes = _sizes(q, k, v, attend_current)
+        _forward[(triton.cdiv(q_len, sizes["BLOCK_M"]), batch * heads)](
+            q, k, v, out, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], heads,
+            heads // k.shape[1], q_len, k.shape[2], scale, **sizes)
+        ctx.save_for_backward(q, k, v, out)
+        ctx.scale, ctx.attend_current = scale, attend_current
+        return out.to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out = ctx.saved_tensors
+        grad_out = _last_unit(grad_out.to(q.dtype))
+        batch, heads, q_len, _ = q.shape
+        total = (grad_out.float() * out).sum(-1).contiguous()  # (B, H, Tq): D_i = dO_i·out_i
+        dq = torch.empty_like(q)
+        dk = torch.zeros(k.shape, device=k.device, dtype=torch.float32)
+        dv = torch.zeros(v.shape, device=v.device, dtype=torch.float32)
+        sizes = _sizes(q, k, v, ctx.attend_current)
+        _backward[(triton.cdiv(q_len, sizes["BLOCK_M"]), batch * heads)](
+            q, k, v, grad_out, total, dq, dk, dv, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+            *grad_out.stride()[:3], *dq.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], heads,
+            heads // k.shape[1], q_len, k.shape[2], ctx.scale, **sizes)
+        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None

@@ -1,0 +1,96 @@
+"""Stick-breaking attention in Triton tiles (``kernels.sticks_triton``) against float64 stick-breaking, forward and
+backward, under TRITON_INTERPRET=1 on CPU tensors; and when ``forms`` offers it.
+
+The interpreter is switched on when Triton is imported, so the checks run in a child process. Its tiles are 16 × 16,
+so the shapes here (up to 40 keys) cross tiles, the diagonal and ragged edges.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (the test extra)")
+
+CHECK = textwrap.dedent(
+    """
+    import torch
+    from posenc.encodings.stick_breaking import StickBreaking
+    from posenc.kernels.sticks_triton import stick_breaking_attention
+
+    def reference(q, k, v, scale, current):
+        '''float64 stick-breaking (the encoding's own weights), queries the last Tq keys, GQA by repeating k, v.'''
+        heads, q_len, k_len = q.shape[1], q.shape[2], k.shape[2]
+        k, v = (x.repeat_interleave(heads // x.shape[1], 1) for x in (k, v))
+        q_pos, k_pos = torch.arange(k_len - q_len, k_len), torch.arange(k_len)
+        allowed = (k_pos[None, :] <= q_pos[:, None]) if current else (k_pos[None, :] < q_pos[:, None])
+        return StickBreaking(current).weights((q @ k.transpose(-1, -2)) * scale, allowed[None, None]) @ v
+
+    torch.manual_seed(0)
+    cases = 0
+    for dtype, tolerance in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
+        for current in (False, True):
+            for batch, heads, kv_heads, q_len, k_len, width, value_width in (
+                    (2, 2, 1, 37, 37, 8, 8), (1, 2, 2, 5, 40, 16, 12), (1, 1, 1, 33, 33, 12, 20), (1, 1, 1, 1, 1, 4, 4)):
+                q = torch.randn(batch, heads, q_len, width) * 2
+                k = torch.randn(batch, kv_heads, k_len, width) * 2
+                v = torch.randn(batch, kv_heads, k_len, value_width)
+                exact = [x.to(dtype).double().requires_grad_() for x in (q, k, v)]
+                fast = [x.to(dtype).requires_grad_() for x in (q, k, v)]
+                expected = reference(*exact, 0.4, current)
+                got = stick_breaking_attention(*fast, scale=0.4, attend_current=current)
+                assert got.dtype == dtype and got.shape == expected.shape
+                upstream = torch.randn_like(expected)
+                wanted = torch.autograd.grad(expected, exact, upstream)
+                grads = torch.autograd.grad(got, fast, upstream.to(dtype))
+                for name, a, b in zip(("out", "dq", "dk", "dv"), (got, *grads), (expected, *wanted)):
+                    error = float((a.double() - b).abs().max() / b.abs().max().clamp_min(1e-12))
+                    assert error < tolerance, (name, error, dtype, current, tuple(q.shape), tuple(k.shape))
+                cases += 1
+    assert cases == 16
+    print("ok")
+    """
+)
+
+
+def test_stick_breaking_tiles_equal_float64_values_and_gradients():
+    """With and without the query's own key, grouped-query heads, a KV-cache step (Tq < Tk), head and value widths
+    that are no power of two, one token (its only key refused without the current key: zeros, zero gradients);
+    float32 to 1e-5 of the reference's largest magnitude, bfloat16 to 3e-2 (1.3e-2 seen)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("ok"), result.stdout
+
+
+def gpu_tensor(dtype=torch.bfloat16):
+    return SimpleNamespace(is_cuda=True, device=torch.device("meta"), dtype=dtype)
+
+
+def test_a_gpu_is_offered_the_kernel_only_once_checked_there_or_asked(monkeypatch):
+    from posenc.kernels import sticks_triton
+
+    monkeypatch.delenv("POSENC_STICKS_TRITON", raising=False)
+    monkeypatch.setattr(sticks_triton, "CHECKED_ON_GPU", False)
+    assert sticks_triton.serves(gpu_tensor()) and not sticks_triton.offered(gpu_tensor())
+    assert not sticks_triton.serves(gpu_tensor(torch.float64))
+    monkeypatch.setenv("POSENC_STICKS_TRITON", "1")
+    assert sticks_triton.offered(gpu_tensor())
+    monkeypatch.delenv("POSENC_STICKS_TRITON")
+    monkeypatch.setattr(sticks_triton, "CHECKED_ON_GPU", True)
+    assert sticks_triton.offered(gpu_tensor())
+
+
+def test_the_kernel_refuses_shapes_it_cannot_serve_in_one_line():
+    from posenc.kernels.sticks_triton import stick_breaking_attention
+
+    q, k = torch.zeros(1, 3, 4, 8), torch.zeros(1, 2, 4, 8)
+    with pytest.raises(ValueError, match="H a multiple of Hkv"):
+        stick_breaking_attention(q, k, k, scale=1.0, attend_current=False)
+    with pytest.raises(ValueError, match="Tq <= Tk"):
+        stick_breaking_attention(torch.zeros(1, 2, 5, 8), k[:, :, :4], k, scale=1.0, attend_current=False)
