@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 STAGES = "posenc/experiments/pretrained/stages.py"
+SWAPS = "posenc/experiments/pretrained/swaps.py"
 TESTS = ["tests/experiments/pretrained/test_pretrained.py"]
 
 # (what goes wrong, file under src/, the text, its wrong version)
@@ -46,8 +47,8 @@ MUTANTS = [
     ("each row starts from the last row's weights", STAGES,
      '        started = time.perf_counter()\n        _restore(model, pristine)\n        if row["finetune"]:',
      '        started = time.perf_counter()\n        if row["finetune"]:'),
-    ("Self-Extend's group ignored (ReRoPE measured instead)", STAGES,
-     'group if row["attention"] == "self-extend" else None)', 'None)'),
+    ("Self-Extend's group ignored (ReRoPE measured instead)", SWAPS,
+     'use_self_extend(model, s.window, s.group)', 'use_self_extend(model, s.window, None)'),
     ("the short reader reads the whole context", STAGES,
      'sliding_losses(model, ids, short, short // 2, 0, config.chunk)',
      'sliding_losses(model, ids, original, short // 2, 0, config.chunk)'),

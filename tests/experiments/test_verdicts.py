@@ -168,4 +168,5 @@ def test_the_committed_real_model_headline_names_its_family_exploratory():
     text = " ".join(verdicts.pretrained_headline(results))
     assert text.startswith("12 of 18 comparisons carry a verdict over 16 documents")
     assert "keys found, against none: yarn +0.633 [" in text
+    assert "No verdict: 6 comparisons." in text  # past HEADLINE_NAMES, counted
     assert text.endswith("Exploratory: its corrections hold only for a family fixed in advance.")

@@ -169,9 +169,12 @@ def _compact(comparisons: dict[str, dict], kinds: dict[str, str], unit: str) -> 
     return lines[:-1]
 
 
+HEADLINE_NAMES = 3  # past this many, a headline counts the comparisons of a kind instead of naming them
+
+
 def headline(comparisons: dict[str, dict], unit: str) -> list[str]:
     """One paragraph for the README: how many of the family carry a verdict, each verdict's mean and corrected
-    interval grouped by what it is measured against, then the rest by name."""
+    interval grouped by what it is measured against, then the rest by name (by count past ``HEADLINE_NAMES``)."""
     return wrapped([_headline_text(comparisons, unit)]) if comparisons else []
 
 
@@ -192,7 +195,9 @@ def _headline_text(comparisons: dict[str, dict], unit: str) -> str:
     for kind, label in ((CONSISTENT, f"Consistent in every {unit}, too few {unit}s for a verdict"),
                         (NONE, "No verdict")):
         names = [name.split(": ", 1)[1] + f" ({name.split(': ')[0]})" for name, k in kinds.items() if k == kind]
-        if names:
+        if len(names) > HEADLINE_NAMES:
+            text += f" {label}: {len(names)} comparisons."
+        elif names:
             text += f" {label}: {', '.join(names)}."
     return text
 
