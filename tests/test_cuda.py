@@ -325,8 +325,12 @@ def test_stick_breaking_in_triton_tiles_at_the_gpus_tile_sizes_equals_float64(mo
     values and the gradients of q, k and v against float64 stick-breaking on the CPU; then through
     ``attention(backend="auto")`` with the kernel offered (POSENC_STICKS_TRITON=1)."""
     import posenc
-    from posenc.kernels.sticks_triton import stick_breaking_attention
+    from posenc.kernels import sticks_triton
 
+    kernel_calls = []
+    kernel = sticks_triton.stick_breaking_attention
+    monkeypatch.setattr(sticks_triton, "stick_breaking_attention",
+                        lambda *a, **kw: kernel_calls.append(1) or kernel(*a, **kw))
     torch.manual_seed(7)
     q, k, v = torch.randn(2, 4, 1000, 64), torch.randn(2, 2, 1100, 64), torch.randn(2, 2, 1100, 64)
     encoding = posenc.build("stick-breaking", attend_current=attend_current)
@@ -336,10 +340,11 @@ def test_stick_breaking_in_triton_tiles_at_the_gpus_tile_sizes_equals_float64(mo
     upstream = torch.randn_like(expected)
     wanted = torch.autograd.grad(expected, exact, upstream)
     monkeypatch.setenv("POSENC_STICKS_TRITON", "1")
-    for run in (lambda *x: stick_breaking_attention(*x, scale=0.125, attend_current=attend_current),
+    for run in (lambda *x: kernel(*x, scale=0.125, attend_current=attend_current),
                 lambda *x: attention(*x, encoding, backend="auto", scale=0.125)):
         fast = [x.to(CUDA, dtype).requires_grad_() for x in (q, k, v)]
         got = run(*fast)
         grads = torch.autograd.grad(got, fast, upstream.to(CUDA, dtype))
         for what, a, b in zip(("out", "dq", "dk", "dv"), (got, *grads), (expected, *wanted)):
             assert _relative_error(a, b) < tolerance, (what, dtype, attend_current)
+    assert kernel_calls == [1]  # attention(backend="auto") ran the Triton tiles, not eager's dense sums

@@ -5,6 +5,8 @@ test hide a table stored under the wrong key, a length read from the wrong axis,
 term. Here each is asked for its own value.
 """
 
+import inspect
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -274,3 +276,11 @@ def test_no_one_encoding_kernel_trait_is_a_flag_on_the_base_class():
         assert not isinstance(NoPE(), trait)
     for flag in ("has_band_form", "has_gated_counts", "has_offset_lookups", "breaks_sticks"):
         assert not hasattr(NoPE, flag), flag
+    # From Python 3.12 isinstance reads a Protocol's members statically (inspect.getattr_static), which never sees
+    # a module's parameters or buffers: each member must be found that way on the encoding it serves
+    members = {band.Banded: ("has_band_form", "band_parts"), gated_counts.GatedCounts: ("gated_counts_parts",),
+               offset_lookup.OffsetLookups: ("offset_lookup_table", "query_shifts"),
+               sticks.BreaksSticks: ("stick_breaking_current",)}
+    for trait, names in members.items():
+        for name in names:
+            inspect.getattr_static(served[trait], name)

@@ -170,3 +170,16 @@ def test_the_committed_real_model_headline_names_its_family_exploratory():
     assert "keys found, against none: yarn +0.633 [" in text
     assert "No verdict: 6 comparisons." in text  # past HEADLINE_NAMES, counted
     assert text.endswith("Exploratory: its corrections hold only for a family fixed in advance.")
+
+
+def test_a_tiny_headline_names_comparisons_without_values_and_survives_having_none():
+    """A learned table has no value past its length: the headline says which comparisons lack one, as the full
+    lines do, and a family with none left says so instead of failing."""
+    a = [{"16": 2.0 + s, "32": 2.5} for s in (0.0, 0.1, 0.3, 0.2, 0.4)]
+    b = [{"16": 2.1 + s, "32": None} for s in (0.0, 0.1, 0.3, 0.2, 0.5)]
+    both = tiny_results({"a": a, "b": b}, [{"a": "a", "b": "b", "factor": 1}, {"a": "a", "b": "b", "factor": 2}])
+    text = " ".join(verdicts.tiny_headline(both))
+    assert text.startswith("0 of 1 comparisons") and "No value (a row has none at that length): a − b at 2×." in text
+    only_missing = tiny_results({"a": a, "b": b}, [{"a": "a", "b": "b", "factor": 2}])
+    assert " ".join(verdicts.tiny_headline(only_missing)).startswith(
+        "No declared comparison has values in both rows. No value (a row has none at that length): a − b at 2×.")

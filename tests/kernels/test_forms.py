@@ -78,7 +78,7 @@ def test_transformer_xl_is_offered_its_lookups_and_channels_and_never_the_mask()
 
 
 class CountsByAnotherName(PositionalEncoding):
-    """CoPE's term in an encoding that is no CoPE: it only has the members ``gated_counts.GatedCounts`` reads."""
+    """CoPE's term in an encoding that is no CoPE: it only has the method ``gated_counts.GatedCounts`` reads."""
 
     has_relative_logits = True
     relative_logits_scaled = False
@@ -86,7 +86,9 @@ class CountsByAnotherName(PositionalEncoding):
     def __init__(self, head_dim):
         super().__init__()
         self.cope = CoPE(head_dim)
-        self.embeddings, self.gate_scale = self.cope.embeddings, self.cope.gate_scale
+
+    def gated_counts_parts(self):
+        return self.cope.embeddings, self.cope.gate_scale
 
     def relative_logits(self, q, k, q_pos, k_pos, allowed=None):
         return self.cope.relative_logits(q, k, q_pos, k_pos, allowed)
@@ -94,12 +96,12 @@ class CountsByAnotherName(PositionalEncoding):
 
 @pytest.mark.skipif(gated_counts.extension() is None, reason="no C++ toolchain to build the kernels")
 def test_a_kernel_serves_any_encoding_with_the_members_it_reads_and_no_term_it_would_drop():
-    """Forms choose by trait, never by name: an unrelated class with CoPE's two members runs in CoPE's kernel
+    """Forms choose by trait, never by name: an unrelated class with CoPE's kernel method runs in CoPE's kernel
     (equal to eager in float64); given a bias too, which the kernel would drop, it is offered the mask instead."""
     torch.manual_seed(0)
     enc = CountsByAnotherName(4).double()
     with torch.no_grad():
-        enc.embeddings.normal_()
+        enc.cope.embeddings.normal_()
     q, k, v = (randn(1, 2, 9, 4, seed=seed) for seed in range(3))
     at = enc.at(*own_positions(9, 9), contiguous=True)
     assert forms.score_forms(q, at, True, None, True) == {"counts": forms._counts_form}

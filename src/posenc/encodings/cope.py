@@ -41,6 +41,10 @@ class CoPE(PositionalEncoding):
         self.max_positions = checks.positive_int("max_positions", max_positions, minimum=2)
         self.embeddings = nn.Parameter(torch.zeros(max_positions, head_dim))
 
+    def gated_counts_parts(self) -> tuple[Tensor, float]:
+        """(embeddings (P, Dh), gate_scale), what ``kernels.gated_counts`` reads."""
+        return self.embeddings, self.gate_scale
+
     @property
     def gate_scale(self) -> float:
         """The gates' logit scale, 1/√Dh, whatever scale attention is given."""

@@ -159,9 +159,11 @@ class PositionedEncoding:
         return _finite(self.encoding, "content-position logits",
                        scale * term if self.encoding.relative_logits_scaled else term)
 
-    def counts_table(self) -> Tensor:
-        """CoPE's (P, Dh) position vectors for ``kernels.gated_counts``, checked for NaN as every term is."""
-        return _finite(self.encoding, "position table", self.encoding.embeddings)
+    def counts_table(self) -> tuple[Tensor, float]:
+        """CoPE's (P, Dh) position vectors, checked for NaN as every term is, and its gates' scale, for
+        ``kernels.gated_counts``."""
+        table, gate_scale = self.encoding.gated_counts_parts()
+        return _finite(self.encoding, "position table", table), gate_scale
 
     def offset_lookup_parts(self, keys: int, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
         """The encoding's (table (H, keys, Dh), content shift (H, Dh), lookup shift (H, Dh)) for

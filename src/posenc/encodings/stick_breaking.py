@@ -39,6 +39,10 @@ class StickBreaking(PositionalEncoding):
         self.attend_current = attend_current
         self.attends_to_itself = attend_current
 
+    def stick_breaking_current(self) -> bool:
+        """Whether a query's own key takes a share of its stick, what ``kernels.sticks`` reads."""
+        return self.attend_current
+
     def weights(self, logits: Tensor, allowed: Tensor | None) -> Tensor:
         """(B, H, Tq, Tk) weights from scaled logits of the same shape; ``allowed``: bool, broadcastable, the
         pairs that may attend (causal and mask), None for all. Rows sum to at most 1 (0 where nothing is allowed)."""

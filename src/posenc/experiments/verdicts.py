@@ -239,7 +239,11 @@ def tiny_headline(results: dict) -> list[str]:
     """``headline`` of a tiny-model run's declared family, and when it was declared."""
     if "family" not in results:
         raise ValueError("this results file declares no family of comparisons (extrapolate --compare)")
-    return wrapped([f"{_headline_text(seed_comparisons(results), 'seed')} {family_line(results)}"])
+    comparisons, missing = seed_comparisons(results), without_values(results)
+    text = _headline_text(comparisons, "seed") if comparisons else "No declared comparison has values in both rows."
+    if missing:
+        text += f" No value (a row has none at that length): {', '.join(missing)}."
+    return wrapped([f"{text} {family_line(results)}"])
 
 
 def pretrained_headline(results: dict) -> list[str]:

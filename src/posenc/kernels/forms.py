@@ -159,8 +159,8 @@ def _gate_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
 
 
 def _counts_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
-    return gated_counts.gated_counts_attention(q, k, v, at.counts_table(), scale=scale,
-                                               gate_scale=at.encoding.gate_scale)
+    table, gate_scale = at.counts_table()
+    return gated_counts.gated_counts_attention(q, k, v, table, scale=scale, gate_scale=gate_scale)
 
 
 def _lookup_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
@@ -215,7 +215,7 @@ def sticks_triton():
 
 
 def _sticks_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
-    current = at.encoding.attend_current
+    current = at.encoding.stick_breaking_current()
     if not sticks.serves(q):  # a GPU: the Triton tiles, which read grouped k and v heads as they are
         return sticks_triton().stick_breaking_attention(q, k, v, scale=scale, attend_current=current)
     k, v = repeat_kv_heads(k, q.shape[1]), repeat_kv_heads(v, q.shape[1])

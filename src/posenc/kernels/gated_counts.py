@@ -29,11 +29,12 @@ extension = native.loader("gated_counts_cpu.cpp", "CoPE's attention kernel")
 
 @runtime_checkable
 class GatedCounts(Protocol):
-    """An encoding whose content-position term this kernel computes (CoPE): each key's gate is
-    ``sigmoid(gate_scale · q·k)``, and the gates counted back from the query look up ``embeddings``."""
+    """An encoding whose content-position term this kernel computes (CoPE). A method, not attributes: from Python
+    3.12 ``isinstance`` reads members statically, and a module's parameters are not."""
 
-    embeddings: Tensor  # (P, Dh): the position vector at each integer count
-    gate_scale: float
+    def gated_counts_parts(self) -> tuple[Tensor, float]:
+        """(table (P, Dh), gate scale): each key's gate is ``sigmoid(gate scale · q·k)``, and the gates counted back
+        from the query look up the table's rows at the count."""
 
 
 def serves(q: Tensor) -> bool:

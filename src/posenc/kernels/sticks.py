@@ -26,13 +26,11 @@ extension = native.loader("sticks_cpu.cpp", "the stick-breaking attention kernel
 
 @runtime_checkable
 class BreaksSticks(Protocol):
-    """An encoding whose weights this kernel computes: stick-breaking's, in place of the softmax, with or without
-    the key at the query's own position (``attend_current``)."""
+    """An encoding whose weights this kernel computes: stick-breaking's, in place of the softmax (``weights`` is
+    every such encoding's; this method is stick-breaking's own)."""
 
-    attend_current: bool
-
-    def weights(self, logits: Tensor, allowed: Tensor | None) -> Tensor:
-        """Stick-breaking's (B, H, Tq, Tk) weights from the scaled logits."""
+    def stick_breaking_current(self) -> bool:
+        """Whether a query's own key takes a share of its stick (``attend_current``)."""
 
 
 def serves(q: Tensor) -> bool:

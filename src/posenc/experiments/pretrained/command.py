@@ -91,11 +91,11 @@ def _refuse_unused(given: dict, config: PretrainedConfig) -> None:
     pose_only = flags("finetune_window", "pose_chunks")
     if config.finetune == "full" and pose_only:
         raise ValueError(f"{', '.join(pose_only)} apply to --finetune pose; --finetune full trains on windows of --to")
-    sizing = flags("task_questions", "task_size")
-    if sizing and not config.retrieval_tasks:
-        raise ValueError(f"{', '.join(sizing)} apply to --retrieval-tasks: name multi-value or variable-tracking")
     for fields in dict.fromkeys(swap.flags for swap in swaps.SWAPS if swap.flags):  # each swap's own flags
         unused, owners = flags(*fields), swaps.owners(fields[0])
         if unused and not set(owners) & set(config.methods):
             rows = f"the {' and '.join(owners)} rows: add one" if len(owners) > 1 else f"the {owners[0]} row: add {owners[0]}"
             raise ValueError(f"{', '.join(unused)} apply to {rows} to --methods")
+    sizing = flags("task_questions", "task_size")
+    if sizing and not config.retrieval_tasks:
+        raise ValueError(f"{', '.join(sizing)} apply to --retrieval-tasks: name multi-value or variable-tracking")
