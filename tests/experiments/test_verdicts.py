@@ -135,7 +135,7 @@ def test_every_bold_verdict_on_the_results_page_has_a_corrected_interval_off_zer
     assert all(not float(low) <= 0 <= float(high) for low, high in bold)
 
 
-def test_the_headline_counts_the_verdicts_and_groups_them_by_what_they_are_measured_against():
+def test_the_headline_counts_the_verdicts_and_groups_them_by_measure():
     strong = [0.1 + 0.01 * k for k in range(16)]
     weaker = [-0.05 - 0.002 * k for k in range(16)]
     around_zero = [(-1) ** k * 0.1 + 0.001 for k in range(16)]
@@ -144,7 +144,7 @@ def test_the_headline_counts_the_verdicts_and_groups_them_by_what_they_are_measu
     text = " ".join(verdicts.headline(got, "document"))
     low, high = got["loss past: a − base"]["corrected"]
     assert text.startswith("2 of 3 comparisons carry a verdict over 16 documents")
-    assert f"loss past, against base: a +0.175 [{low:+.3f}, {high:+.3f}], b -0.065 [" in text
+    assert f"loss past: a − base +0.175 [{low:+.3f}, {high:+.3f}], b − base -0.065 [" in text
     assert text.endswith("No verdict: c − base (keys found).")
     consistent = family([0.30, 0.31, 0.29, 0.33, 0.30], [0.1, -0.1, 0.1, -0.1, 0.1])
     assert " ".join(verdicts.headline(consistent, "seed")) == (
@@ -158,18 +158,21 @@ def test_a_tiny_headline_says_when_its_family_was_declared():
     results = tiny_results({"a": a, "b": b}, [{"a": "a", "b": "b", "factor": 1}])
     text = " ".join(verdicts.tiny_headline(results))
     assert text.startswith("0 of 1 comparisons carry a verdict over 5 seeds")
-    assert text.endswith("When the family was fixed: before the run.")
+    assert text.endswith("The family was declared before the run.")
     with pytest.raises(ValueError, match="declares no family"):
         verdicts.tiny_headline({"rows": []})
+    exploratory = {**results, "family": {**results["family"], "exploratory": True}}
+    assert " ".join(verdicts.tiny_headline(exploratory)).endswith(
+        "Exploratory: the family was fixed after results were seen.")
 
 
 def test_the_committed_real_model_headline_names_its_family_exploratory():
     results = json.loads((ROOT / "docs" / "results" / "smollm2-1.5x-calibrated-all.json").read_text())
     text = " ".join(verdicts.pretrained_headline(results))
     assert text.startswith("12 of 18 comparisons carry a verdict over 16 documents")
-    assert "keys found, against none: yarn +0.633 [" in text
+    assert "keys found: yarn − none +0.633 [" in text
     assert "No verdict: 6 comparisons." in text  # past HEADLINE_NAMES, counted
-    assert text.endswith("Exploratory: its corrections hold only for a family fixed in advance.")
+    assert text.endswith("Exploratory: the family was fixed after results were seen.")
 
 
 def test_a_tiny_headline_names_comparisons_without_values_and_survives_having_none():

@@ -174,7 +174,7 @@ HEADLINE_NAMES = 3  # past this many, a headline counts the comparisons of a kin
 
 def headline(comparisons: dict[str, dict], unit: str) -> list[str]:
     """One paragraph for the README: how many of the family carry a verdict, each verdict's mean and corrected
-    interval grouped by what it is measured against, then the rest by name (by count past ``HEADLINE_NAMES``)."""
+    interval grouped by measure, then the rest by name (by count past ``HEADLINE_NAMES``)."""
     return wrapped([_headline_text(comparisons, unit)]) if comparisons else []
 
 
@@ -185,9 +185,8 @@ def _headline_text(comparisons: dict[str, dict], unit: str) -> str:
     for name, c in comparisons.items():
         if kinds[name] == VERDICT:
             measure, pair = name.split(": ", 1)
-            a, b = pair.split(" − ")
-            groups.setdefault(f"{measure}, against {b}", []).append(
-                f"{a} {c['mean']:+.3f} [{c['corrected'][0]:+.3f}, {c['corrected'][1]:+.3f}]")
+            groups.setdefault(measure, []).append(
+                f"{pair} {c['mean']:+.3f} [{c['corrected'][0]:+.3f}, {c['corrected'][1]:+.3f}]")
     verdicts = sum(kind == VERDICT for kind in kinds.values())
     text = (f"{verdicts} of {len(comparisons)} comparisons carry a verdict over {n} {unit}s (mean, Bonferroni-corrected "
             f"interval)" + (": " + "; ".join(f"{group}: {', '.join(items)}" for group, items in groups.items())
@@ -235,6 +234,14 @@ def tiny_lines(results: dict, compact: bool = False) -> list[str]:
         "", family_line(results)])
 
 
+def when_fixed(results: dict) -> str:
+    """``family_line`` in one sentence, for a headline."""
+    if not results.get("family", {}).get("declared"):
+        return "When the family was fixed: not recorded."
+    return ("Exploratory: the family was fixed after results were seen." if exploratory(results) else
+            "The family was declared before the run.")
+
+
 def tiny_headline(results: dict) -> list[str]:
     """``headline`` of a tiny-model run's declared family, and when it was declared."""
     if "family" not in results:
@@ -243,12 +250,12 @@ def tiny_headline(results: dict) -> list[str]:
     text = _headline_text(comparisons, "seed") if comparisons else "No declared comparison has values in both rows."
     if missing:
         text += f" No value (a row has none at that length): {', '.join(missing)}."
-    return wrapped([f"{text} {family_line(results)}"])
+    return wrapped([f"{text} {when_fixed(results)}"])
 
 
 def pretrained_headline(results: dict) -> list[str]:
     """``headline`` of a real-model run's family, and when it was declared."""
-    return wrapped([f"{_headline_text(results['comparisons'], 'document')} {family_line(results)}"])
+    return wrapped([f"{_headline_text(results['comparisons'], 'document')} {when_fixed(results)}"])
 
 
 def pretrained_lines(results: dict, compact: bool = False) -> list[str]:
