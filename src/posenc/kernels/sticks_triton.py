@@ -105,22 +105,31 @@ def _weights(log_take, log_rest, stick, allowed):
 
 
 @triton.jit
+def _query_tile(Q, s_qb, s_qh, s_qt, heads, q_len, k_len, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's query tile: (b, h, its rows, their key positions, offs_d, offs_dv, q (BLOCK_M, BLOCK_D), the
+    number of key tiles up to its last query's position)."""
+    start_m = tl.program_id(0) * BLOCK_M
+    b, h = tl.program_id(1) // heads, tl.program_id(1) % heads
+    rows = start_m + tl.arange(0, BLOCK_M)
+    offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
+    q = tl.load(Q + b * s_qb + h * s_qh + rows[:, None] * s_qt + offs_d[None, :],
+                mask=(rows < q_len)[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    tiles = tl.cdiv(tl.minimum(start_m + BLOCK_M + (k_len - q_len), k_len), BLOCK_N)
+    return b, h, rows, rows + (k_len - q_len), offs_d, offs_dv, q, tiles
+
+
+@triton.jit
 def _forward(Q, K, V, OUT, s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb, s_vh, s_vt, s_ob, s_oh, s_ot,
              heads, group, q_len, k_len, scale, HEAD_DIM: tl.constexpr, VALUE_DIM: tl.constexpr,
              BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              CURRENT: tl.constexpr, DOT: tl.constexpr):
     """OUT (B, H, Tq, Dv) float32."""
-    start_m = tl.program_id(0) * BLOCK_M
-    b, h = tl.program_id(1) // heads, tl.program_id(1) % heads
-    rows = start_m + tl.arange(0, BLOCK_M)
-    q_pos = rows + (k_len - q_len)
-    offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
-    q = tl.load(Q + b * s_qb + h * s_qh + rows[:, None] * s_qt + offs_d[None, :],
-                mask=(rows < q_len)[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    b, h, rows, q_pos, offs_d, offs_dv, q, tiles = _query_tile(Q, s_qb, s_qh, s_qt, heads, q_len, k_len, HEAD_DIM,
+                                                               BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N)
     K_, V_ = K + b * s_kb + (h // group) * s_kh, V + b * s_vb + (h // group) * s_vh
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     stick = tl.zeros([BLOCK_M], tl.float32)
-    tiles = tl.cdiv(tl.minimum(start_m + BLOCK_M + (k_len - q_len), k_len), BLOCK_N)
     for back in range(0, tiles):
         cols, in_keys, k_tile, v_tile, z, allowed, log_take, log_rest = _key_tile(
             q, (tiles - 1 - back) * BLOCK_N, K_, V_, s_kt, s_vt, rows, q_pos, q_len, k_len, scale, offs_d, offs_dv,
@@ -139,14 +148,9 @@ def _backward(Q, K, V, DO, DELTA, DQ, DK, DV, s_qb, s_qh, s_qt, s_kb, s_kh, s_kt
               BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               CURRENT: tl.constexpr, DOT: tl.constexpr):
     """DQ (B, H, Tq, Dh) in q's dtype; DK (B, Hkv, Tk, Dh) and DV (B, Hkv, Tk, Dv) float32, added to."""
-    start_m = tl.program_id(0) * BLOCK_M
-    b, h = tl.program_id(1) // heads, tl.program_id(1) % heads
-    rows = start_m + tl.arange(0, BLOCK_M)
+    b, h, rows, q_pos, offs_d, offs_dv, q, tiles = _query_tile(Q, s_qb, s_qh, s_qt, heads, q_len, k_len, HEAD_DIM,
+                                                               BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N)
     in_queries = rows < q_len
-    q_pos = rows + (k_len - q_len)
-    offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
-    q = tl.load(Q + b * s_qb + h * s_qh + rows[:, None] * s_qt + offs_d[None, :],
-                mask=in_queries[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
     grad = tl.load(DO + b * s_dob + h * s_doh + rows[:, None] * s_dot + offs_dv[None, :],
                    mask=in_queries[:, None] & (offs_dv[None, :] < VALUE_DIM), other=0.0)
     total = tl.load(DELTA + tl.program_id(1) * q_len + rows, mask=in_queries, other=0.0)  # D_i
@@ -156,7 +160,6 @@ def _backward(Q, K, V, DO, DELTA, DQ, DK, DV, s_qb, s_qh, s_qt, s_kb, s_kh, s_kt
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     stick = tl.zeros([BLOCK_M], tl.float32)
     later_taken = tl.zeros([BLOCK_M], tl.float32)  # Σ over the later tiles' keys of A·g
-    tiles = tl.cdiv(tl.minimum(start_m + BLOCK_M + (k_len - q_len), k_len), BLOCK_N)
     for back in range(0, tiles):
         cols, in_keys, k_tile, v_tile, z, allowed, log_take, log_rest = _key_tile(
             q, (tiles - 1 - back) * BLOCK_N, K_, V_, s_kt, s_vt, rows, q_pos, q_len, k_len, scale, offs_d, offs_dv,
