@@ -33,7 +33,7 @@ CHECK = textwrap.dedent(
 
     torch.manual_seed(0)
     cases = 0
-    for dtype, tolerance in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
+    for dtype, tolerance in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2), (torch.float16, 5e-3)):
         for current in (False, True):
             for batch, heads, kv_heads, q_len, k_len, width, value_width in (
                     (2, 2, 1, 37, 37, 8, 8), (1, 2, 2, 5, 40, 16, 12), (1, 1, 1, 33, 33, 12, 20), (1, 1, 1, 1, 1, 4, 4)):
@@ -52,7 +52,7 @@ CHECK = textwrap.dedent(
                     error = float((a.double() - b).abs().max() / b.abs().max().clamp_min(1e-12))
                     assert error < tolerance, (name, error, dtype, current, tuple(q.shape), tuple(k.shape))
                 cases += 1
-    assert cases == 16
+    assert cases == 24
     print("ok")
     """
 )
@@ -61,7 +61,8 @@ CHECK = textwrap.dedent(
 def test_stick_breaking_tiles_equal_float64_values_and_gradients():
     """With and without the query's own key, grouped-query heads, a KV-cache step (Tq < Tk), head and value widths
     that are no power of two, one token (its only key refused without the current key: zeros, zero gradients);
-    float32 to 1e-5 of the reference's largest magnitude, bfloat16 to 3e-2 (1.3e-2 seen)."""
+    float32 to 1e-5 of the reference's largest magnitude, bfloat16 to 3e-2 (1.3e-2 seen), float16 to 5e-3
+    (6.7e-4 seen)."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     result = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -30,25 +30,17 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .tiles_jit import IEEE, NATIVE, UPCAST
 from .tiles_terms import dot
-
-DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+from .tiles_triton import DTYPES, last_unit, product_kind, serves
 #: whether a GPU has run this kernel's CUDA tests; until then ``forms`` offers it on a GPU only where
 #: POSENC_STICKS_TRITON=1 (``benchmarks/scripts/gpu.sh`` sets it), and stick-breaking there computes as eager does
 CHECKED_ON_GPU = False
 
 
-def serves(q: Tensor) -> bool:
-    """Whether the kernel runs on q's device and dtype here: CUDA (or CPU tensors under ``TRITON_INTERPRET=1``),
-    float16/bfloat16/float32, eager (not inside a ``torch.compile`` graph)."""
-    interpreted = q.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
-    return (q.is_cuda or interpreted) and q.dtype in DTYPES and not torch.compiler.is_compiling()
-
-
 def offered(q: Tensor) -> bool:
-    """Whether ``forms`` offers this kernel for q: it serves, and on a GPU it has been checked there (or is asked
-    for by POSENC_STICKS_TRITON=1)."""
+    """Whether ``forms`` offers this kernel for q: it serves where the tiles do (``tiles_triton.serves``: CUDA, or
+    CPU tensors under TRITON_INTERPRET=1), and on a GPU it has been checked there (or is asked for by
+    POSENC_STICKS_TRITON=1)."""
     checked = CHECKED_ON_GPU or os.environ.get("POSENC_STICKS_TRITON") == "1" or not q.is_cuda
     return serves(q) and checked
 
@@ -188,27 +180,17 @@ def _blocks(q: Tensor) -> tuple[int, int, int]:
     return (16, 16, 1) if q.device.type == "cpu" else (64, 64, 4)
 
 
-def _product_kind(q: Tensor) -> int:
-    if q.dtype == torch.float32:
-        return IEEE
-    return UPCAST if q.device.type == "cpu" else NATIVE  # the interpreter's bfloat16 products are wrong
-
-
-def _last_unit(x: Tensor) -> Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
-
-
 def _sizes(q: Tensor, k: Tensor, v: Tensor, attend_current: bool) -> dict:
     block_m, block_n, warps = _blocks(q)
     return dict(HEAD_DIM=q.shape[-1], VALUE_DIM=v.shape[-1], BLOCK_D=max(16, triton.next_power_of_2(q.shape[-1])),
                 BLOCK_DV=max(16, triton.next_power_of_2(v.shape[-1])), BLOCK_M=block_m, BLOCK_N=block_n,
-                CURRENT=attend_current, DOT=_product_kind(q), num_warps=warps)
+                CURRENT=attend_current, DOT=product_kind(q), num_warps=warps)
 
 
 class _StickBreaking(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, scale, attend_current):
-        q, k, v = (_last_unit(x) for x in (q, k, v))
+        q, k, v = (last_unit(x) for x in (q, k, v))
         batch, heads, q_len, _ = q.shape
         out = torch.empty(batch, heads, q_len, v.shape[-1], device=q.device, dtype=torch.float32)
         sizes = _sizes(q, k, v, attend_current)
@@ -222,7 +204,7 @@ class _StickBreaking(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out = ctx.saved_tensors
-        grad_out = _last_unit(grad_out.to(q.dtype))
+        grad_out = last_unit(grad_out.to(q.dtype))
         batch, heads, q_len, _ = q.shape
         total = (grad_out.float() * out).sum(-1).contiguous()  # (B, H, Tq): D_i = dO_i·out_i
         dq = torch.empty_like(q)

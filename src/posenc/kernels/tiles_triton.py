@@ -147,14 +147,23 @@ def _blocks(q: Tensor) -> tuple[int, int, int, int, int]:
     return 128, 64, 64, 8 if wide else 4, 2 if wide else 3
 
 
-def _last_unit(x: Tensor) -> Tensor:
+def product_kind(q: Tensor) -> int:
+    """How ``tiles_terms.dot`` multiplies q's dtype here: exact float32 (IEEE), the tensor cores' own (NATIVE), or
+    widened first where the interpreter's bfloat16 products are wrong (UPCAST)."""
+    if q.dtype == torch.float32:
+        return tiles_jit.IEEE
+    interpreted_bf16 = q.device.type == "cpu" and q.dtype == torch.bfloat16
+    return tiles_jit.UPCAST if interpreted_bf16 else tiles_jit.NATIVE
+
+
+def last_unit(x: Tensor) -> Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
 class _TiledAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, bias, q_values, k_values, q_pos, k_pos, settings):
-        q, k, v = (_last_unit(x) for x in (q, k, v))
+        q, k, v = (last_unit(x) for x in (q, k, v))
         batch, heads, q_len, _ = q.shape
         out = q.new_empty(batch, q_len, heads, v.shape[-1]).transpose(1, 2)  # token-major, as SDPA returns it
         lse = torch.empty(batch * heads, q_len, device=q.device, dtype=torch.float32)
@@ -172,7 +181,7 @@ class _TiledAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, out, lse, bias, q_values, k_values, q_pos, k_pos = ctx.saved_tensors
         terms = _Terms(q, k, v, bias, q_values, k_values, q_pos, k_pos, ctx.settings)
-        grad_out = _last_unit(grad_out)
+        grad_out = last_unit(grad_out)
         delta = (grad_out.float() * out.float()).sum(-1).contiguous()  # (B, H, Tq): Σ_d dout·out
         batch, heads, q_len = q.shape[:3]
         kv_heads, k_len = k.shape[1], k.shape[2]
@@ -244,10 +253,4 @@ class _Terms:
         return dict(HEAD_DIM=head_dim, VALUE_DIM=self.value_dim, BLOCK_D=triton.next_power_of_2(head_dim),
                     BLOCK_DV=triton.next_power_of_2(self.value_dim), CAUSAL=self.settings.causal,
                     CONTIGUOUS=self.q_pos is None, BIAS=self.settings.kind, HAS_TOKENS=self.q_values is not None,
-                    DOT=self.dot())
-
-    def dot(self) -> int:
-        if self.q.dtype == torch.float32:
-            return tiles_jit.IEEE
-        interpreted_bf16 = self.q.device.type == "cpu" and self.q.dtype == torch.bfloat16
-        return tiles_jit.UPCAST if interpreted_bf16 else tiles_jit.NATIVE
+                    DOT=product_kind(self.q))
