@@ -172,10 +172,12 @@ def _compact(comparisons: dict[str, dict], kinds: dict[str, str], unit: str) -> 
 HEADLINE_NAMES = 3  # past this many, a headline counts the comparisons of a kind instead of naming them
 
 
-def headline(comparisons: dict[str, dict], unit: str) -> list[str]:
+def headline(comparisons: dict[str, dict], unit: str, *after: str) -> list[str]:
     """One paragraph for the README: how many of the family carry a verdict, each verdict's mean and corrected
-    interval grouped by measure, then the rest by name (by count past ``HEADLINE_NAMES``)."""
-    return wrapped([_headline_text(comparisons, unit)]) if comparisons else []
+    interval grouped by measure, then the rest by name (by count past ``HEADLINE_NAMES``), then the sentences
+    ``after``."""
+    text = _headline_text(comparisons, unit) if comparisons else "No declared comparison has values in both rows."
+    return wrapped([" ".join([text, *after])])
 
 
 def _headline_text(comparisons: dict[str, dict], unit: str) -> str:
@@ -246,16 +248,14 @@ def tiny_headline(results: dict) -> list[str]:
     """``headline`` of a tiny-model run's declared family, and when it was declared."""
     if "family" not in results:
         raise ValueError("this results file declares no family of comparisons (extrapolate --compare)")
-    comparisons, missing = seed_comparisons(results), without_values(results)
-    text = _headline_text(comparisons, "seed") if comparisons else "No declared comparison has values in both rows."
-    if missing:
-        text += f" No value (a row has none at that length): {', '.join(missing)}."
-    return wrapped([f"{text} {when_fixed(results)}"])
+    missing = without_values(results)
+    no_value = [f"No value (a row has none at that length): {', '.join(missing)}."] if missing else []
+    return headline(seed_comparisons(results), "seed", *no_value, when_fixed(results))
 
 
 def pretrained_headline(results: dict) -> list[str]:
     """``headline`` of a real-model run's family, and when it was declared."""
-    return wrapped([f"{_headline_text(results['comparisons'], 'document')} {when_fixed(results)}"])
+    return headline(results["comparisons"], "document", when_fixed(results))
 
 
 def pretrained_lines(results: dict, compact: bool = False) -> list[str]:
