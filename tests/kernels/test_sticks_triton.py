@@ -74,12 +74,12 @@ def gpu_tensor(dtype=torch.bfloat16):
 
 
 def test_a_gpu_is_offered_the_kernel_only_once_checked_there_or_asked(monkeypatch):
-    from posenc.kernels import sticks_triton
+    from posenc.kernels import sticks_triton, tiles_triton
 
     monkeypatch.delenv("POSENC_STICKS_TRITON", raising=False)
     monkeypatch.setattr(sticks_triton, "CHECKED_ON_GPU", False)
-    assert sticks_triton.serves(gpu_tensor()) and not sticks_triton.offered(gpu_tensor())
-    assert not sticks_triton.serves(gpu_tensor(torch.float64))
+    assert tiles_triton.serves(gpu_tensor()) and not sticks_triton.offered(gpu_tensor())
+    assert not tiles_triton.serves(gpu_tensor(torch.float64))
     monkeypatch.setenv("POSENC_STICKS_TRITON", "1")
     assert sticks_triton.offered(gpu_tensor())
     monkeypatch.delenv("POSENC_STICKS_TRITON")

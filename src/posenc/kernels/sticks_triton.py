@@ -23,26 +23,21 @@ Shapes: B batch, H query heads, Hkv key/value heads, Tq/Tk query/key lengths, Dh
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
 from .tiles_terms import dot
-from .tiles_triton import DTYPES, last_unit, product_kind, serves
+from .tiles_triton import DTYPES, last_unit, offered_once_checked, product_kind
 #: whether a GPU has run this kernel's CUDA tests; until then ``forms`` offers it on a GPU only where
 #: POSENC_STICKS_TRITON=1 (``benchmarks/scripts/gpu.sh`` sets it), and stick-breaking there computes as eager does
 CHECKED_ON_GPU = False
 
 
 def offered(q: Tensor) -> bool:
-    """Whether ``forms`` offers this kernel for q: it serves where the tiles do (``tiles_triton.serves``: CUDA, or
-    CPU tensors under TRITON_INTERPRET=1), and on a GPU it has been checked there (or is asked for by
-    POSENC_STICKS_TRITON=1)."""
-    checked = CHECKED_ON_GPU or os.environ.get("POSENC_STICKS_TRITON") == "1" or not q.is_cuda
-    return serves(q) and checked
+    """Whether ``forms`` offers this kernel for q (``tiles_triton.offered_once_checked``)."""
+    return offered_once_checked(q, CHECKED_ON_GPU, "POSENC_STICKS_TRITON")
 
 
 def stick_breaking_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, attend_current: bool) -> Tensor:

@@ -70,6 +70,13 @@ def serves(q: Tensor) -> bool:
     return (q.is_cuda or interpreted) and q.dtype in DTYPES and not torch.compiler.is_compiling()
 
 
+def offered_once_checked(q: Tensor, checked: bool, switch: str) -> bool:
+    """Whether ``forms`` offers a Triton kernel for q: it ``serves`` q, and on a GPU it has been checked there
+    (``checked``: its CUDA tests passed on one) or is asked for by the environment variable ``switch`` = 1
+    (``benchmarks/scripts/gpu.sh`` sets it); until then the encoding computes on a GPU as it did before."""
+    return serves(q) and (checked or os.environ.get(switch) == "1" or not q.is_cuda)
+
+
 def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool = True,
                     table: Tensor | None = None, lowest: int = 0, flat: tuple[int, int] | None = None,
                     formula: Formula | None = None, token_values: Tensor | None = None,
