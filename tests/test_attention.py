@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 import posenc
 from posenc.attention import choose_backend, serves
-from posenc.kernels import flex
+from posenc.kernels import flex, offset_lookup
 from posenc.kernels.forms import gpu_score_forms
 from tests.helpers import ATTENTION_ENCODINGS, HEAD_DIM, HEADS, make_encoding, qkv
 from tests.oracles import naive_attention
@@ -240,15 +240,16 @@ def test_compiled_flex_agrees_with_eager(monkeypatch):
     ("cope", 16, torch.float32, ["mask"]),
     ("fire", 16, torch.float32, ["mask"]),  # its dense bias captured by flex crashed a compiled backward
 ])
-def test_the_forms_timed_on_a_gpu_without_triton(key, q_len, dtype, forms):
-    """What sdpa offers its timing on a GPU where the Triton tiles do not serve (read here on CPU tensors;
-    tests/test_cuda.py runs them on one)."""
+def test_the_forms_timed_on_a_gpu_without_triton(monkeypatch, key, q_len, dtype, forms):
+    """What sdpa offers its timing on a GPU where the Triton tiles do not serve (read here on CPU tensors, the CPU
+    kernels switched off; tests/test_cuda.py runs them on one)."""
+    monkeypatch.setattr(offset_lookup, "serves", lambda q: False)
     enc = make_encoding(key, dtype=torch.float32)
     at = enc.at(torch.arange(16 - q_len, 16)[None], torch.arange(16)[None], contiguous=True)
     if key == "fire":  # past its threshold: the bias reads the query's position
         at = enc.at(torch.arange(2000, 2016)[None], torch.arange(2000, 2016)[None], contiguous=True)
     q = torch.empty(1, 2, q_len, 4, dtype=dtype)
-    assert list(gpu_score_forms(q, at, True, None)) == forms
+    assert list(gpu_score_forms(q, at, True, None, True)) == forms
 
 
 @pytest.mark.parametrize("key, q_len, forms", [
@@ -265,8 +266,8 @@ def test_the_tiles_are_offered_where_triton_serves(monkeypatch, key, q_len, form
     enc = make_encoding(key, dtype=torch.float32)
     at = enc.at(torch.arange(16 - q_len, 16)[None], torch.arange(16)[None], contiguous=True)
     q = torch.empty(1, 2, q_len, 4, dtype=torch.bfloat16)
-    assert list(gpu_score_forms(q, at, True, None)) == forms
-    assert "tiles" not in gpu_score_forms(q, at, True, torch.ones(1, 1, q_len, 16, dtype=torch.bool))
+    assert list(gpu_score_forms(q, at, True, None, True)) == forms
+    assert "tiles" not in gpu_score_forms(q, at, True, torch.ones(1, 1, q_len, 16, dtype=torch.bool), True)
 
 
 def test_a_gpu_never_times_foxs_token_bias(monkeypatch):
@@ -276,11 +277,11 @@ def test_a_gpu_never_times_foxs_token_bias(monkeypatch):
     at = fox.at(torch.arange(16)[None], torch.arange(16)[None], contiguous=True)
     gated = at.with_gates(torch.zeros(1, 2, 16))
     q = torch.empty(1, 2, 16, 4)
-    assert list(gpu_score_forms(q, gated, True, None)) == ["mask"]
+    assert list(gpu_score_forms(q, gated, True, None, True)) == ["mask"]
     monkeypatch.setattr(pytest.importorskip("posenc.kernels.tiles_triton"), "serves", lambda q: True)
-    assert list(gpu_score_forms(q, gated, True, None)) == ["tiles"]
+    assert list(gpu_score_forms(q, gated, True, None, True)) == ["tiles"]
     explicit = fox.at(torch.arange(16)[None], torch.arange(16)[None], contiguous=False).with_gates(torch.zeros(1, 2, 16))
-    assert list(gpu_score_forms(q, explicit, True, None)) == ["mask"]
+    assert list(gpu_score_forms(q, explicit, True, None, False)) == ["mask"]
 
 
 def test_flex_builds_the_plain_causal_block_mask_once_per_length(monkeypatch):

@@ -11,7 +11,7 @@ from posenc.encodings.alibi import ALiBi
 from posenc.encodings.base import PositionalEncoding
 from posenc.encodings.cope import CoPE
 from posenc.encodings.relative import TransformerXL
-from posenc.kernels import forms, gated_counts, offset_bias, offset_lookup
+from posenc.kernels import forms, gated_counts, offset_bias, offset_lookup, triton_available
 from posenc.kernels.flex import flex_backend
 from tests.helpers import seeded_randn as randn
 
@@ -62,6 +62,22 @@ def test_another_device_is_offered_the_gpu_forms(name, q_len, dtype, offered):
     at = posenc.build(name, num_heads=2, **kwargs).at(*own_positions(q_len, 16), contiguous=True)
     q = torch.empty(1, 2, q_len, 4, dtype=dtype, device="meta")
     assert forms.score_forms(q, at, True, None, True) == offered
+
+
+@pytest.mark.skipif(not triton_available(), reason="needs triton (the test extra)")
+def test_a_gpu_offers_transformer_xl_its_triton_lookups_once_they_are_offered(monkeypatch):
+    """On another device (``meta`` here) the lookups form joins the channels where ``lookups_triton.offered``
+    says so (once checked on a GPU), for causal calls at the model's own positions only."""
+    from posenc.kernels import lookups_triton
+
+    q = torch.empty(1, 2, 16, 4, device="meta")
+    at = posenc.build("transformer_xl", head_dim=4, num_heads=2).at(*own_positions(16, 16), contiguous=True)
+    monkeypatch.setattr(lookups_triton, "offered", lambda q: True)
+    assert forms.score_forms(q, at, True, None, True) == {"lookups": forms._lookup_form,
+                                                          "channels": forms._channel_form}
+    assert forms.score_forms(q, at, False, None, False) == {"channels": forms._channel_form}
+    monkeypatch.setattr(lookups_triton, "offered", lambda q: False)
+    assert forms.score_forms(q, at, True, None, True) == {"channels": forms._channel_form}
 
 
 @pytest.mark.skipif(offset_lookup.extension() is None, reason="no C++ toolchain to build the kernels")

@@ -6,9 +6,9 @@
     diagonals, ``band``);
   - for score terms, every form that serves is timed: ``counts`` (CoPE inside ``gated_counts``), ``gates`` (FoX's
     c_i − c_j inside ``offset_bias``), ``table`` (a bias of offsets there too), ``lookups`` (Transformer-XL inside
-    ``offset_lookup``), ``channels`` (extra q/k channels) and ``mask`` (a float mask on SDPA or ``blockwise``); on a
-    GPU ``tiles`` (an offset table, FIRE's segments or FoX's token values inside ``tiles_triton``'s tiles) and
-    ``flex`` (FlexAttention's score_mod).
+    ``offset_lookup``; on a GPU inside ``lookups_triton``'s tiles), ``channels`` (extra q/k channels) and ``mask``
+    (a float mask on SDPA or ``blockwise``); on a GPU ``tiles`` (an offset table, FIRE's segments or FoX's token
+    values inside ``tiles_triton``'s tiles) and ``flex`` (FlexAttention's score_mod).
 
 A kernel that serves one kind of encoding says what it reads from it as a ``Protocol`` in its own module
 (``gated_counts.GatedCounts``, ``offset_lookup.OffsetLookups``, ``sticks.BreaksSticks``, ``band.Banded``): an
@@ -71,14 +71,15 @@ def score_forms(q, at, causal, mask, plain_causal) -> dict:
     if torch.compiler.is_compiling():
         return {"channels": _channel_form} if at.channels_serve(q.dtype) else {"mask": _mask_form}
     if q.device.type != "cpu":
-        return gpu_score_forms(q, at, causal, mask)
+        return gpu_score_forms(q, at, causal, mask, plain_causal)
     offered = [f for f in CPU_FORMS if f.serves(q, at, causal, mask, plain_causal)]
     forms = {f.name: f.run for f in offered}
     return forms if any(f.spares_mask(encoding) for f in offered) else {**forms, "mask": _mask_form}
 
 
-def gpu_score_forms(q: Tensor, at, causal: bool, mask: Tensor | None) -> dict:
-    """``score_forms`` on a GPU. Where ``tiles_triton`` serves (a bias of offsets, FIRE's, or FoX's token values at
+def gpu_score_forms(q: Tensor, at, causal: bool, mask: Tensor | None, plain_causal: bool) -> dict:
+    """``score_forms`` on a GPU. Where ``LOOKUPS`` serves (Transformer-XL in ``lookups_triton``'s tiles, once
+    checked on a GPU), it beside the channels. Where ``tiles_triton`` serves (a bias of offsets, FIRE's, or FoX's token values at
     the model's own positions; no mask), its tiles, beside the q/k channels where they are exact: no form offered
     then builds a (B, H, Tq, Tk) tensor, so timing them cannot run out of memory; a formula not yet checked on a
     GPU (``tiles_triton.CHECKED_ON_GPU``) also gets the float mask (by query blocks past their budget), which the
@@ -89,6 +90,8 @@ def gpu_score_forms(q: Tensor, at, causal: bool, mask: Tensor | None) -> dict:
     H200) and the float mask."""
     encoding, dtype = at.encoding, q.dtype
     forms = {"channels": _channel_form} if at.channels_exact(dtype) else {}
+    if LOOKUPS.serves(q, at, causal, mask, plain_causal):
+        return {"lookups": _lookup_form, **forms}
     if mask is None and tiles_serve(q, at, causal):
         formula = offset_formula(at, q.device)
         unchecked = formula is not None and formula.kind not in tiles_triton().CHECKED_ON_GPU
@@ -165,6 +168,10 @@ def _counts_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
 
 def _lookup_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
     table, content_shift, lookup_shift = at.offset_lookup_parts(k.shape[2], math_dtype(q.dtype))  # never bf16
+    if not offset_lookup.serves(q):  # a GPU: the Triton tiles, which read grouped k and v heads as they are
+        return lookups_triton().lookup_attention(q, k, v, table, content_shift=content_shift,
+                                                 lookup_shift=lookup_shift, scale=scale)
+    k, v = repeat_kv_heads(k, q.shape[1]), repeat_kv_heads(v, q.shape[1])
     return offset_lookup.offset_lookup_attention(q, k, v, table, content_shift=content_shift,
                                                  lookup_shift=lookup_shift, scale=scale)
 
@@ -207,6 +214,19 @@ def sticks_serve(q: Tensor) -> bool:
     return sticks.serves(q) or (triton_available() and sticks_triton().offered(q))
 
 
+def lookups_serve(q: Tensor) -> bool:
+    """Whether an offset-lookup kernel runs on q here: the C++ one on CPU, the Triton one on a GPU
+    (``lookups_triton.offered``: once checked there)."""
+    return offset_lookup.serves(q) or (triton_available() and lookups_triton().offered(q))
+
+
+def lookups_triton():
+    """The ``lookups_triton`` module, imported on first use (Triton is optional)."""
+    from . import lookups_triton as module
+
+    return module
+
+
 def sticks_triton():
     """The ``sticks_triton`` module, imported on first use (Triton is optional)."""
     from . import sticks_triton as module
@@ -239,6 +259,9 @@ BAND = Form("band", _band_form,
             lambda q, at, causal, mask, plain: plain and mask is None)
 #: the forms of weights or value terms that a float mask cannot carry
 WHOLE_FORMS = (STICKS, BAND)
+LOOKUPS = Form("lookups", _lookup_form,
+               lambda e: e.has_relative_logits and not e.has_bias and isinstance(e, offset_lookup.OffsetLookups),
+               lambda q, *call: _own_positions(q, *call) and lookups_serve(q))
 #: the forms of score terms on CPU, in the order ``dispatch`` times them; the mask form comes last unless spared
 CPU_FORMS = (
     Form("counts", _counts_form,
@@ -249,9 +272,7 @@ CPU_FORMS = (
     Form("table", _table_form, lambda e: e.has_bias and not e.has_relative_logits,
          lambda q, at, causal, mask, plain: mask is None and offset_bias.serves(q) and (
              at.offset_table(causal, math_dtype(q.dtype)) is not None)),
-    Form("lookups", _lookup_form,
-         lambda e: e.has_relative_logits and not e.has_bias and isinstance(e, offset_lookup.OffsetLookups),
-         lambda q, *call: _own_positions(q, *call) and offset_lookup.serves(q)),
+    LOOKUPS,
     Form("channels", _channel_form, lambda e: e.has_score_channels,
          lambda q, at, *rest: at.channels_exact(q.dtype), spares_mask=lambda e: e.has_relative_logits),
 )
