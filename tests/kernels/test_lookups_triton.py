@@ -22,56 +22,117 @@ CHECK = textwrap.dedent(
     import torch
     from posenc.kernels.lookups_triton import lookup_attention
 
-    def reference(q, k, v, table, content_shift, lookup_shift, scale):
-        '''softmax(scale·((q + u)·k_j + (q + v)·table[i − j]))·v, causal, queries the last Tq keys, pair by pair.'''
-        heads, q_len, k_len = q.shape[1], q.shape[2], k.shape[2]
+    def reference(q, k, v, table, values, content_shift, lookup_shift, scale):
+        '''softmax(scale·((q + u)·k_j + (q + v)·table[i − j]))·v (+ Σ_j p_ij values[i − j]), causal, queries the
+        last Tq keys, offsets past the table adding nothing, pair by pair.'''
+        heads, q_len, k_len, rows = q.shape[1], q.shape[2], k.shape[2], table.shape[1]
         k, v = (x.repeat_interleave(heads // x.shape[1], 1) for x in (k, v))
         offset = torch.arange(k_len - q_len, k_len)[:, None] - torch.arange(k_len)[None, :]  # (Tq, Tk)
-        looked_up = table[:, offset.clamp_min(0)]  # (H, Tq, Tk, Dh)
+        in_table = ((offset >= 0) & (offset < rows)).double()[..., None]
+        looked_up = table.expand(heads, -1, -1)[:, offset.clamp(0, rows - 1)] * in_table  # (H, Tq, Tk, Dh)
         content = (q + content_shift[None, :, None]) @ k.transpose(-1, -2)
         position = torch.einsum("bhqd,hqkd->bhqk", q + lookup_shift[None, :, None], looked_up)
-        logits = ((content + position) * scale).masked_fill(offset < 0, float("-inf"))
-        return logits.softmax(-1) @ v
+        weights = ((content + position) * scale).masked_fill(offset < 0, float("-inf")).softmax(-1)
+        out = weights @ v
+        if values is not None:
+            value_rows = values.expand(heads, -1, -1)[:, offset.clamp(0, rows - 1)] * in_table  # (H, Tq, Tk, Dv)
+            out = out + torch.einsum("bhqk,hqkd->bhqd", weights, value_rows)
+        return out
 
     torch.manual_seed(0)
     cases = 0
     for dtype, tolerance in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2), (torch.float16, 5e-3)):
-        for batch, heads, kv_heads, q_len, k_len, width, value_width in (
-                (2, 2, 1, 37, 37, 8, 8), (1, 2, 2, 5, 40, 16, 12), (1, 1, 1, 33, 33, 12, 20), (1, 1, 1, 1, 1, 4, 4)):
+        for batch, heads, kv_heads, q_len, k_len, width, value_width, rows, shared, band in (
+                (2, 2, 1, 37, 37, 8, 8, 40, False, False), (1, 2, 2, 5, 40, 16, 12, 43, False, False),
+                (1, 1, 1, 33, 33, 12, 20, 36, False, False), (1, 1, 1, 1, 1, 4, 4, 4, False, False),
+                (1, 2, 2, 37, 37, 8, 8, 5, True, True), (2, 2, 1, 33, 40, 16, 12, 20, False, True),
+                (1, 1, 1, 50, 50, 8, 8, 1, True, True)):
             q = torch.randn(batch, heads, q_len, width)
             k = torch.randn(batch, kv_heads, k_len, width)
             v = torch.randn(batch, kv_heads, k_len, value_width)
-            table = torch.randn(heads, k_len + 3, width)  # rows past Tk are never read
-            shifts = [torch.randn(heads, width) for _ in range(2)]
+            table_heads = 1 if shared else heads
+            table = torch.randn(table_heads, rows, width)
+            terms = {"values": torch.randn(table_heads, rows, value_width)} if band else {
+                "content_shift": torch.randn(heads, width), "lookup_shift": torch.randn(heads, width)}
             exact = [x.to(dtype).double().requires_grad_() for x in (q, k, v)] + [
-                x.double().requires_grad_() for x in (table, *shifts)]
+                x.double().requires_grad_() for x in (table, *terms.values())]
             fast = [x.to(dtype).requires_grad_() for x in (q, k, v)] + [x.clone().requires_grad_()
-                                                                         for x in (table, *shifts)]
-            expected = reference(*exact, 0.3)
-            got = lookup_attention(*fast[:4], content_shift=fast[4], lookup_shift=fast[5], scale=0.3)
+                                                                         for x in (table, *terms.values())]
+            zeros = torch.zeros(heads, width, dtype=torch.float64)
+            named = dict(zip(terms, exact[4:]))
+            expected = reference(*exact[:4], named.get("values"), named.get("content_shift", zeros),
+                                 named.get("lookup_shift", zeros), 0.3)
+            got = lookup_attention(*fast[:4], **dict(zip(terms, fast[4:])), scale=0.3)
             assert got.dtype == dtype and got.shape == expected.shape
             upstream = torch.randn_like(expected)
             wanted = torch.autograd.grad(expected, exact, upstream)
             grads = torch.autograd.grad(got, fast, upstream.to(dtype))
-            names = ("out", "dq", "dk", "dv", "dtable", "dcontent_shift", "dlookup_shift")
+            names = ("out", "dq", "dk", "dv", "dtable", *("d" + name for name in terms))
             for name, a, b in zip(names, (got, *grads), (expected.detach(), *wanted)):
                 assert a.dtype == (dtype if name in names[:4] else torch.float32), name
-                error = float((a.double() - b).abs().max() / b.abs().max().clamp_min(1e-12))
-                assert error < tolerance, (name, error, dtype, tuple(q.shape), tuple(k.shape))
-            assert float(grads[3][:, k_len:].abs().max()) == 0.0
+                error = float((a.detach().double() - b).abs().max() / b.abs().max().clamp_min(1e-12))
+                assert error < tolerance, (name, error, dtype, tuple(q.shape), tuple(k.shape), rows)
             cases += 1
-    assert cases == 12
+    assert cases == 21
+    print("ok")
+    """
+)
+
+
+ROUTED = textwrap.dedent(
+    """
+    import copy
+    import torch
+    import posenc
+    from posenc.kernels import dispatch, forms, lookups_triton
+
+    forms.triton_lookups = lambda q: True  # as on a GPU that offers the kernel
+    calls = []
+    kernel = lookups_triton.lookup_attention
+    lookups_triton.lookup_attention = lambda *a, **kw: calls.append(1) or kernel(*a, **kw)
+    torch.manual_seed(1)
+    for name, kwargs in (("transformer_xl", {}), ("shaw", {"max_distance": 5})):
+        encoding = posenc.build(name, head_dim=16, num_heads=2, **kwargs)
+        with torch.no_grad():
+            for parameter in encoding.parameters():  # Transformer-XL's biases start at zero
+                parameter.normal_(0.0, 0.3)
+        reference = copy.deepcopy(encoding).double()
+        q, k, v = (torch.randn(2, 2, 37, 16) for _ in range(3))
+        exact = [x.double().requires_grad_() for x in (q, k, v)]
+        expected = posenc.attention(*exact, reference, backend="eager")
+        upstream = torch.randn_like(expected)
+        wanted = torch.autograd.grad(expected, exact + list(reference.parameters()), upstream)
+        fast = [x.requires_grad_() for x in (q, k, v)]
+        with dispatch.force("lookups"):
+            got = posenc.attention(*fast, encoding, backend="auto")
+        grads = torch.autograd.grad(got, fast + list(encoding.parameters()), upstream.float())
+        names = ("out", "dq", "dk", "dv", *(n for n, _ in encoding.named_parameters()))
+        for what, a, b in zip(names, (got, *grads), (expected.detach(), *wanted)):
+            error = float((a.detach().double() - b).abs().max() / b.abs().max())
+            assert error < 1e-5, (name, what, error)
+    assert len(calls) == 2, calls
     print("ok")
     """
 )
 
 
 def test_lookup_tiles_equal_float64_values_and_gradients():
-    """Grouped-query heads, a KV-cache step (Tq < Tk), head and value widths that are no power of two, one token;
-    the gradients of q, k, v, the table and both shifts; float32 to 1e-5 of the reference's largest magnitude,
-    bfloat16 to 3e-2, float16 to 5e-3."""
+    """Transformer-XL's table over every offset with both shifts, and Shaw's band (a few rows, one for every head
+    or one per head, with value rows), so that tiles past the band skip it; grouped-query heads, a KV-cache step
+    (Tq < Tk), head and value widths that are no power of two, one token; the gradients of q, k, v and every table
+    and shift; float32 to 1e-5 of the reference's largest magnitude, bfloat16 to 3e-2, float16 to 5e-3."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     result = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("ok"), result.stdout
+
+
+def test_attention_runs_transformer_xl_and_shaw_in_the_tiles_where_a_gpu_offers_them(tmp_path):
+    """``attention(backend="auto")`` as on a GPU that offers the kernel: Transformer-XL's lookups form and Shaw's
+    band form run in the tiles, and the output and the gradients of q, k, v and every parameter of the encoding
+    (through the table, the shifts, the band and its floor) equal float64 eager to 1e-5."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "POSENC_FORMS_CACHE": str(tmp_path / "forms.json")}
+    result = subprocess.run([sys.executable, "-c", ROUTED], env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("ok"), result.stdout
 
@@ -98,8 +159,8 @@ def test_the_kernel_refuses_shapes_it_cannot_serve_in_one_line():
 
     q, k = torch.zeros(1, 2, 4, 8), torch.zeros(1, 2, 4, 8)
     shift = torch.zeros(2, 8)
-    with pytest.raises(ValueError, match=r"table must be \(H, N >= Tk, Dh\)"):
-        lookup_attention(q, k, k, torch.zeros(2, 3, 8), content_shift=shift, lookup_shift=shift, scale=1.0)
+    with pytest.raises(ValueError, match=r"table must be \(H or 1, N >= 1, Dh\)"):
+        lookup_attention(q, k, k, torch.zeros(2, 3, 7), content_shift=shift, lookup_shift=shift, scale=1.0)
     with pytest.raises(ValueError, match="lookup_shift must be"):
         lookup_attention(q, k, k, torch.zeros(2, 4, 8), content_shift=shift, lookup_shift=shift[:1], scale=1.0)
     with pytest.raises(ValueError, match="Tq <= Tk"):

@@ -1,23 +1,27 @@
-"""Transformer-XL's position terms inside Triton tiles, forward and backward (CUDA; CPU tensors under
-TRITON_INTERPRET=1): the GPU's counterpart of ``offset_lookup``.
+"""Attention with a learned vector per offset inside Triton tiles, forward and backward (CUDA; CPU tensors under
+TRITON_INTERPRET=1): Transformer-XL's position terms (the GPU's counterpart of ``offset_lookup``) and Shaw's band of
+key and value rows (of ``band``).
 
 The logit of query i and key j is ``scale·(c_i·k_j + l_i·table[h, i − j])``, with c = q + content_shift and
-l = q + lookup_shift per head (Transformer-XL's u and v; the table's row d is W_R r_d). A tile of BLOCK queries and
-BLOCK keys spans 2·BLOCK − 1 offsets, from ``base`` = its least offset: the program multiplies its l by those table
-rows, as two (BLOCK, BLOCK) products (the window's lower and upper half), and gathers each pair's entry at window
-index i − j + BLOCK − 1 (the paper's "relative shift" is that index). Nothing of size Tq × Tk exists; memory is
-linear in T.
+l = q + lookup_shift per head (Transformer-XL's u and v; the table's row d is W_R r_d; Shaw: no shifts, and a
+table of K rows, past which offsets add nothing); with value rows, each output also gains
+``Σ_j p_ij values[h, i − j]``. A tile of BLOCK queries and BLOCK keys spans 2·BLOCK − 1 offsets, from ``base`` =
+its least offset: the program multiplies its l by those table rows, as two (BLOCK, BLOCK) products (the window's
+lower and upper half), and gathers each pair's entry at window index i − j + BLOCK − 1 (the paper's "relative
+shift" is that index); value rows go the other way, the weights scattered into the window by the same index.
+Tiles whose offsets all lie past the table are plain attention. Nothing of size Tq × Tk exists; memory is linear
+in T.
 
 The backward walks each query tile's key tiles as the forward does. ds (the gradient of the logits over scale)
 gives dc = ds·k; dk and dv are added atomically in float32, per key/value head, so grouped-query heads need no
-repeated k or v. Gathered back into the window, ds gives dl (= dP·window) and the table's gradient dPᵀ·l. Walking
-the keys upward moves the window down by BLOCK offsets, so a tile's lower half is the next tile's upper half: the
-program carries it and adds each half to the table's gradient once it is complete, one (BLOCK, Dh) atomic add per
-tile.
+repeated k or v. Gathered into the window, ds gives dl (= dP·window) and the table's gradient dPᵀ·l (the weights
+give the value rows' the same way). Walking the keys upward moves the window down by BLOCK offsets, so a tile's
+lower half is the next tile's upper half: the program carries it and adds each half to the gradient once it is
+complete, one (BLOCK, Dh) atomic add per tile and table.
 
 Positions: queries at Tk − Tq .. Tk − 1 and keys at 0 .. Tk − 1 (a training step, a prefill, a KV-cache step),
 causal. Shapes: B batch, H query heads, Hkv key/value heads, Tq/Tk query/key lengths, Dh head width, Dv value
-width, N ≥ Tk table rows.
+width, N table rows.
 """
 
 from __future__ import annotations
@@ -40,32 +44,38 @@ def offered(q: Tensor) -> bool:
     return offered_once_checked(q, CHECKED_ON_GPU, "POSENC_LOOKUPS_TRITON")
 
 
-def lookup_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, *, content_shift: Tensor,
-                     lookup_shift: Tensor, scale: float) -> Tensor:
-    """Causal ``softmax(scale·(c_i·k_j + l_i·table[h, i − j]))·v``, queries at the last Tq key positions.
+def lookup_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, *, content_shift: Tensor | None = None,
+                     lookup_shift: Tensor | None = None, values: Tensor | None = None, scale: float) -> Tensor:
+    """Causal ``softmax(scale·(c_i·k_j + l_i·table[h, i − j]))·v`` (plus ``Σ_j p_ij values[h, i − j]``), queries at
+    the last Tq key positions; offsets past the table's last row add nothing.
 
     Args:
         q: (B, H, Tq, Dh); k: (B, Hkv, Tk, Dh); v: (B, Hkv, Tk, Dv), Tq ≤ Tk, H a multiple of Hkv; float16,
             bfloat16 or float32.
-        table: (H, N, Dh) float, N ≥ Tk: row d of head h is the vector of offset d.
-        content_shift, lookup_shift: (H, Dh) float.
+        table: (H or 1, N, Dh) float: row d is the vector of offset d (Transformer-XL: N ≥ Tk; Shaw's band: N = K).
+        content_shift, lookup_shift: (H, Dh) float, added to q for the content and lookup products; None for 0.
+        values: (H or 1, N, Dv) float or None: row d is added to the output of every pair at offset d, times the
+            pair's weight (Shaw's value band).
         scale: the logit scale.
     Returns:
-        (B, H, Tq, Dv) in q's dtype; gradients reach q, k, v, the table and both shifts (products in q's dtype,
-        accumulated in float32).
+        (B, H, Tq, Dv) in q's dtype; gradients reach q, k, v and every table and shift given (products in q's
+        dtype, accumulated in float32).
     """
     batch, heads, q_len, width = q.shape
     if k.dim() != 4 or k.shape[0] != batch or heads % k.shape[1] or k.shape[2] < q_len or k.shape[3] != width or (
             v.shape[:3] != k.shape[:3]) or q.dtype not in DTYPES:
         raise ValueError(f"q (B, H, Tq, Dh), k (B, Hkv, Tk, Dh), v (B, Hkv, Tk, Dv) with Tq <= Tk, H a multiple of "
                          f"Hkv, in one of {DTYPES}; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)} {q.dtype}")
-    if table.dim() != 3 or table.shape[0] != heads or table.shape[1] < k.shape[2] or table.shape[2] != width:
-        raise ValueError(f"table must be (H, N >= Tk, Dh) = ({heads}, >= {k.shape[2]}, {width}), "
-                         f"got {tuple(table.shape)}")
+    if table.dim() != 3 or table.shape[0] not in (1, heads) or table.shape[1] < 1 or table.shape[2] != width:
+        raise ValueError(f"table must be (H or 1, N >= 1, Dh) = ({heads}, N, {width}), got {tuple(table.shape)}")
+    if values is not None and (values.dim() != 3 or values.shape[0] not in (1, heads) or (
+            values.shape[1] != table.shape[1]) or values.shape[2] != v.shape[-1]):
+        raise ValueError(f"values must be (H or 1, N, Dv) = ({heads}, {table.shape[1]}, {v.shape[-1]}), "
+                         f"got {tuple(values.shape)}")
     for name, shift in (("content_shift", content_shift), ("lookup_shift", lookup_shift)):
-        if shift.shape != (heads, width):
+        if shift is not None and shift.shape != (heads, width):
             raise ValueError(f"{name} must be (H, Dh) = ({heads}, {width}), got {tuple(shift.shape)}")
-    return _LookupAttention.apply(q, k, v, table, content_shift, lookup_shift, float(scale))
+    return _LookupAttention.apply(q, k, v, table, values, content_shift, lookup_shift, float(scale))
 
 
 @triton.jit
@@ -89,64 +99,123 @@ def _query_tile(Q, SHIFTS, s_qb, s_qh, s_qt, heads, q_len, k_len, HEAD_DIM: tl.c
 
 
 @triton.jit
-def _window_half(TABLE, s_tn, first, offs_d, n_entries, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
-    """Table rows first .. first + BLOCK − 1 (BLOCK, BLOCK_D) float32, zeros outside 0 .. N − 1, and the rows."""
+def _spans(start_m, shift, tiles, n_entries, BLOCK: tl.constexpr):
+    """The first key tile whose offsets reach below N (the tiles before it read no table row), and the offset
+    ``base`` of key tile 0."""
+    base_0 = shift + start_m - (BLOCK - 1)  # tile t's least offset is base_0 − t·BLOCK
+    past = tl.maximum(base_0 - n_entries, -1)  # integer division truncates: keep the numerator from below 0
+    first_near = tl.minimum(tl.where(past >= 0, past // BLOCK + 1, 0), tiles)
+    return first_near, base_0
+
+
+@triton.jit
+def _window_half(TABLE, s_tn, first, offs, n_entries, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+    """Table rows first .. first + BLOCK − 1 (BLOCK, len(offs)) float32, zeros outside 0 .. N − 1."""
     entries = first + tl.arange(0, BLOCK)
     inside = (entries >= 0) & (entries < n_entries)
-    half = tl.load(TABLE + entries[:, None] * s_tn + offs_d[None, :],
-                   mask=inside[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    return half, entries, inside
+    return tl.load(TABLE + entries[:, None] * s_tn + offs[None, :], mask=inside[:, None] & (offs[None, :] < WIDTH),
+                   other=0.0)
+
+
+@triton.jit
+def _add_half(DTABLE, s_tn, first, grad, offs, n_entries, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+    """Adds grad (BLOCK, len(offs)) to the table's gradient at rows first .. first + BLOCK − 1 inside the table."""
+    entries = first + tl.arange(0, BLOCK)
+    inside = (entries >= 0) & (entries < n_entries)
+    tl.atomic_add(DTABLE + entries[:, None] * s_tn + offs[None, :], grad, mask=inside[:, None] & (offs[None, :] < WIDTH))
+
+
+@triton.jit
+def _pairs(from_lower, from_upper, BLOCK: tl.constexpr):
+    """(BLOCK, BLOCK) pair values from a window's two (BLOCK, BLOCK) halves: pair (i, j) reads window index
+    i − j + BLOCK − 1 (the paper's relative shift)."""
+    offs = tl.arange(0, BLOCK)
+    at = offs[:, None] - offs[None, :] + BLOCK - 1
+    return tl.where(at < BLOCK, tl.gather(from_lower, tl.minimum(at, BLOCK - 1), 1),
+                    tl.gather(from_upper, tl.maximum(at - BLOCK, 0), 1))
+
+
+@triton.jit
+def _halves(pairs, BLOCK: tl.constexpr):
+    """The inverse of ``_pairs``: (BLOCK, BLOCK) pair values into the window's lower and upper halves, zeros where
+    a row has no pair at that offset."""
+    offs = tl.arange(0, BLOCK)
+    key_of_lower = offs[:, None] - offs[None, :] + BLOCK - 1  # row i's key at the lower half's row r
+    key_of_upper = offs[:, None] - offs[None, :] - 1  # ... and at the upper half's
+    lower = tl.where(key_of_lower < BLOCK, tl.gather(pairs, tl.minimum(key_of_lower, BLOCK - 1), 1), 0.0)
+    upper = tl.where(key_of_upper >= 0, tl.gather(pairs, tl.maximum(key_of_upper, 0), 1), 0.0)
+    return lower, upper
 
 
 @triton.jit
 def _key_tile(content, lookup, start_n, base, K, V, s_kt, s_vt, TABLE, s_tn, rows, q_pos, q_len, k_len, n_entries,
               scale_log2, offs_d, offs_dv, HEAD_DIM: tl.constexpr, VALUE_DIM: tl.constexpr, BLOCK: tl.constexpr,
-              DOT: tl.constexpr):
+              LOOKUPS: tl.constexpr, DOT: tl.constexpr):
     """A query tile against the keys from ``start_n``, its offsets from ``base``: (keys, k (BLOCK, BLOCK_D),
-    v (BLOCK, BLOCK_DV), the window's lower and upper halves, the base-2 logits (−inf where not allowed))."""
+    v (BLOCK, BLOCK_DV), the base-2 logits (−inf where not allowed)); ``LOOKUPS``: the tile reads table rows."""
     cols = start_n + tl.arange(0, BLOCK)
     in_keys = cols < k_len
     k_tile = tl.load(K + cols[:, None] * s_kt + offs_d[None, :],
                      mask=in_keys[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
     v_tile = tl.load(V + cols[:, None] * s_vt + offs_dv[None, :],
                      mask=in_keys[:, None] & (offs_dv[None, :] < VALUE_DIM), other=0.0)
-    lower, _, _ = _window_half(TABLE, s_tn, base, offs_d, n_entries, HEAD_DIM, BLOCK)
-    upper, _, _ = _window_half(TABLE, s_tn, base + BLOCK, offs_d, n_entries, HEAD_DIM, BLOCK)
-    from_lower = dot(lookup, tl.trans(lower.to(lookup.dtype)), DOT)  # (BLOCK, BLOCK): l_i · window row r
-    from_upper = dot(lookup, tl.trans(upper.to(lookup.dtype)), DOT)
-    offs = tl.arange(0, BLOCK)
-    at = offs[:, None] - offs[None, :] + BLOCK - 1  # pair (i, j)'s window index
-    looked_up = tl.where(at < BLOCK, tl.gather(from_lower, tl.minimum(at, BLOCK - 1), 1),
-                         tl.gather(from_upper, tl.maximum(at - BLOCK, 0), 1))
+    s = dot(content, tl.trans(k_tile), DOT)
+    if LOOKUPS:
+        lower = _window_half(TABLE, s_tn, base, offs_d, n_entries, HEAD_DIM, BLOCK).to(lookup.dtype)
+        upper = _window_half(TABLE, s_tn, base + BLOCK, offs_d, n_entries, HEAD_DIM, BLOCK).to(lookup.dtype)
+        s += _pairs(dot(lookup, tl.trans(lower), DOT), dot(lookup, tl.trans(upper), DOT), BLOCK)
     allowed = (cols[None, :] <= q_pos[:, None]) & in_keys[None, :] & (rows < q_len)[:, None]
-    s = tl.where(allowed, (dot(content, tl.trans(k_tile), DOT) + looked_up) * scale_log2, float("-inf"))
-    return cols, in_keys, k_tile, v_tile, lower, upper, s
+    return cols, in_keys, k_tile, v_tile, tl.where(allowed, s * scale_log2, float("-inf"))
 
 
 @triton.jit
-def _forward(Q, K, V, TABLE, SHIFTS, OUT, LSE, s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb, s_vh, s_vt, s_th, s_tn,
-             s_ob, s_oh, s_ot, heads, group, q_len, k_len, n_entries, scale_log2, HEAD_DIM: tl.constexpr,
-             VALUE_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK: tl.constexpr,
-             DOT: tl.constexpr):
-    """OUT (B, H, Tq, Dv) and LSE (B·H, Tq), each row's base-2 log-sum-exp."""
-    b, h, start_m, rows, q_pos, offs_d, offs_dv, content, lookup, tiles = _query_tile(
-        Q, SHIFTS, s_qb, s_qh, s_qt, heads, q_len, k_len, HEAD_DIM, BLOCK_D, BLOCK_DV, BLOCK)
-    K_, V_ = K + b * s_kb + (h // group) * s_kh, V + b * s_vb + (h // group) * s_vh
-    m_i = tl.full([BLOCK], float("-inf"), tl.float32)
-    sums = tl.zeros([BLOCK], tl.float32)
-    acc = tl.zeros([BLOCK, BLOCK_DV], tl.float32)
-    for tile in range(0, tiles):
-        base = (k_len - q_len) + start_m - tile * BLOCK - (BLOCK - 1)
-        cols, in_keys, k_tile, v_tile, lower, upper, s = _key_tile(
-            content, lookup, tile * BLOCK, base, K_, V_, s_kt, s_vt, TABLE + h * s_th, s_tn, rows, q_pos, q_len,
-            k_len, n_entries, scale_log2, offs_d, offs_dv, HEAD_DIM, VALUE_DIM, BLOCK, DOT)
+def _forward_span(acc, m_i, sums, content, lookup, K, V, s_kt, s_vt, TABLE, s_tn, VALUES, s_vn, rows, q_pos, q_len,
+                  k_len, n_entries, base_0, scale_log2, offs_d, offs_dv, start, end, HEAD_DIM: tl.constexpr,
+                  VALUE_DIM: tl.constexpr, BLOCK: tl.constexpr, LOOKUPS: tl.constexpr, HAS_VALUES: tl.constexpr,
+                  DOT: tl.constexpr):
+    """The online softmax over key tiles start .. end − 1."""
+    for tile in range(start, end):
+        base = base_0 - tile * BLOCK
+        cols, in_keys, k_tile, v_tile, s = _key_tile(
+            content, lookup, tile * BLOCK, base, K, V, s_kt, s_vt, TABLE, s_tn, rows, q_pos, q_len, k_len,
+            n_entries, scale_log2, offs_d, offs_dv, HEAD_DIM, VALUE_DIM, BLOCK, LOOKUPS, DOT)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # padding rows past Tq see no key
         p = tl.math.exp2(s - m_safe[:, None])
         alpha = tl.math.exp2(m_i - m_safe)
         sums = sums * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + dot(p.to(v_tile.dtype), v_tile, DOT)
+        if LOOKUPS and HAS_VALUES:
+            p_lower, p_upper = _halves(p, BLOCK)
+            lower = _window_half(VALUES, s_vn, base, offs_dv, n_entries, VALUE_DIM, BLOCK).to(v_tile.dtype)
+            upper = _window_half(VALUES, s_vn, base + BLOCK, offs_dv, n_entries, VALUE_DIM, BLOCK).to(v_tile.dtype)
+            acc += dot(p_lower.to(v_tile.dtype), lower, DOT) + dot(p_upper.to(v_tile.dtype), upper, DOT)
         m_i = m_new
+    return acc, m_i, sums
+
+
+@triton.jit
+def _forward(Q, K, V, TABLE, VALUES, SHIFTS, OUT, LSE, s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb, s_vh, s_vt, s_th,
+             s_tn, s_vth, s_vn, s_ob, s_oh, s_ot, heads, group, q_len, k_len, n_entries, scale_log2,
+             HEAD_DIM: tl.constexpr, VALUE_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+             BLOCK: tl.constexpr, HAS_VALUES: tl.constexpr, DOT: tl.constexpr):
+    """OUT (B, H, Tq, Dv) and LSE (B·H, Tq), each row's base-2 log-sum-exp."""
+    b, h, start_m, rows, q_pos, offs_d, offs_dv, content, lookup, tiles = _query_tile(
+        Q, SHIFTS, s_qb, s_qh, s_qt, heads, q_len, k_len, HEAD_DIM, BLOCK_D, BLOCK_DV, BLOCK)
+    K_, V_ = K + b * s_kb + (h // group) * s_kh, V + b * s_vb + (h // group) * s_vh
+    TABLE_, VALUES_ = TABLE + h * s_th, VALUES + h * s_vth
+    first_near, base_0 = _spans(start_m, k_len - q_len, tiles, n_entries, BLOCK)
+    m_i = tl.full([BLOCK], float("-inf"), tl.float32)
+    sums = tl.zeros([BLOCK], tl.float32)
+    acc = tl.zeros([BLOCK, BLOCK_DV], tl.float32)
+    acc, m_i, sums = _forward_span(  # the key tiles past the table's offsets, then those that read it
+        acc, m_i, sums, content, lookup, K_, V_, s_kt, s_vt, TABLE_, s_tn, VALUES_, s_vn, rows, q_pos, q_len, k_len,
+        n_entries, base_0, scale_log2, offs_d, offs_dv, 0, first_near, HEAD_DIM, VALUE_DIM, BLOCK, False, HAS_VALUES,
+        DOT)
+    acc, m_i, sums = _forward_span(
+        acc, m_i, sums, content, lookup, K_, V_, s_kt, s_vt, TABLE_, s_tn, VALUES_, s_vn, rows, q_pos, q_len, k_len,
+        n_entries, base_0, scale_log2, offs_d, offs_dv, first_near, tiles, HEAD_DIM, VALUE_DIM, BLOCK, True,
+        HAS_VALUES, DOT)
     in_queries = rows < q_len
     out = acc / tl.where(in_queries, sums, 1.0)[:, None]
     tl.store(OUT + b * s_ob + h * s_oh + rows[:, None] * s_ot + offs_dv[None, :], out.to(OUT.dtype.element_ty),
@@ -156,22 +225,55 @@ def _forward(Q, K, V, TABLE, SHIFTS, OUT, LSE, s_qb, s_qh, s_qt, s_kb, s_kh, s_k
 
 
 @triton.jit
-def _add_half(DTABLE, s_tn, first, grad, offs_d, n_entries, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
-    """Adds grad (BLOCK, BLOCK_D) to the table's gradient at rows first .. first + BLOCK − 1 inside the table."""
-    entries = first + tl.arange(0, BLOCK)
-    inside = (entries >= 0) & (entries < n_entries)
-    tl.atomic_add(DTABLE + entries[:, None] * s_tn + offs_d[None, :], grad,
-                  mask=inside[:, None] & (offs_d[None, :] < HEAD_DIM))
+def _backward_span(d_content, d_lookup, carried, carried_values, content, lookup, grad, lse, delta, K, V, DK, DV,
+                   TABLE, DTABLE, VALUES, DVALUES, s_kt, s_vt, s_dkt, s_dvt, s_tn, s_vn, rows, q_pos, q_len, k_len,
+                   n_entries, base_0, scale, scale_log2, offs_d, offs_dv, start, end, HEAD_DIM: tl.constexpr,
+                   VALUE_DIM: tl.constexpr, BLOCK: tl.constexpr, LOOKUPS: tl.constexpr, HAS_VALUES: tl.constexpr,
+                   DOT: tl.constexpr):
+    """The gradients over key tiles start .. end − 1: dc and dl kept, dk, dv and the tables' added (each table half
+    once complete; ``carried``: the last tile's lower halves, the next tile's upper)."""
+    for tile in range(start, end):
+        base = base_0 - tile * BLOCK
+        cols, in_keys, k_tile, v_tile, s = _key_tile(
+            content, lookup, tile * BLOCK, base, K, V, s_kt, s_vt, TABLE, s_tn, rows, q_pos, q_len, k_len,
+            n_entries, scale_log2, offs_d, offs_dv, HEAD_DIM, VALUE_DIM, BLOCK, LOOKUPS, DOT)
+        p = tl.math.exp2(s - lse[:, None])
+        dp = dot(grad, tl.trans(v_tile), DOT)
+        if LOOKUPS and HAS_VALUES:
+            lower = _window_half(VALUES, s_vn, base, offs_dv, n_entries, VALUE_DIM, BLOCK).to(grad.dtype)
+            upper = _window_half(VALUES, s_vn, base + BLOCK, offs_dv, n_entries, VALUE_DIM, BLOCK).to(grad.dtype)
+            dp += _pairs(dot(grad, tl.trans(lower), DOT), dot(grad, tl.trans(upper), DOT), BLOCK)
+            p_lower, p_upper = _halves(p.to(grad.dtype), BLOCK)
+            _add_half(DVALUES, s_vn, base + BLOCK, dot(tl.trans(p_upper), grad, DOT) + carried_values, offs_dv,
+                      n_entries, VALUE_DIM, BLOCK)
+            carried_values = dot(tl.trans(p_lower), grad, DOT)
+        ds = p * (dp - delta[:, None])  # the logits' gradient over scale
+        d_content += dot(ds.to(k_tile.dtype), k_tile, DOT)
+        key_rows = in_keys[:, None]
+        tl.atomic_add(DK + cols[:, None] * s_dkt + offs_d[None, :],
+                      dot(tl.trans(ds.to(content.dtype)), content, DOT) * scale,
+                      mask=key_rows & (offs_d[None, :] < HEAD_DIM))
+        tl.atomic_add(DV + cols[:, None] * s_dvt + offs_dv[None, :], dot(tl.trans(p.to(grad.dtype)), grad, DOT),
+                      mask=key_rows & (offs_dv[None, :] < VALUE_DIM))
+        if LOOKUPS:
+            lower = _window_half(TABLE, s_tn, base, offs_d, n_entries, HEAD_DIM, BLOCK).to(lookup.dtype)
+            upper = _window_half(TABLE, s_tn, base + BLOCK, offs_d, n_entries, HEAD_DIM, BLOCK).to(lookup.dtype)
+            d_lower, d_upper = _halves(ds.to(lookup.dtype), BLOCK)
+            d_lookup += dot(d_lower, lower, DOT) + dot(d_upper, upper, DOT)
+            _add_half(DTABLE, s_tn, base + BLOCK, (dot(tl.trans(d_upper), lookup, DOT) + carried) * scale, offs_d,
+                      n_entries, HEAD_DIM, BLOCK)
+            carried = dot(tl.trans(d_lower), lookup, DOT)
+    return d_content, d_lookup, carried, carried_values
 
 
 @triton.jit
-def _backward(Q, K, V, TABLE, SHIFTS, DO, LSE, DELTA, DQ, DK, DV, DTABLE, DSHIFTS,
-              s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb, s_vh, s_vt, s_th, s_tn, s_dob, s_doh, s_dot,
+def _backward(Q, K, V, TABLE, VALUES, SHIFTS, DO, LSE, DELTA, DQ, DK, DV, DTABLE, DVALUES, DSHIFTS,
+              s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb, s_vh, s_vt, s_th, s_tn, s_vth, s_vn, s_dob, s_doh, s_dot,
               s_dqb, s_dqh, s_dqt, s_dkb, s_dkh, s_dkt, s_dvb, s_dvh, s_dvt,
               heads, group, q_len, k_len, n_entries, scale, scale_log2, HEAD_DIM: tl.constexpr,
               VALUE_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK: tl.constexpr,
-              DOT: tl.constexpr):
-    """DQ (B, H, Tq, Dh) in q's dtype; DK, DV, DTABLE (H, N, Dh) and DSHIFTS (2, H, Dh) float32, added to."""
+              HAS_VALUES: tl.constexpr, DOT: tl.constexpr):
+    """DQ (B, H, Tq, Dh) in q's dtype; DK, DV, DTABLE, DVALUES and DSHIFTS (2, H, Dh) float32, added to."""
     b, h, start_m, rows, q_pos, offs_d, offs_dv, content, lookup, tiles = _query_tile(
         Q, SHIFTS, s_qb, s_qh, s_qt, heads, q_len, k_len, HEAD_DIM, BLOCK_D, BLOCK_DV, BLOCK)
     in_queries = rows < q_len
@@ -182,36 +284,26 @@ def _backward(Q, K, V, TABLE, SHIFTS, DO, LSE, DELTA, DQ, DK, DV, DTABLE, DSHIFT
     kv_head = h // group
     K_, V_ = K + b * s_kb + kv_head * s_kh, V + b * s_vb + kv_head * s_vh
     DK_, DV_ = DK + b * s_dkb + kv_head * s_dkh, DV + b * s_dvb + kv_head * s_dvh
-    TABLE_, DTABLE_ = TABLE + h * s_th, DTABLE + h * s_th
-    offs = tl.arange(0, BLOCK)
-    key_of_lower = offs[:, None] - offs[None, :] + BLOCK - 1  # the key of row i at the lower half's row r
-    key_of_upper = offs[:, None] - offs[None, :] - 1  # ... and at the upper half's
+    TABLE_, DTABLE_, VALUES_, DVALUES_ = TABLE + h * s_th, DTABLE + h * s_th, VALUES + h * s_vth, DVALUES + h * s_vth
+    first_near, base_0 = _spans(start_m, k_len - q_len, tiles, n_entries, BLOCK)
     d_content = tl.zeros([BLOCK, BLOCK_D], tl.float32)
     d_lookup = tl.zeros([BLOCK, BLOCK_D], tl.float32)
-    carried = tl.zeros([BLOCK, BLOCK_D], tl.float32)  # the previous tile's lower half: this tile's upper half
-    base = 0
-    for tile in range(0, tiles):
-        base = (k_len - q_len) + start_m - tile * BLOCK - (BLOCK - 1)
-        cols, in_keys, k_tile, v_tile, lower, upper, s = _key_tile(
-            content, lookup, tile * BLOCK, base, K_, V_, s_kt, s_vt, TABLE_, s_tn, rows, q_pos, q_len, k_len,
-            n_entries, scale_log2, offs_d, offs_dv, HEAD_DIM, VALUE_DIM, BLOCK, DOT)
-        p = tl.math.exp2(s - lse[:, None])
-        ds = p * (dot(grad, tl.trans(v_tile), DOT) - delta[:, None])  # the logits' gradient over scale
-        d_content += dot(ds.to(k_tile.dtype), k_tile, DOT)
-        key_rows = in_keys[:, None]
-        tl.atomic_add(DK_ + cols[:, None] * s_dkt + offs_d[None, :],
-                      dot(tl.trans(ds.to(content.dtype)), content, DOT) * scale,
-                      mask=key_rows & (offs_d[None, :] < HEAD_DIM))
-        tl.atomic_add(DV_ + cols[:, None] * s_dvt + offs_dv[None, :], dot(tl.trans(p.to(grad.dtype)), grad, DOT),
-                      mask=key_rows & (offs_dv[None, :] < VALUE_DIM))
-        d_lower = tl.where(key_of_lower < BLOCK, tl.gather(ds, tl.minimum(key_of_lower, BLOCK - 1), 1), 0.0)
-        d_upper = tl.where(key_of_upper >= 0, tl.gather(ds, tl.maximum(key_of_upper, 0), 1), 0.0)
-        d_lower, d_upper = d_lower.to(lookup.dtype), d_upper.to(lookup.dtype)
-        d_lookup += dot(d_lower, lower.to(lookup.dtype), DOT) + dot(d_upper, upper.to(lookup.dtype), DOT)
-        _add_half(DTABLE_, s_tn, base + BLOCK, (dot(tl.trans(d_upper), lookup, DOT) + carried) * scale, offs_d,
-                  n_entries, HEAD_DIM, BLOCK)
-        carried = dot(tl.trans(d_lower), lookup, DOT)
-    _add_half(DTABLE_, s_tn, base, carried * scale, offs_d, n_entries, HEAD_DIM, BLOCK)
+    carried = tl.zeros([BLOCK, BLOCK_D], tl.float32)
+    carried_values = tl.zeros([BLOCK, BLOCK_DV], tl.float32)
+    d_content, d_lookup, carried, carried_values = _backward_span(  # past the table's offsets, then the rest
+        d_content, d_lookup, carried, carried_values, content, lookup, grad, lse, delta, K_, V_, DK_, DV_, TABLE_,
+        DTABLE_, VALUES_, DVALUES_, s_kt, s_vt, s_dkt, s_dvt, s_tn, s_vn, rows, q_pos, q_len, k_len, n_entries,
+        base_0, scale, scale_log2, offs_d, offs_dv, 0, first_near, HEAD_DIM, VALUE_DIM, BLOCK, False, HAS_VALUES,
+        DOT)
+    d_content, d_lookup, carried, carried_values = _backward_span(
+        d_content, d_lookup, carried, carried_values, content, lookup, grad, lse, delta, K_, V_, DK_, DV_, TABLE_,
+        DTABLE_, VALUES_, DVALUES_, s_kt, s_vt, s_dkt, s_dvt, s_tn, s_vn, rows, q_pos, q_len, k_len, n_entries,
+        base_0, scale, scale_log2, offs_d, offs_dv, first_near, tiles, HEAD_DIM, VALUE_DIM, BLOCK, True, HAS_VALUES,
+        DOT)
+    last_base = base_0 - (tiles - 1) * BLOCK  # the diagonal tile reads offset 0: it always reads the table
+    _add_half(DTABLE_, s_tn, last_base, carried * scale, offs_d, n_entries, HEAD_DIM, BLOCK)
+    if HAS_VALUES:
+        _add_half(DVALUES_, s_vn, last_base, carried_values, offs_dv, n_entries, VALUE_DIM, BLOCK)
     in_width = offs_d < HEAD_DIM
     tl.atomic_add(DSHIFTS + h * HEAD_DIM + offs_d, tl.sum(d_content, 0) * scale, mask=in_width)
     tl.atomic_add(DSHIFTS + (heads + h) * HEAD_DIM + offs_d, tl.sum(d_lookup, 0) * scale, mask=in_width)
@@ -219,49 +311,59 @@ def _backward(Q, K, V, TABLE, SHIFTS, DO, LSE, DELTA, DQ, DK, DV, DTABLE, DSHIFT
              ((d_content + d_lookup) * scale).to(DQ.dtype.element_ty), mask=in_queries[:, None] & in_width[None, :])
 
 
-def _sizes(q: Tensor, v: Tensor) -> dict:
+def _sizes(q: Tensor, v: Tensor, has_values: bool) -> dict:
     """Compile-time sizes: 16 × 16 tiles under the interpreter, so a test at a few dozen tokens crosses tiles; on a
     GPU 64 × 64 with 4 warps, the tiles' backward size (``tiles_triton._blocks``), not yet timed for this kernel."""
     block, warps = (16, 1) if q.device.type == "cpu" else (64, 4)
     return dict(HEAD_DIM=q.shape[-1], VALUE_DIM=v.shape[-1], BLOCK_D=max(16, triton.next_power_of_2(q.shape[-1])),
-                BLOCK_DV=max(16, triton.next_power_of_2(v.shape[-1])), BLOCK=block, DOT=product_kind(q),
-                num_warps=warps)
+                BLOCK_DV=max(16, triton.next_power_of_2(v.shape[-1])), BLOCK=block, HAS_VALUES=has_values,
+                DOT=product_kind(q), num_warps=warps)
+
+
+def _rows(table: Tensor) -> tuple[int, int]:
+    """A table's head and row strides; head stride 0 where one table serves every head."""
+    return (table.stride(0) if table.shape[0] > 1 else 0), table.stride(1)
 
 
 class _LookupAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, table, content_shift, lookup_shift, scale):
+    def forward(ctx, q, k, v, table, values, content_shift, lookup_shift, scale):
         q, k, v = (last_unit(x) for x in (q, k, v))
+        has_values = values is not None
         table_ = table.to(torch.float32).contiguous()
-        shifts = torch.stack((content_shift, lookup_shift)).to(torch.float32).contiguous()  # (2, H, Dh)
-        batch, heads, q_len, _ = q.shape
+        values_ = values.to(torch.float32).contiguous() if has_values else table_  # a stand-in, never read
+        batch, heads, q_len, width = q.shape
+        shifts = q.new_zeros(2, heads, width, dtype=torch.float32)  # (2, H, Dh): content, lookup
+        for row, shift in enumerate((content_shift, lookup_shift)):
+            if shift is not None:
+                shifts[row] = shift.to(torch.float32)
         out = q.new_empty(batch, q_len, heads, v.shape[-1]).transpose(1, 2)  # token-major, as SDPA returns it
         lse = torch.empty(batch * heads, q_len, device=q.device, dtype=torch.float32)
-        sizes = _sizes(q, v)
+        sizes = _sizes(q, v, has_values)
         _forward[(triton.cdiv(q_len, sizes["BLOCK"]), batch * heads)](
-            q, k, v, table_, shifts, out, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-            *table_.stride()[:2], *out.stride()[:3], heads, heads // k.shape[1], q_len, k.shape[2], table_.shape[1],
-            scale * LOG2E, **sizes)
-        ctx.save_for_backward(q, k, v, table_, shifts, out, lse)
-        ctx.scale = scale
-        ctx.dtypes = tuple(x.dtype for x in (table, content_shift, lookup_shift))
+            q, k, v, table_, values_, shifts, out, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+            *_rows(table_), *_rows(values_), *out.stride()[:3], heads, heads // k.shape[1], q_len, k.shape[2],
+            table_.shape[1], scale * LOG2E, **sizes)
+        ctx.save_for_backward(q, k, v, table_, values_, shifts, out, lse)
+        ctx.scale, ctx.has_values = scale, has_values
+        ctx.dtypes = tuple(None if x is None else x.dtype for x in (table, values, content_shift, lookup_shift))
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, table, shifts, out, lse = ctx.saved_tensors
+        q, k, v, table, values, shifts, out, lse = ctx.saved_tensors
         grad_out = last_unit(grad_out.to(q.dtype))
         batch, heads, q_len, _ = q.shape
         delta = (grad_out.float() * out.float()).sum(-1).contiguous()  # (B, H, Tq): Σ_d dout·out
         dq = torch.empty_like(q)
         dk, dv = (torch.zeros(x.shape, device=x.device, dtype=torch.float32) for x in (k, v))
-        d_table, d_shifts = torch.zeros_like(table), torch.zeros_like(shifts)
-        sizes = _sizes(q, v)
+        d_table, d_values, d_shifts = torch.zeros_like(table), torch.zeros_like(values), torch.zeros_like(shifts)
+        sizes = _sizes(q, v, ctx.has_values)
         _backward[(triton.cdiv(q_len, sizes["BLOCK"]), batch * heads)](
-            q, k, v, table, shifts, grad_out, lse, delta, dq, dk, dv, d_table, d_shifts, *q.stride()[:3],
-            *k.stride()[:3], *v.stride()[:3], *table.stride()[:2], *grad_out.stride()[:3], *dq.stride()[:3],
-            *dk.stride()[:3], *dv.stride()[:3], heads, heads // k.shape[1], q_len, k.shape[2], table.shape[1],
-            ctx.scale, ctx.scale * LOG2E, **sizes)
-        table_dtype, content_dtype, lookup_dtype = ctx.dtypes
-        return (dq, dk.to(k.dtype), dv.to(v.dtype), d_table.to(table_dtype), d_shifts[0].to(content_dtype),
-                d_shifts[1].to(lookup_dtype), None)
+            q, k, v, table, values, shifts, grad_out, lse, delta, dq, dk, dv, d_table, d_values, d_shifts,
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *_rows(table), *_rows(values), *grad_out.stride()[:3],
+            *dq.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], heads, heads // k.shape[1], q_len, k.shape[2],
+            table.shape[1], ctx.scale, ctx.scale * LOG2E, **sizes)
+        grads = (d_table, d_values, d_shifts[0], d_shifts[1])
+        return (dq, dk.to(k.dtype), dv.to(v.dtype),
+                *(None if dtype is None else g.to(dtype) for g, dtype in zip(grads, ctx.dtypes)), None)
