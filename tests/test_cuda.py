@@ -351,35 +351,38 @@ def test_stick_breaking_in_triton_tiles_at_the_gpus_tile_sizes_equals_float64(mo
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 2e-5), (torch.bfloat16, 5e-2)])
-def test_transformer_xl_in_triton_tiles_at_the_gpus_tile_sizes_equals_float64(monkeypatch, dtype, tolerance):
-    """``lookups_triton`` (64 × 64 tiles) over 1,000 queries of a 1,100-key cache, through
-    ``attention(backend="auto")`` with the kernel offered (POSENC_LOOKUPS_TRITON=1) and the channels not: values and the gradients of q,
-    k, v and every parameter of Transformer-XL against float64 eager on the CPU."""
+@pytest.mark.parametrize("name, kwargs", [("transformer_xl", {}), ("shaw", {"max_distance": 100})])
+def test_lookups_in_triton_tiles_at_the_gpus_tile_sizes_equal_float64(monkeypatch, dtype, tolerance, name, kwargs):
+    """``lookups_triton`` (64 × 64 tiles) through ``attention(backend="auto")`` with the kernel offered
+    (POSENC_LOOKUPS_TRITON=1): Transformer-XL over 1,000 queries of a 1,100-key cache (its lookups form, forced), and
+    Shaw over 1,100 tokens with a band of 100 offsets (its band form); values and the gradients of q, k, v and every
+    parameter of the encoding against float64 eager on the CPU."""
     import posenc
-    from posenc.kernels import lookups_triton
+    from posenc.kernels import dispatch, lookups_triton
 
     kernel_calls = []
     kernel = lookups_triton.lookup_attention
     monkeypatch.setattr(lookups_triton, "lookup_attention", lambda *a, **kw: kernel_calls.append(1) or kernel(*a, **kw))
     torch.manual_seed(8)
-    q, k, v = torch.randn(2, 4, 1000, 64), torch.randn(2, 4, 1100, 64), torch.randn(2, 4, 1100, 64)
-    encoding = posenc.build("transformer_xl", head_dim=64, num_heads=4)
+    q_len = 1000 if name == "transformer_xl" else 1100
+    q, k, v = torch.randn(2, 4, q_len, 64), torch.randn(2, 4, 1100, 64), torch.randn(2, 4, 1100, 64)
+    encoding = posenc.build(name, head_dim=64, num_heads=4, **kwargs)
     with torch.no_grad():
-        for parameter in encoding.parameters():  # the biases start at zero: give their gradients a path
+        for parameter in encoding.parameters():  # Transformer-XL's biases start at zero: give their gradients a path
             parameter.normal_(0.0, 0.05)
     reference = copy.deepcopy(encoding).double()
     exact = [x.to(dtype).double().requires_grad_() for x in (q, k, v)]
-    positions = {"q_positions": torch.arange(100, 1100), "k_positions": torch.arange(1100)}
+    positions = {"q_positions": torch.arange(1100 - q_len, 1100), "k_positions": torch.arange(1100)}
     expected = attention(*exact, reference, backend="eager", scale=0.125, **positions)
     upstream = torch.randn_like(expected)
     wanted = torch.autograd.grad(expected, exact + list(reference.parameters()), upstream)
     monkeypatch.setenv("POSENC_LOOKUPS_TRITON", "1")
-    monkeypatch.setattr(type(encoding), "channels_exact", lambda *a: False)  # the lookups alone, not timed
     on_gpu = copy.deepcopy(encoding).to(CUDA)
     fast = [x.to(CUDA, dtype).requires_grad_() for x in (q, k, v)]
-    got = attention(*fast, on_gpu, backend="auto", scale=0.125)
+    with dispatch.force("lookups"):
+        got = attention(*fast, on_gpu, backend="auto", scale=0.125)
     grads = torch.autograd.grad(got, fast + list(on_gpu.parameters()), upstream.to(CUDA, dtype))
     names = ("out", "dq", "dk", "dv", *(n for n, _ in on_gpu.named_parameters()))
     for what, a, b in zip(names, (got, *grads), (expected, *wanted)):
-        assert _relative_error(a, b) < tolerance, (what, dtype)
+        assert _relative_error(a, b) < tolerance, (name, what, dtype)
     assert kernel_calls == [1]  # attention(backend="auto") ran the Triton tiles

@@ -7,9 +7,9 @@
 # CUDA tests of the Triton tiles and of the dense paths by query blocks; fire runs FIRE's CUDA tests and its long row
 # alone (its tiles read the MLP as segments since de66bf9); sticks runs stick-breaking's Triton tiles (sticks_triton,
 # offered on a GPU only with POSENC_STICKS_TRITON=1 until checked there) through its CUDA tests and its long row;
-# lookups does the same for Transformer-XL's Triton tiles (lookups_triton, POSENC_LOOKUPS_TRITON=1). The long tables
-# offer both unchecked kernels. Every step together takes more than one call's 10 minutes: name the steps a call has
-# time for (fire sticks lookups sweep tests-tiles long fits one).
+# lookups does the same for Transformer-XL's and Shaw's Triton tiles (lookups_triton, POSENC_LOOKUPS_TRITON=1). The
+# long tables offer both unchecked kernels. Every step together takes more than one call's 10 minutes: name the steps
+# a call has time for (fire sticks lookups sweep tests-tiles long fits one).
 # 1. tests/test_cuda.py (Triton RoPE, every backend and form forward and backward against float64 on the CPU, forms
 #    timed on the GPU, the tiny LM, posenc pretrained against the CPU); 2. `posenc bench` in bf16 on the auto backend (its
 #    forms timed at first use) for the bias encodings; 3. the same training step with FlexAttention forced; 4. RoPE
@@ -57,9 +57,9 @@ chosen sticks && POSENC_STICKS_TRITON=1 step sticks-long 60 python3 -m posenc be
     --tables long --long-shapes 1x16x16384x64 --encodings stick-breaking --rounds 5 --long-timeout 45 \
     --markdown "$out/sticks-long.md"
 chosen lookups && POSENC_LOOKUPS_TRITON=1 step lookups-tests 100 python3 -m pytest -q -p no:cacheprovider -n 8 \
-    tests/test_cuda.py -k transformer_xl_in_triton
+    tests/test_cuda.py -k lookups_in_triton
 chosen lookups && POSENC_LOOKUPS_TRITON=1 step lookups-long 60 python3 -m posenc bench --device cuda \
-    --dtype bfloat16 --tables long --long-shapes 1x16x16384x64 --encodings transformer_xl --rounds 5 \
+    --dtype bfloat16 --tables long --long-shapes 1x16x16384x64 --encodings transformer_xl,shaw --rounds 5 \
     --long-timeout 45 --markdown "$out/lookups-long.md"
 chosen sweep && step sweep 150 python3 benchmarks/scripts/gpu_tiles_sweep.py
 chosen bench-auto && step bench-auto 130 python3 -m posenc bench --device cuda --dtype bfloat16 --tables training,memory,attention \

@@ -3,7 +3,7 @@
 
   - for weights or value terms a float mask cannot carry, one form or none (then ``attention`` computes as eager
     does): ``sticks`` (stick-breaking's weights inside ``sticks``) and ``band`` (Shaw's terms as a band of
-    diagonals, ``band``);
+    diagonals, ``band``; on a GPU, once checked there, inside ``lookups_triton``'s tiles);
   - for score terms, every form that serves is timed: ``counts`` (CoPE inside ``gated_counts``), ``gates`` (FoX's
     c_i − c_j inside ``offset_bias``), ``table`` (a bias of offsets there too), ``lookups`` (Transformer-XL inside
     ``offset_lookup``; on a GPU inside ``lookups_triton``'s tiles), ``channels`` (extra q/k channels) and ``mask``
@@ -168,7 +168,7 @@ def _counts_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
 
 def _lookup_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
     table, content_shift, lookup_shift = at.offset_lookup_parts(k.shape[2], math_dtype(q.dtype))  # never bf16
-    if not offset_lookup.serves(q):  # a GPU: the Triton tiles, which read grouped k and v heads as they are
+    if triton_lookups(q):  # a GPU: the Triton tiles, which read grouped k and v heads as they are
         return lookups_triton().lookup_attention(q, k, v, table, content_shift=content_shift,
                                                  lookup_shift=lookup_shift, scale=scale)
     k, v = repeat_kv_heads(k, q.shape[1]), repeat_kv_heads(v, q.shape[1])
@@ -215,9 +215,14 @@ def sticks_serve(q: Tensor) -> bool:
 
 
 def lookups_serve(q: Tensor) -> bool:
-    """Whether an offset-lookup kernel runs on q here: the C++ one on CPU, the Triton one on a GPU
-    (``lookups_triton.offered``: once checked there)."""
-    return offset_lookup.serves(q) or (triton_available() and lookups_triton().offered(q))
+    """Whether an offset-lookup kernel runs on q here: the C++ one on CPU, the Triton one on a GPU."""
+    return offset_lookup.serves(q) or triton_lookups(q)
+
+
+def triton_lookups(q: Tensor) -> bool:
+    """Whether ``lookups_triton`` runs Transformer-XL's lookups and Shaw's band for q: on a GPU, once checked
+    there (``lookups_triton.offered``)."""
+    return q.device.type != "cpu" and triton_available() and lookups_triton().offered(q)
 
 
 def lookups_triton():
@@ -244,6 +249,9 @@ def _sticks_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
 
 def _band_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
     key_band, value_band, value_floor = at.encoding.band_parts(math_dtype(q.dtype))
+    if triton_lookups(q):  # the band as a table of K offsets (one for every head) inside the Triton tiles
+        out = lookups_triton().lookup_attention(q, k, v, key_band[None], values=value_band[None], scale=scale)
+        return out + value_floor.to(out.dtype)
     return band.band_attention(q, k, v, key_band, value_band, value_floor, scale=scale)
 
 
