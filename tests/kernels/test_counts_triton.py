@@ -1,0 +1,151 @@
+"""CoPE's attention in Triton tiles (``kernels.counts_triton``) against float64 CoPE (the encoding's own counts and
+lookups), forward and backward, under TRITON_INTERPRET=1 on CPU tensors; and when ``forms`` offers it.
+
+The interpreter is switched on when Triton is imported, so the checks run in a child process. Its tiles are 16 × 16,
+so the shapes here (up to 48 keys) cross tiles, the diagonal and ragged edges; tables of 3 and 6 rows fill every
+row's count within a tile or two, so the tiles past them run without gates, and one of 64 rows never fills.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (the test extra)")
+
+CHECK = textwrap.dedent(
+    """
+    import torch
+    from posenc.encodings.cope import CoPE
+    from posenc.kernels.counts_triton import counts_attention
+
+    def reference(q, k, v, table, scale):
+        '''float64 CoPE attention (the encoding's relative logits), causal, queries the last Tq keys, GQA by
+        repeating k and v.'''
+        heads, q_len, k_len = q.shape[1], q.shape[2], k.shape[2]
+        k, v = (x.repeat_interleave(heads // x.shape[1], 1) for x in (k, v))
+        cope = CoPE(q.shape[-1], table.shape[0])
+        del cope.embeddings
+        cope.embeddings = table  # the test's tensor, so that its gradient is the reference's
+        q_pos, k_pos = torch.arange(k_len - q_len, k_len)[None], torch.arange(k_len)[None]
+        allowed = (k_pos[:, None, :] <= q_pos[:, :, None])[:, None]
+        logits = scale * q @ k.transpose(-1, -2) + cope.relative_logits(q, k, q_pos, k_pos, allowed)
+        return logits.masked_fill(~allowed, float("-inf")).softmax(-1) @ v, cope.gate_scale
+
+    # the table's gradient is a small difference of each row's sums, and bf16 rounds the weights before they meet v
+    # (as SDPA and eager do): at two rows it moves by 7e-2 of its largest magnitude
+    TABLE_BF16 = 1.5e-1
+    torch.manual_seed(0)
+    cases = 0
+    for dtype, tolerance in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2), (torch.float16, 5e-3)):
+        for batch, heads, kv_heads, q_len, k_len, width, value_width, rows in (
+                (2, 2, 1, 37, 37, 8, 8, 3), (1, 2, 2, 5, 40, 16, 12, 6), (1, 1, 1, 48, 48, 12, 20, 64),
+                (1, 1, 1, 33, 33, 16, 16, 2), (1, 1, 1, 1, 1, 4, 4, 4)):
+            q = torch.randn(batch, heads, q_len, width) * 2
+            k = torch.randn(batch, kv_heads, k_len, width) * 2
+            v = torch.randn(batch, kv_heads, k_len, value_width)
+            table = torch.randn(rows, width)
+            exact = [x.to(dtype).double().requires_grad_() for x in (q, k, v)] + [table.double().requires_grad_()]
+            fast = [x.to(dtype).requires_grad_() for x in (q, k, v)] + [table.clone().requires_grad_()]
+            expected, gate_scale = reference(*exact, 0.3)
+            got = counts_attention(*fast, scale=0.3, gate_scale=gate_scale)
+            assert got.dtype == dtype and got.shape == expected.shape
+            upstream = torch.randn_like(expected)
+            wanted = torch.autograd.grad(expected, exact, upstream)
+            grads = torch.autograd.grad(got, fast, upstream.to(dtype))
+            for name, a, b in zip(("out", "dq", "dk", "dv", "dtable"), (got, *grads), (expected.detach(), *wanted)):
+                error = float((a.detach().double() - b).abs().max() / b.abs().max().clamp_min(1e-12))
+                allowed = TABLE_BF16 if (name, dtype) == ("dtable", torch.bfloat16) else tolerance
+                assert error < allowed, (name, error, dtype, tuple(q.shape), tuple(k.shape), rows)
+            cases += 1
+    assert cases == 15
+    print("ok")
+    """
+)
+
+
+ROUTED = textwrap.dedent(
+    """
+    import copy
+    import torch
+    import posenc
+    from posenc.kernels import counts_triton, dispatch, forms
+
+    forms.triton_counts = lambda q: True  # as on a GPU that offers the kernel
+    calls = []
+    kernel = counts_triton.counts_attention
+    counts_triton.counts_attention = lambda *a, **kw: calls.append(1) or kernel(*a, **kw)
+    torch.manual_seed(1)
+    for rows in (4, 64):
+        encoding = posenc.build("cope", head_dim=16, max_positions=rows)
+        with torch.no_grad():
+            encoding.embeddings.normal_()  # they start at zero
+        reference = copy.deepcopy(encoding).double()
+        q, k, v = (torch.randn(2, 2, 37, 16) * 2 for _ in range(3))
+        exact = [x.double().requires_grad_() for x in (q, k, v)]
+        expected = posenc.attention(*exact, reference, backend="eager")
+        upstream = torch.randn_like(expected)
+        wanted = torch.autograd.grad(expected, exact + [reference.embeddings], upstream)
+        fast = [x.requires_grad_() for x in (q, k, v)]
+        with dispatch.force("counts"):
+            got = posenc.attention(*fast, encoding, backend="auto")
+        grads = torch.autograd.grad(got, fast + [encoding.embeddings], upstream.float())
+        for what, a, b in zip(("out", "dq", "dk", "dv", "embeddings"), (got, *grads), (expected.detach(), *wanted)):
+            error = float((a.detach().double() - b).abs().max() / b.abs().max())
+            assert error < 5e-5, (rows, what, error)  # float32 against float64: 1.04e-5 seen
+    assert len(calls) == 2, calls
+    print("ok")
+    """
+)
+
+
+def test_cope_tiles_equal_float64_values_and_gradients():
+    """Tables that fill every count early (so later tiles skip the gates) and one that never fills, grouped-query
+    heads, a KV-cache step (Tq < Tk), widths that are no power of two, one token; the gradients of q, k, v and the
+    table; float32 to 1e-5 of the reference's largest magnitude, bfloat16 to 3e-2 (the table's gradient to 1.5e-1),
+    float16 to 5e-3."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("ok"), result.stdout
+
+
+def test_attention_runs_cope_in_the_tiles_where_a_gpu_offers_them(tmp_path):
+    """``attention(backend="auto")`` as on a GPU that offers the kernel: CoPE's counts form runs in the tiles, and
+    the output and the gradients of q, k, v and the embeddings equal float64 eager to 5e-5."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "POSENC_FORMS_CACHE": str(tmp_path / "forms.json")}
+    result = subprocess.run([sys.executable, "-c", ROUTED], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("ok"), result.stdout
+
+
+def gpu_tensor(dtype=torch.bfloat16):
+    return SimpleNamespace(is_cuda=True, device=torch.device("meta"), dtype=dtype)
+
+
+def test_a_gpu_is_offered_the_kernel_only_once_checked_there_or_asked(monkeypatch):
+    from posenc.kernels import counts_triton
+
+    monkeypatch.delenv("POSENC_COUNTS_TRITON", raising=False)
+    monkeypatch.setattr(counts_triton, "CHECKED_ON_GPU", False)
+    assert not counts_triton.offered(gpu_tensor())
+    monkeypatch.setenv("POSENC_COUNTS_TRITON", "1")
+    assert counts_triton.offered(gpu_tensor()) and not counts_triton.offered(gpu_tensor(torch.float64))
+    monkeypatch.delenv("POSENC_COUNTS_TRITON")
+    monkeypatch.setattr(counts_triton, "CHECKED_ON_GPU", True)
+    assert counts_triton.offered(gpu_tensor())
+
+
+def test_the_kernel_refuses_shapes_it_cannot_serve_in_one_line():
+    from posenc.kernels.counts_triton import counts_attention
+
+    q, k = torch.zeros(1, 2, 4, 8), torch.zeros(1, 2, 4, 8)
+    with pytest.raises(ValueError, match=r"table must be \(P >= 2, Dh = 8\)"):
+        counts_attention(q, k, k, torch.zeros(1, 8), scale=1.0, gate_scale=1.0)
+    with pytest.raises(ValueError, match="Tq <= Tk"):
+        counts_attention(torch.zeros(1, 2, 5, 8), k, k, torch.zeros(4, 8), scale=1.0, gate_scale=1.0)
