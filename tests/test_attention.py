@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 import posenc
 from posenc.attention import choose_backend, serves
-from posenc.kernels import flex, offset_lookup
+from posenc.kernels import flex, gated_counts, offset_lookup
 from posenc.kernels.forms import gpu_score_forms
 from tests.helpers import ATTENTION_ENCODINGS, HEAD_DIM, HEADS, make_encoding, qkv
 from tests.oracles import naive_attention
@@ -244,6 +244,7 @@ def test_the_forms_timed_on_a_gpu_without_triton(monkeypatch, key, q_len, dtype,
     """What sdpa offers its timing on a GPU where the Triton tiles do not serve (read here on CPU tensors, the CPU
     kernels switched off; tests/test_cuda.py runs them on one)."""
     monkeypatch.setattr(offset_lookup, "serves", lambda q: False)
+    monkeypatch.setattr(gated_counts, "serves", lambda q: False)
     enc = make_encoding(key, dtype=torch.float32)
     at = enc.at(torch.arange(16 - q_len, 16)[None], torch.arange(16)[None], contiguous=True)
     if key == "fire":  # past its threshold: the bias reads the query's position

@@ -386,3 +386,37 @@ def test_lookups_in_triton_tiles_at_the_gpus_tile_sizes_equal_float64(monkeypatc
     for what, a, b in zip(names, (got, *grads), (expected, *wanted)):
         assert _relative_error(a, b) < tolerance, (name, what, dtype)
     assert kernel_calls == [1]  # attention(backend="auto") ran the Triton tiles
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 2e-5), (torch.bfloat16, 5e-2)])
+@pytest.mark.parametrize("rows", [16, 64])
+def test_cope_in_triton_tiles_at_the_gpus_tile_sizes_equals_float64(monkeypatch, dtype, tolerance, rows):
+    """``counts_triton`` (64 × 64 tiles) over 1,000 queries of a 1,100-key cache, through
+    ``attention(backend="auto")`` with the kernel offered (POSENC_COUNTS_TRITON=1): values and the gradients of q,
+    k, v and the embeddings against float64 eager on the CPU; 16 rows fill every count within a tile or two."""
+    import posenc
+    from posenc.kernels import counts_triton
+
+    kernel_calls = []
+    kernel = counts_triton.counts_attention
+    monkeypatch.setattr(counts_triton, "counts_attention", lambda *a, **kw: kernel_calls.append(1) or kernel(*a, **kw))
+    torch.manual_seed(9)
+    q, k, v = torch.randn(2, 4, 1000, 64), torch.randn(2, 4, 1100, 64), torch.randn(2, 4, 1100, 64)
+    encoding = posenc.build("cope", head_dim=64, max_positions=rows)
+    with torch.no_grad():
+        encoding.embeddings.normal_()  # they start at zero
+    reference = copy.deepcopy(encoding).double()
+    exact = [x.to(dtype).double().requires_grad_() for x in (q, k, v)]
+    positions = {"q_positions": torch.arange(100, 1100), "k_positions": torch.arange(1100)}
+    expected = attention(*exact, reference, backend="eager", scale=0.125, **positions)
+    upstream = torch.randn_like(expected)
+    wanted = torch.autograd.grad(expected, exact + [reference.embeddings], upstream)
+    monkeypatch.setenv("POSENC_COUNTS_TRITON", "1")
+    on_gpu = copy.deepcopy(encoding).to(CUDA)
+    fast = [x.to(CUDA, dtype).requires_grad_() for x in (q, k, v)]
+    got = attention(*fast, on_gpu, backend="auto", scale=0.125)
+    grads = torch.autograd.grad(got, fast + [on_gpu.embeddings], upstream.to(CUDA, dtype))
+    for what, a, b in zip(("out", "dq", "dk", "dv", "embeddings"), (got, *grads), (expected, *wanted)):
+        assert _relative_error(a, b) < (0.15 if (what, dtype) == ("embeddings", torch.bfloat16) else tolerance), (
+            what, dtype, rows)
+    assert kernel_calls == [1]  # the one form offered: attention(backend="auto") ran the Triton tiles

@@ -7,9 +7,10 @@
 # CUDA tests of the Triton tiles and of the dense paths by query blocks; fire runs FIRE's CUDA tests and its long row
 # alone (its tiles read the MLP as segments since de66bf9); sticks runs stick-breaking's Triton tiles (sticks_triton,
 # offered on a GPU only with POSENC_STICKS_TRITON=1 until checked there) through its CUDA tests and its long row;
-# lookups does the same for Transformer-XL's and Shaw's Triton tiles (lookups_triton, POSENC_LOOKUPS_TRITON=1). The
-# long tables offer both unchecked kernels. Every step together takes more than one call's 10 minutes: name the steps
-# a call has time for (fire sticks lookups sweep tests-tiles long fits one).
+# lookups does the same for Transformer-XL's and Shaw's Triton tiles (lookups_triton, POSENC_LOOKUPS_TRITON=1), counts
+# for CoPE's (counts_triton, POSENC_COUNTS_TRITON=1). The long tables offer every unchecked kernel. Every step
+# together takes more than one call's 10 minutes: name the steps a call has time for (fire sticks lookups counts
+# tests-tiles long fits one).
 # 1. tests/test_cuda.py (Triton RoPE, every backend and form forward and backward against float64 on the CPU, forms
 #    timed on the GPU, the tiny LM, posenc pretrained against the CPU); 2. `posenc bench` in bf16 on the auto backend (its
 #    forms timed at first use) for the bias encodings; 3. the same training step with FlexAttention forced; 4. RoPE
@@ -61,6 +62,11 @@ chosen lookups && POSENC_LOOKUPS_TRITON=1 step lookups-tests 100 python3 -m pyte
 chosen lookups && POSENC_LOOKUPS_TRITON=1 step lookups-long 60 python3 -m posenc bench --device cuda \
     --dtype bfloat16 --tables long --long-shapes 1x16x16384x64 --encodings transformer_xl,shaw --rounds 5 \
     --long-timeout 45 --markdown "$out/lookups-long.md"
+chosen counts && POSENC_COUNTS_TRITON=1 step counts-tests 100 python3 -m pytest -q -p no:cacheprovider -n 8 \
+    tests/test_cuda.py -k cope_in_triton
+chosen counts && POSENC_COUNTS_TRITON=1 step counts-long 60 python3 -m posenc bench --device cuda --dtype bfloat16 \
+    --tables long --long-shapes 1x16x16384x64 --encodings cope --rounds 5 --long-timeout 45 \
+    --markdown "$out/counts-long.md"
 chosen sweep && step sweep 150 python3 benchmarks/scripts/gpu_tiles_sweep.py
 chosen bench-auto && step bench-auto 130 python3 -m posenc bench --device cuda --dtype bfloat16 --tables training,memory,attention \
     --encodings $biases --train-shapes $shapes --lengths 1024,4096 --rounds 10 \
@@ -73,8 +79,9 @@ chosen rope && step rope 40 python3 -m posenc bench --device cuda --dtype bfloat
 chosen rope-launch && step rope-launch 30 python3 benchmarks/scripts/gpu_rope_probe.py
 chosen verify && step verify 70 python3 -m posenc verify --device cuda --json "$out/verify-cuda.json"
 long() {  # long STEP SECONDS SHAPE: one shape's long table, merged into gpu-long.json
-    POSENC_STICKS_TRITON=1 POSENC_LOOKUPS_TRITON=1 step "$1" "$2" python3 -m posenc bench --device cuda --dtype bfloat16 --tables long --long-shapes "$3" \
-        --rounds 5 --long-timeout 45 --long-json "$out/gpu-long.json" --markdown "$out/$1.md"
+    POSENC_STICKS_TRITON=1 POSENC_LOOKUPS_TRITON=1 POSENC_COUNTS_TRITON=1 step "$1" "$2" python3 -m posenc bench \
+        --device cuda --dtype bfloat16 --tables long --long-shapes "$3" --rounds 5 --long-timeout 45 \
+        --long-json "$out/gpu-long.json" --markdown "$out/$1.md"
 }
 chosen long && long long 240 1x16x16384x64
 chosen long-batch && long long-batch 190 4x16x4096x64

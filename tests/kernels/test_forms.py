@@ -80,6 +80,21 @@ def test_a_gpu_offers_transformer_xl_its_triton_lookups_once_they_are_offered(mo
     assert forms.score_forms(q, at, True, None, True) == {"channels": forms._channel_form}
 
 
+@pytest.mark.skipif(not triton_available(), reason="needs triton (the test extra)")
+def test_a_gpu_offers_cope_its_triton_counts_alone_once_they_are_offered(monkeypatch):
+    """CoPE on another device (``meta`` here): its counts alone where ``counts_triton.offered`` says so, for causal
+    calls at the model's own positions; else the mask (by query blocks past their budget)."""
+    from posenc.kernels import counts_triton
+
+    q = torch.empty(1, 2, 16, 4, device="meta")
+    at = posenc.build("cope", head_dim=4).at(*own_positions(16, 16), contiguous=True)
+    monkeypatch.setattr(counts_triton, "offered", lambda q: True)
+    assert forms.score_forms(q, at, True, None, True) == {"counts": forms._counts_form}
+    assert forms.score_forms(q, at, False, None, False) == {"mask": forms._mask_form}
+    monkeypatch.setattr(counts_triton, "offered", lambda q: False)
+    assert forms.score_forms(q, at, True, None, True) == {"mask": forms._mask_form}
+
+
 @pytest.mark.skipif(offset_lookup.extension() is None, reason="no C++ toolchain to build the kernels")
 def test_transformer_xl_is_offered_its_lookups_and_channels_and_never_the_mask():
     """Content-position logits as a mask would keep a (B, H, Tq, Tk) tensor for the backward: where the channels

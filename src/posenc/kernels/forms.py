@@ -4,11 +4,13 @@
   - for weights or value terms a float mask cannot carry, one form or none (then ``attention`` computes as eager
     does): ``sticks`` (stick-breaking's weights inside ``sticks``) and ``band`` (Shaw's terms as a band of
     diagonals, ``band``; on a GPU, once checked there, inside ``lookups_triton``'s tiles);
-  - for score terms, every form that serves is timed: ``counts`` (CoPE inside ``gated_counts``), ``gates`` (FoX's
-    c_i − c_j inside ``offset_bias``), ``table`` (a bias of offsets there too), ``lookups`` (Transformer-XL inside
-    ``offset_lookup``; on a GPU inside ``lookups_triton``'s tiles), ``channels`` (extra q/k channels) and ``mask``
-    (a float mask on SDPA or ``blockwise``); on a GPU ``tiles`` (an offset table, FIRE's segments or FoX's token
-    values inside ``tiles_triton``'s tiles) and ``flex`` (FlexAttention's score_mod).
+  - for score terms, every form that serves is timed: ``counts`` (CoPE inside ``gated_counts``; on a GPU inside
+    ``counts_triton``'s tiles), ``gates`` (FoX's c_i − c_j inside ``offset_bias``), ``table`` (a bias of offsets
+    there too), ``lookups`` (Transformer-XL inside ``offset_lookup``; on a GPU inside ``lookups_triton``'s tiles),
+    ``channels`` (extra q/k channels) and ``mask`` (a float mask on SDPA or ``blockwise``); on a GPU ``tiles`` (an
+    offset table, FIRE's segments or FoX's token values inside ``tiles_triton``'s tiles) and ``flex``
+    (FlexAttention's score_mod). The Triton kernels not yet run on a GPU are offered there only when asked for
+    (``tiles_triton.offered_once_checked``).
 
 A kernel that serves one kind of encoding says what it reads from it as a ``Protocol`` in its own module
 (``gated_counts.GatedCounts``, ``offset_lookup.OffsetLookups``, ``sticks.BreaksSticks``, ``band.Banded``): an
@@ -78,8 +80,8 @@ def score_forms(q, at, causal, mask, plain_causal) -> dict:
 
 
 def gpu_score_forms(q: Tensor, at, causal: bool, mask: Tensor | None, plain_causal: bool) -> dict:
-    """``score_forms`` on a GPU. Where ``LOOKUPS`` serves (Transformer-XL in ``lookups_triton``'s tiles, once
-    checked on a GPU), it beside the channels. Where ``tiles_triton`` serves (a bias of offsets, FIRE's, or FoX's token values at
+    """``score_forms`` on a GPU. Where one of ``GPU_KERNEL_FORMS`` serves (Transformer-XL in ``lookups_triton``'s
+    tiles, CoPE in ``counts_triton``'s, once checked on a GPU), it beside the channels. Where ``tiles_triton`` serves (a bias of offsets, FIRE's, or FoX's token values at
     the model's own positions; no mask), its tiles, beside the q/k channels where they are exact: no form offered
     then builds a (B, H, Tq, Tk) tensor, so timing them cannot run out of memory; a formula not yet checked on a
     GPU (``tiles_triton.CHECKED_ON_GPU``) also gets the float mask (by query blocks past their budget), which the
@@ -90,8 +92,9 @@ def gpu_score_forms(q: Tensor, at, causal: bool, mask: Tensor | None, plain_caus
     H200) and the float mask."""
     encoding, dtype = at.encoding, q.dtype
     forms = {"channels": _channel_form} if at.channels_exact(dtype) else {}
-    if LOOKUPS.serves(q, at, causal, mask, plain_causal):
-        return {"lookups": _lookup_form, **forms}
+    kernels = {f.name: f.run for f in GPU_KERNEL_FORMS if f.serves(q, at, causal, mask, plain_causal)}
+    if kernels:
+        return {**kernels, **forms}
     if mask is None and tiles_serve(q, at, causal):
         formula = offset_formula(at, q.device)
         unchecked = formula is not None and formula.kind not in tiles_triton().CHECKED_ON_GPU
@@ -163,6 +166,9 @@ def _gate_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
 
 def _counts_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
     table, gate_scale = at.counts_table()
+    if triton_counts(q):  # a GPU: the Triton tiles, which read grouped k and v heads as they are
+        return counts_triton().counts_attention(q, k, v, table, scale=scale, gate_scale=gate_scale)
+    k, v = repeat_kv_heads(k, q.shape[1]), repeat_kv_heads(v, q.shape[1])
     return gated_counts.gated_counts_attention(q, k, v, table, scale=scale, gate_scale=gate_scale)
 
 
@@ -225,6 +231,18 @@ def triton_lookups(q: Tensor) -> bool:
     return q.device.type != "cpu" and triton_available() and lookups_triton().offered(q)
 
 
+def triton_counts(q: Tensor) -> bool:
+    """Whether ``counts_triton`` runs CoPE for q: on a GPU, once checked there (``counts_triton.offered``)."""
+    return q.device.type != "cpu" and triton_available() and counts_triton().offered(q)
+
+
+def counts_triton():
+    """The ``counts_triton`` module, imported on first use (Triton is optional)."""
+    from . import counts_triton as module
+
+    return module
+
+
 def lookups_triton():
     """The ``lookups_triton`` module, imported on first use (Triton is optional)."""
     from . import lookups_triton as module
@@ -270,11 +288,16 @@ WHOLE_FORMS = (STICKS, BAND)
 LOOKUPS = Form("lookups", _lookup_form,
                lambda e: e.has_relative_logits and not e.has_bias and isinstance(e, offset_lookup.OffsetLookups),
                lambda q, *call: _own_positions(q, *call) and lookups_serve(q))
+COUNTS = Form("counts", _counts_form,
+              lambda e: e.has_relative_logits and not e.has_bias and isinstance(e, gated_counts.GatedCounts),
+              lambda q, *call: _own_positions(q, *call) and (gated_counts.serves(q) or triton_counts(q)),
+              spares_mask=lambda e: True)
+#: the forms of an encoding's own Triton kernel on a GPU: where one serves, no form that builds a (B, H, Tq, Tk)
+#: tensor is offered beside it
+GPU_KERNEL_FORMS = (LOOKUPS, COUNTS)
 #: the forms of score terms on CPU, in the order ``dispatch`` times them; the mask form comes last unless spared
 CPU_FORMS = (
-    Form("counts", _counts_form,
-         lambda e: e.has_relative_logits and not e.has_bias and isinstance(e, gated_counts.GatedCounts),
-         lambda q, *call: _own_positions(q, *call) and gated_counts.serves(q), spares_mask=lambda e: True),
+    COUNTS,
     Form("gates", _gate_form, lambda e: e.has_token_gates,
          lambda q, *call: _own_positions(q, *call) and offset_bias.serves(q), spares_mask=lambda e: True),
     Form("table", _table_form, lambda e: e.has_bias and not e.has_relative_logits,
