@@ -88,37 +88,42 @@ def _counting(counted, rows, q_len, n_rows):
 
 
 @triton.jit
-def _key_tile(q, per_row, counted, start_n, K, V, s_kt, s_vt, rows, q_pos, q_len, k_len, n_rows, scale_log2,
-              gate_scale, offs_d, offs_dv, offs_p, HEAD_DIM: tl.constexpr, VALUE_DIM: tl.constexpr,
-              BLOCK: tl.constexpr, COUNT: tl.constexpr, DOT: tl.constexpr):
-    """A query tile against the keys from ``start_n``: (keys, k, v, allowed pairs, base-2 logits (−inf where not
-    allowed), and with ``COUNT`` the gates, ⌊p⌋, ⌈p⌉ (int32), p − ⌊p⌋, whether p was below P − 1, and
-    Z[⌈p⌉] − Z[⌊p⌋]). Without ``COUNT`` every pair reads Z[P − 1]."""
+def _key_tile(q, start_n, K, V, s_kt, s_vt, rows, q_pos, q_len, k_len, offs_d, offs_dv, HEAD_DIM: tl.constexpr,
+              VALUE_DIM: tl.constexpr, BLOCK: tl.constexpr, DOT: tl.constexpr):
+    """A query tile against the keys from ``start_n``: (keys, whether within Tk, k (BLOCK, BLOCK_D), v (BLOCK,
+    BLOCK_DV), the pairs that may attend, q·kᵀ (BLOCK, BLOCK) float32)."""
     cols = start_n + tl.arange(0, BLOCK)
     in_keys = cols < k_len
     k_tile = tl.load(K + cols[:, None] * s_kt + offs_d[None, :],
                      mask=in_keys[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
     v_tile = tl.load(V + cols[:, None] * s_vt + offs_dv[None, :],
                      mask=in_keys[:, None] & (offs_dv[None, :] < VALUE_DIM), other=0.0)
-    products = dot(q, tl.trans(k_tile), DOT)
     allowed = (cols[None, :] <= q_pos[:, None]) & in_keys[None, :] & (rows < q_len)[:, None]
-    if COUNT:
-        gates = tl.where(allowed, tl.sigmoid(products * gate_scale), 0.0)
-        counts = counted[:, None] + tl.cumsum(gates, axis=1, reverse=True)
-        below_top = counts < n_rows - 1
-        counts = tl.minimum(counts, n_rows - 1.0)
-        floor = tl.floor(counts)
-        low, high = floor.to(tl.int32), tl.ceil(counts).to(tl.int32)
-        fraction = counts - floor
-        at_low = tl.gather(per_row, low, 1)
-        rise = tl.gather(per_row, high, 1) - at_low
-        position = at_low + fraction * rise
-    else:
-        last = tl.sum(tl.where(offs_p[None, :] == n_rows - 1, per_row, 0.0), 1)  # Z[P − 1]
-        position = last[:, None] + tl.zeros([BLOCK, BLOCK], tl.float32)
-        gates, low, high, fraction, below_top, rise = 0.0, 0, 0, 0.0, False, 0.0
-    s = tl.where(allowed, products * scale_log2 + position * 1.4426950408889634, float("-inf"))
-    return cols, in_keys, k_tile, v_tile, allowed, s, gates, low, high, fraction, below_top, rise
+    return cols, in_keys, k_tile, v_tile, allowed, dot(q, tl.trans(k_tile), DOT)
+
+
+@triton.jit
+def _counted_logits(products, allowed, per_row, counted, n_rows, scale_log2, gate_scale):
+    """A counting tile's base-2 logits (−inf where not allowed), gates, ⌊p⌋ and ⌈p⌉ (int32), p − ⌊p⌋, whether p
+    was below P − 1, and Z[⌈p⌉] − Z[⌊p⌋]."""
+    gates = tl.where(allowed, tl.sigmoid(products * gate_scale), 0.0)
+    counts = counted[:, None] + tl.cumsum(gates, axis=1, reverse=True)
+    below_top = counts < n_rows - 1
+    counts = tl.minimum(counts, n_rows - 1.0)
+    floor = tl.floor(counts)
+    low, high = floor.to(tl.int32), tl.ceil(counts).to(tl.int32)
+    fraction = counts - floor
+    at_low = tl.gather(per_row, low, 1)
+    rise = tl.gather(per_row, high, 1) - at_low
+    s = tl.where(allowed, products * scale_log2 + (at_low + fraction * rise) * 1.4426950408889634, float("-inf"))
+    return s, gates, low, high, fraction, below_top, rise
+
+
+@triton.jit
+def _filled_logits(products, allowed, per_row, offs_p, n_rows, scale_log2):
+    """A tile past the counting: base-2 logits with every pair at Z[P − 1]."""
+    last = tl.sum(tl.where(offs_p[None, :] == n_rows - 1, per_row, 0.0), 1)
+    return tl.where(allowed, products * scale_log2 + last[:, None] * 1.4426950408889634, float("-inf"))
 
 
 @triton.jit
@@ -135,16 +140,15 @@ def _forward(Q, K, V, TABLE, OUT, LSE, s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb,
     acc = tl.zeros([BLOCK, BLOCK_DV], tl.float32)
     counted = tl.zeros([BLOCK], tl.float32)
     for back in range(0, tiles):
-        start_n = (tiles - 1 - back) * BLOCK
+        cols, in_keys, k_tile, v_tile, allowed, products = _key_tile(
+            q, (tiles - 1 - back) * BLOCK, K_, V_, s_kt, s_vt, rows, q_pos, q_len, k_len, offs_d, offs_dv, HEAD_DIM,
+            VALUE_DIM, BLOCK, DOT)
         if _counting(counted, rows, q_len, n_rows):
-            cols, in_keys, k_tile, v_tile, allowed, s, gates, _, _, _, _, _ = _key_tile(
-                q, per_row, counted, start_n, K_, V_, s_kt, s_vt, rows, q_pos, q_len, k_len, n_rows, scale_log2,
-                gate_scale, offs_d, offs_dv, offs_p, HEAD_DIM, VALUE_DIM, BLOCK, True, DOT)
+            s, gates, low, high, fraction, below_top, rise = _counted_logits(products, allowed, per_row, counted,
+                                                                             n_rows, scale_log2, gate_scale)
             counted += tl.sum(gates, 1)
         else:
-            cols, in_keys, k_tile, v_tile, allowed, s, _, _, _, _, _, _ = _key_tile(
-                q, per_row, counted, start_n, K_, V_, s_kt, s_vt, rows, q_pos, q_len, k_len, n_rows, scale_log2,
-                gate_scale, offs_d, offs_dv, offs_p, HEAD_DIM, VALUE_DIM, BLOCK, False, DOT)
+            s = _filled_logits(products, allowed, per_row, offs_p, n_rows, scale_log2)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # padding rows past Tq see no key
         p = tl.math.exp2(s - m_safe[:, None])
@@ -189,9 +193,11 @@ def _backward(Q, K, V, TABLE, DO, LSE, DELTA, DQ, DK, DV, DTABLE, s_qb, s_qh, s_
     total = tl.zeros([BLOCK], tl.float32)
     for back in range(0, tiles):
         if _counting(counted, rows, q_len, n_rows):
-            cols, in_keys, k_tile, v_tile, allowed, s, gates, low, high, fraction, below_top, rise = _key_tile(
-                q, per_row, counted, (tiles - 1 - back) * BLOCK, K_, V_, s_kt, s_vt, rows, q_pos, q_len, k_len,
-                n_rows, scale_log2, gate_scale, offs_d, offs_dv, offs_p, HEAD_DIM, VALUE_DIM, BLOCK, True, DOT)
+            cols, in_keys, k_tile, v_tile, allowed, products = _key_tile(
+                q, (tiles - 1 - back) * BLOCK, K_, V_, s_kt, s_vt, rows, q_pos, q_len, k_len, offs_d, offs_dv,
+                HEAD_DIM, VALUE_DIM, BLOCK, DOT)
+            s, gates, low, high, fraction, below_top, rise = _counted_logits(products, allowed, per_row, counted,
+                                                                             n_rows, scale_log2, gate_scale)
             _, ds = _softmax_grads(s, grad, v_tile, lse, delta, DOT)
             total += tl.sum(tl.where(below_top, ds * rise, 0.0), 1)
             counted += tl.sum(gates, 1)
@@ -201,11 +207,12 @@ def _backward(Q, K, V, TABLE, DO, LSE, DELTA, DQ, DK, DV, DTABLE, s_qb, s_qh, s_
     counted = tl.zeros([BLOCK], tl.float32)
     later = tl.zeros([BLOCK], tl.float32)  # Σ dP over the keys after this tile
     for back in range(0, tiles):
-        start_n = (tiles - 1 - back) * BLOCK
+        cols, in_keys, k_tile, v_tile, allowed, products = _key_tile(
+            q, (tiles - 1 - back) * BLOCK, K_, V_, s_kt, s_vt, rows, q_pos, q_len, k_len, offs_d, offs_dv, HEAD_DIM,
+            VALUE_DIM, BLOCK, DOT)
         if _counting(counted, rows, q_len, n_rows):
-            cols, in_keys, k_tile, v_tile, allowed, s, gates, low, high, fraction, below_top, rise = _key_tile(
-                q, per_row, counted, start_n, K_, V_, s_kt, s_vt, rows, q_pos, q_len, k_len, n_rows, scale_log2,
-                gate_scale, offs_d, offs_dv, offs_p, HEAD_DIM, VALUE_DIM, BLOCK, True, DOT)
+            s, gates, low, high, fraction, below_top, rise = _counted_logits(products, allowed, per_row, counted,
+                                                                             n_rows, scale_log2, gate_scale)
             p, ds = _softmax_grads(s, grad, v_tile, lse, delta, DOT)
             d_count = tl.where(below_top, ds * rise, 0.0)  # dP_ij
             after = later[:, None] + tl.cumsum(d_count, axis=1, reverse=True) - d_count  # Σ_{j > t} dP_ij
@@ -217,10 +224,8 @@ def _backward(Q, K, V, TABLE, DO, LSE, DELTA, DQ, DK, DV, DTABLE, s_qb, s_qh, s_
             later += tl.sum(d_count, 1)
             counted += tl.sum(gates, 1)
         else:
-            cols, in_keys, k_tile, v_tile, allowed, s, _, _, _, _, _, _ = _key_tile(
-                q, per_row, counted, start_n, K_, V_, s_kt, s_vt, rows, q_pos, q_len, k_len, n_rows, scale_log2,
-                gate_scale, offs_d, offs_dv, offs_p, HEAD_DIM, VALUE_DIM, BLOCK, False, DOT)
-            p, ds = _softmax_grads(s, grad, v_tile, lse, delta, DOT)
+            p, ds = _softmax_grads(_filled_logits(products, allowed, per_row, offs_p, n_rows, scale_log2), grad,
+                                   v_tile, lse, delta, DOT)
             d_per_row += tl.where(offs_p[None, :] == n_rows - 1, tl.sum(ds, 1)[:, None], 0.0)
             d_logits = ds * scale
         dq += dot(d_logits.to(k_tile.dtype), k_tile, DOT)
