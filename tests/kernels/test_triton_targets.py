@@ -1,0 +1,44 @@
+"""The Triton kernels not yet run on a GPU compile for one (an H100/H200, sm_90) and fit its shared memory, checked
+on a CPU: ``tests/kernels/triton_targets.py`` records their launches under the interpreter at the GPU's tile sizes,
+then compiles each with Triton's compiler and the ptxas its wheel ships."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (the test extra)")
+
+
+def run(*arguments, interpreted: bool) -> str:
+    env = {**os.environ, "TRITON_DEFAULT_FP_FUSION": "1"}
+    env.pop("TRITON_INTERPRET", None)
+    if interpreted:
+        env["TRITON_INTERPRET"] = "1"
+    result = subprocess.run([sys.executable, "-m", "tests.kernels.triton_targets", *arguments], env=env,
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_every_kernel_not_yet_run_on_a_gpu_compiles_for_sm90_within_its_shared_memory(tmp_path):
+    """Each launch (forward and backward, head widths 64 and 128, bfloat16) compiles to a cubin; its shared memory
+    fits the 227 KiB of a block. Caught before any lend: a branch whose values differed in type (CoPE's forward)
+    and Shaw's backward at 264 KiB over Triton's default three stages."""
+    from posenc.kernels import counts_triton, lookups_triton, sticks_triton
+    from tests.kernels.triton_targets import SHARED_BYTES
+
+    launches = tmp_path / "launches.json"
+    run("record", str(launches), interpreted=True)
+    results = json.loads(run("compile", str(launches), interpreted=False))
+    failures = [(r["name"], r["error"]) for r in results if r["error"]]
+    assert not failures, failures
+    too_big = [(r["name"], r["shared"]) for r in results if r["shared"] > SHARED_BYTES]
+    assert not too_big, too_big
+    expected = {f"{module.__name__.rsplit('.', 1)[-1]}.{name}" for module in (sticks_triton, lookups_triton,
+                                                                            counts_triton)
+                if not module.CHECKED_ON_GPU for name in ("_forward", "_backward")}
+    assert expected <= {r["name"] for r in results}

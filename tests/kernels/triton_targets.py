@@ -1,0 +1,198 @@
+"""Every Triton program of posenc compiled for a GPU target with no GPU present: the launches a set of calls makes
+under the interpreter are recorded (argument types and compile-time constants, at the GPU's own tile sizes), then
+each is compiled to a cubin by Triton's own compiler and ptxas, as the first call on an H100 or H200 would.
+
+The interpreter runs the programs' Python; it cannot show that Triton's compiler accepts them (a branch whose
+values differ in type, a gather in a layout it cannot lower) or that their tiles fit the GPU's shared memory. This
+does, without a lend. Run as ``python -m tests.kernels.triton_targets record FILE`` under TRITON_INTERPRET=1, then
+``python -m tests.kernels.triton_targets compile FILE`` without it (one process cannot do both: the interpreter is
+chosen when Triton is imported).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import sys
+from types import SimpleNamespace
+
+import torch
+
+#: the GPU compiled for: an H100/H200 (compute capability 9.0, 32-thread warps), and its shared memory per block
+TARGET = ("cuda", 90, 32)
+SHARED_BYTES = 232_448
+
+
+class AsIfOnGpu:
+    """A tensor seen by the kernels' size rules as if it sat on a GPU: their tile sizes, warps and product kind."""
+
+    def __init__(self, tensor: torch.Tensor):
+        self._tensor = tensor
+        self.device = SimpleNamespace(type="cuda")
+        self.is_cuda = True
+
+    def __getattr__(self, name):
+        return getattr(self._tensor, name)
+
+
+def gpu_sizes() -> None:
+    """The kernels' size rules answer as on a GPU (the interpreter then runs GPU-sized tiles)."""
+    from posenc.kernels import counts_triton, lookups_triton, sticks_triton, tiles_triton
+
+    def as_if_on_gpu(rule):
+        return lambda q, *rest: rule(AsIfOnGpu(q), *rest)
+
+    for module, name in ((tiles_triton, "_blocks"), (tiles_triton, "product_kind"), (sticks_triton, "_sizes"),
+                         (lookups_triton, "_sizes"), (counts_triton, "_sizes")):
+        setattr(module, name, as_if_on_gpu(getattr(module, name)))
+
+
+def record(path: str, everything: bool = False) -> None:
+    """Runs forward and backward of the Triton entry points in bfloat16 (head widths 64 and 128) and writes each
+    distinct launch: {"module", "name", "signature", "constants", "options"}. Only the kernels not yet run on a GPU
+    (``unchecked``) unless ``everything``."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import mangle_type
+
+    launches = {}
+    run = InterpretedFunction.run
+
+    def recording(self, *args, grid, warmup, **kwargs):
+        fn = self.fn
+        parameters = inspect.signature(fn).parameters
+        bound = dict(zip(parameters, args))
+        options = {key: kwargs.pop(key) for key in ("num_warps", "num_stages") if key in kwargs}
+        bound.update(kwargs)
+        constants = {name: value for name, value in bound.items() if "constexpr" in str(parameters[name].annotation)}
+        signature = {name: "constexpr" if name in constants else mangle_type(value) for name, value in bound.items()}
+        entry = {"module": fn.__module__, "name": fn.__name__, "signature": signature, "constants": constants,
+                 "options": options}
+        launches[json.dumps(entry, sort_keys=True)] = entry
+        return run(self, *args, grid=grid, warmup=warmup, **kwargs, **options)
+
+    InterpretedFunction.run = recording
+    gpu_sizes()
+    for width in (64, 128):
+        for entry in ENTRIES.values() if everything else unchecked():
+            torch.manual_seed(0)
+            entry(width)
+    with open(path, "w") as file:
+        json.dump(list(launches.values()), file)
+
+
+HEADS, LENGTH = 2, 80
+
+
+def _tensors(width: int, kv_heads: int = HEADS) -> list[torch.Tensor]:
+    """q (1, 2, 80, width), k and v (1, kv_heads, 80, width), bfloat16, needing gradients."""
+    return [(torch.randn(1, heads, LENGTH, width) * 0.5).to(torch.bfloat16).requires_grad_()
+            for heads in (HEADS, kv_heads, kv_heads)]
+
+
+def _backward(out: torch.Tensor) -> None:
+    out.float().sum().backward()
+
+
+def _tiles(width: int, kinds: tuple[str, ...] | None = None) -> None:
+    """tiles_triton with each formula of ``kinds`` (all, and a table at explicit positions and bidirectionally, and
+    token values, where None)."""
+    import posenc
+    from posenc.kernels import tiles_triton
+
+    linear = torch.tensor([[-0.5, 0.0], [-0.25, 0.0]], requires_grad=True)
+    kerple = torch.tensor([[1.0, 0.5], [0.5, 1.0]], requires_grad=True)
+    formulas = {"linear": linear, "linear_abs": linear, "kerple_log": kerple, "kerple_power": kerple,
+                "fire": posenc.build("fire", num_heads=HEADS).offset_formula()[1]}
+    for kind in kinds or formulas:
+        formula = tiles_triton.Formula(kind, formulas[kind])
+        _backward(tiles_triton.tiled_attention(*_tensors(width, 1), scale=0.1, formula=formula))
+    if kinds is not None:
+        return
+    table = torch.randn(HEADS, 2 * LENGTH, requires_grad=True)
+    positions = {"q_pos": torch.arange(LENGTH)[None], "k_pos": torch.arange(LENGTH)[None]}
+    _backward(tiles_triton.tiled_attention(*_tensors(width), scale=0.1, table=table, lowest=-LENGTH + 1,
+                                           flat=(-1, LENGTH + 8), causal=False))
+    _backward(tiles_triton.tiled_attention(*_tensors(width), scale=0.1, table=table, lowest=-LENGTH + 1, **positions))
+    gates = torch.randn(1, HEADS, LENGTH, dtype=torch.float64).cumsum(-1).requires_grad_()
+    _backward(tiles_triton.tiled_attention(*_tensors(width), scale=0.1, token_values=gates))
+
+
+def _sticks(width: int) -> None:
+    from posenc.kernels import sticks_triton
+
+    for current in (False, True):
+        _backward(sticks_triton.stick_breaking_attention(*_tensors(width, 1), scale=0.1, attend_current=current))
+
+
+def _lookups(width: int) -> None:
+    """Transformer-XL's table with both shifts, and Shaw's band with value rows."""
+    from posenc.kernels import lookups_triton
+
+    shifts = {"content_shift": torch.randn(HEADS, width), "lookup_shift": torch.randn(HEADS, width)}
+    _backward(lookups_triton.lookup_attention(*_tensors(width, 1), torch.randn(HEADS, LENGTH, width,
+                                                                              requires_grad=True),
+                                              scale=0.1, **shifts))
+    band = [torch.randn(1, 16, width, requires_grad=True) for _ in range(2)]
+    _backward(lookups_triton.lookup_attention(*_tensors(width), band[0], values=band[1], scale=0.1))
+
+
+def _counts(width: int) -> None:
+    from posenc.kernels import counts_triton
+
+    table = torch.randn(64, width, requires_grad=True)
+    _backward(counts_triton.counts_attention(*_tensors(width, 1), table, scale=0.1, gate_scale=width ** -0.5))
+
+
+def _rope(width: int) -> None:
+    from posenc.kernels import rope_triton
+
+    q, k, _ = _tensors(width, 1)
+    cos, sin = torch.randn(1, 1, LENGTH, width // 2), torch.randn(1, 1, LENGTH, width // 2)
+    for layout in ("half", "interleaved"):
+        rotated_q, rotated_k = rope_triton.rope_qk_triton(q, k, cos, sin, cos, sin, layout=layout)
+        (rotated_q.float().sum() + rotated_k.float().sum()).backward()
+        rope_triton.rope_qk_triton_(q.detach().clone(), k.detach().clone(), cos, sin, cos, sin, layout=layout)
+
+
+ENTRIES = {"tiles": _tiles, "sticks": _sticks, "lookups": _lookups, "counts": _counts, "rope": _rope}
+
+
+def unchecked() -> list:
+    """The entries of the kernels (and tile formulas) whose CUDA tests have not yet passed on a GPU."""
+    from posenc.kernels import counts_triton, lookups_triton, sticks_triton, tiles_triton
+
+    entries = [ENTRIES[name] for name, module in (("sticks", sticks_triton), ("lookups", lookups_triton),
+                                                  ("counts", counts_triton)) if not module.CHECKED_ON_GPU]
+    kinds = tuple(kind for kind in tiles_triton.FORMULAS if kind not in tiles_triton.CHECKED_ON_GPU)
+    return entries + ([lambda width: _tiles(width, kinds)] if kinds else [])
+
+
+def compile_all(path: str) -> list[dict]:
+    """Compiles every recorded launch for ``TARGET``; returns {"name", "shared", "warps", "error"} per launch."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    results = []
+    with open(path) as file:
+        launches = json.load(file)
+    for launch in launches:
+        fn = getattr(importlib.import_module(launch["module"]), launch["name"])
+        source = ASTSource(fn=fn, signature=launch["signature"], constexprs=launch["constants"])
+        name = f"{launch['module'].rsplit('.', 1)[-1]}.{launch['name']}"
+        try:
+            compiled = triton.compile(source, target=GPUTarget(*TARGET), options=launch["options"])
+            results.append({"name": name, "shared": compiled.metadata.shared, "error": None, **launch["options"]})
+        except Exception as error:  # noqa: BLE001 — every failure is reported, with its launch
+            results.append({"name": name, "shared": None, "error": f"{type(error).__name__}: {error}"[:2000],
+                            "constants": launch["constants"]})
+    return results
+
+
+if __name__ == "__main__":
+    command, target_file = sys.argv[1], sys.argv[2]
+    if command == "record":
+        record(target_file, everything="--all" in sys.argv[3:])
+    else:
+        print(json.dumps(compile_all(target_file)))
