@@ -99,6 +99,23 @@ def test_bench_times_it(registered):
     assert {row["encoding"] for row in rows} == {"none", NAME} and all(row["ms"] > 0 for row in rows)
 
 
+def test_the_long_table_times_it_in_a_fresh_process(registered):
+    """Each row of ``posenc bench --tables long`` runs in a new process, which registers the encoding again from its
+    class's module; a class no new process can import is an error row that says so."""
+    from posenc.bench.long_context import run_child, timed_encodings
+
+    assert NAME in timed_encodings()
+    row = run_child(NAME, (1, 2, 32, 8), "cpu", "float32", calls=1, timeout=300)
+    assert row.get("ms", 0) > 0, row
+    in_a_script = type("InAScript", (SqrtDecay,), {"__module__": "__main__"})
+    register(Entry("sqrt-decay-script", in_a_script, "score bias", "", ""))
+    try:
+        row = run_child("sqrt-decay-script", (1, 2, 32, 8), "cpu", "float32", calls=1, timeout=300)
+    finally:
+        unregister("sqrt-decay-script")
+    assert "error" in row and "cannot import" in row["error"], row
+
+
 def test_the_tiny_lm_trains_it_as_an_extrapolate_row(registered, tmp_path):
     assert [row.trains for row in parse_rows("all")].count(NAME) == 1 and NAME in one_axis()
     out = tmp_path / "run"

@@ -9,7 +9,8 @@ Contenders per (B, H, T, Dh) shape, in this order: ``sdpa (no positions)`` (``sc
 has no backward pass on CPU, so there they are error rows that say so.
 
 A fresh ``python -m posenc.bench.long_context SPEC`` process measures each row, so an out-of-memory error or a
-broken CUDA context ends that row only; a child that fails, crashes or runs past its timeout leaves an error row
+broken CUDA context ends that row only. An encoding ``register``ed from outside posenc is registered again in the
+child from its class's module and its entry's fields (``registration``), so it is timed like posenc's own; a child that fails, crashes or runs past its timeout leaves an error row
 (``"error"`` instead of ``"ms"``). In the child: random q, k, v (B, H, T, Dh) in the dtype, requires_grad, and one
 fixed random gradient of the output; two warm-up calls (compiles, ``kernels.dispatch``'s first-use timing), then
 ``calls`` timed calls of forward + ``backward``, median ms. ``peak_gib``: CUDA's peak allocated memory during the
@@ -19,6 +20,8 @@ and of the encoding's parameters included); None on CPU, which has no such count
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import json
 import os
 import subprocess
@@ -32,7 +35,7 @@ import torch.nn.functional as F
 
 from ..attention import attention
 from ..encodings import alibi_slopes, build_for_model
-from ..encodings.registry import one_axis
+from ..encodings.registry import ENTRIES, Entry, one_axis, register
 from ..lm.runtime import cpu_model, git_commit
 from .timing import round_robin
 
@@ -118,11 +121,40 @@ def _short(error: BaseException) -> str:
     return f"{type(error).__name__}: {first}"[:ERROR_CHARS]
 
 
+def registration(name: str) -> dict | None:
+    """What a fresh process needs to build an encoding ``register``ed from outside posenc: {"module", "class",
+    "entry": the entry's other fields}; None for posenc's own and for the baseline rows.
+
+    Raises:
+        ValueError: its class cannot be imported by name from a module (defined in a script or in a function).
+    """
+    entry = ENTRIES.get(name)
+    if entry is None or entry.cls.__module__.split(".")[0] == __package__.split(".")[0]:
+        return None
+    module, qualname = entry.cls.__module__, entry.cls.__qualname__
+    if module == "__main__" or "." in qualname:
+        raise ValueError(f"encoding {name!r}: its class {qualname} is defined in {module}, which a fresh process "
+                         f"cannot import; define it at the top level of a module to time it here")
+    fields = {field.name: getattr(entry, field.name) for field in dataclasses.fields(Entry) if field.name != "cls"}
+    return {"module": module, "class": qualname, "entry": fields}
+
+
+def _register_again(spec: dict) -> None:
+    """In the child: import the class of a registered encoding and register it, unless importing did."""
+    found = getattr(importlib.import_module(spec["module"]), spec["class"])
+    if spec["entry"]["name"] not in ENTRIES:
+        register(Entry(cls=found, **spec["entry"]))
+
+
 def main(argv: list[str]) -> int:
-    """The child: measure the contender that the JSON ``argv[0]`` names (``measure``'s arguments), print one JSON
-    line: {"ms", "peak_gib"}, or {"error"}."""
+    """The child: measure the contender that the JSON ``argv[0]`` names (``measure``'s arguments, and
+    ``registration``'s answer), print one JSON line: {"ms", "peak_gib"}, or {"error"}."""
     try:
-        result = measure(**json.loads(argv[0]))
+        spec = json.loads(argv[0])
+        registered = spec.pop("registration", None)
+        if registered is not None:
+            _register_again(registered)
+        result = measure(**spec)
     except Exception as error:  # noqa: BLE001 - any failure is this row's error, and the parent goes on
         result = {"error": _short(error)}
     print(json.dumps(result), flush=True)
@@ -145,7 +177,12 @@ def outcome(returncode: int, stdout: str, stderr: str) -> dict:
 
 def run_child(name: str, shape: tuple[int, ...], device: str, dtype: str, calls: int, timeout: float) -> dict:
     """One contender in a fresh process, killed after ``timeout`` seconds."""
-    spec = json.dumps({"name": name, "shape": list(shape), "device": device, "dtype": dtype, "calls": calls})
+    try:
+        registered = registration(name)
+    except ValueError as error:
+        return {"error": str(error)[:ERROR_CHARS]}
+    spec = json.dumps({"name": name, "shape": list(shape), "device": device, "dtype": dtype, "calls": calls,
+                       **({"registration": registered} if registered else {})})
     root = str(Path(__file__).resolve().parents[2])  # the folder holding this posenc: the children import it
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
            "TQDM_DISABLE": "1"}  # no progress bars in its stderr, whose last line names a crash
@@ -158,8 +195,8 @@ def run_child(name: str, shape: tuple[int, ...], device: str, dtype: str, calls:
 
 
 def timed_encodings() -> tuple[str, ...]:
-    """Every encoding that acts inside attention, FoX among them: the rows this table times. Each row runs in a
-    fresh process, so an encoding ``register``ed in this one is not among those it can build."""
+    """Every encoding that acts inside attention, FoX and any ``register``ed one among them: the rows this table
+    times."""
     return one_axis(in_attention=True)
 
 
