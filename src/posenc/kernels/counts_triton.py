@@ -68,7 +68,8 @@ def _query_tile(Q, TABLE, s_qb, s_qh, s_qt, heads, q_len, k_len, n_rows, HEAD_DI
     (BLOCK, BLOCK_P) float32, the table's rows (BLOCK_P, BLOCK_D) float32, the number of key tiles up to its last
     query's position)."""
     start_m = tl.program_id(0) * BLOCK
-    b, h = tl.program_id(1) // heads, tl.program_id(1) % heads
+    program = tl.program_id(1).to(tl.int64)  # offsets in int64: tensors past 2^31 elements
+    b, h = program // heads, program % heads
     rows = start_m + tl.arange(0, BLOCK)
     offs_d, offs_dv, offs_p = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV), tl.arange(0, BLOCK_P)
     q = tl.load(Q + b * s_qb + h * s_qh + rows[:, None] * s_qt + offs_d[None, :],

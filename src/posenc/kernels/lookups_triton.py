@@ -84,7 +84,8 @@ def _query_tile(Q, SHIFTS, s_qb, s_qh, s_qt, heads, q_len, k_len, HEAD_DIM: tl.c
     """This program's query tile: (b, h, its first row, its rows, their key positions, offs_d, offs_dv, c and l
     (BLOCK, BLOCK_D) in q's dtype, the number of key tiles up to its last query's position)."""
     start_m = tl.program_id(0) * BLOCK
-    b, h = tl.program_id(1) // heads, tl.program_id(1) % heads
+    program = tl.program_id(1).to(tl.int64)  # offsets in int64: tensors past 2^31 elements
+    b, h = program // heads, program % heads
     rows = start_m + tl.arange(0, BLOCK)
     offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
     in_width = offs_d < HEAD_DIM

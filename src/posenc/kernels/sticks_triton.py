@@ -97,7 +97,8 @@ def _query_tile(Q, s_qb, s_qh, s_qt, heads, q_len, k_len, HEAD_DIM: tl.constexpr
     """This program's query tile: (b, h, its rows, their key positions, offs_d, offs_dv, q (BLOCK_M, BLOCK_D), the
     number of key tiles up to its last query's position)."""
     start_m = tl.program_id(0) * BLOCK_M
-    b, h = tl.program_id(1) // heads, tl.program_id(1) % heads
+    program = tl.program_id(1).to(tl.int64)  # offsets in int64: tensors past 2^31 elements
+    b, h = program // heads, program % heads
     rows = start_m + tl.arange(0, BLOCK_M)
     offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
     q = tl.load(Q + b * s_qb + h * s_qh + rows[:, None] * s_qt + offs_d[None, :],
