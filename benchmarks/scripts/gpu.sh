@@ -4,13 +4,12 @@
 # Steps: tests, sweep (the Triton tiles' settings, gpu_tiles_sweep.py), bench-auto, bench-flex, rope, rope-launch,
 # verify, long (the long-context table at (1, 16, 16,384, 64), each row in its own process: gpu-long.json,
 # gpu-long.md), long-batch (the same at (4, 16, 4,096, 64), merged into gpu-long.json); tests-tiles runs only the
-# CUDA tests of the Triton tiles and of the dense paths by query blocks; fire runs FIRE's CUDA tests and its long row
-# alone (its tiles read the MLP as segments since de66bf9); sticks runs stick-breaking's Triton tiles (sticks_triton,
-# offered on a GPU only with POSENC_STICKS_TRITON=1 until checked there) through its CUDA tests and its long row;
-# lookups does the same for Transformer-XL's and Shaw's Triton tiles (lookups_triton, POSENC_LOOKUPS_TRITON=1), counts
-# for CoPE's (counts_triton, POSENC_COUNTS_TRITON=1). The long tables offer every unchecked kernel. Every step
-# together takes more than one call's 10 minutes: name the steps a call has time for (fire sticks lookups counts
-# tests-tiles long fits one).
+# CUDA tests of the Triton tiles and of the dense paths by query blocks; unchecked runs the CUDA tests of the Triton
+# kernels a GPU has not yet run (FIRE's tiles; stick-breaking's, sticks_triton; Transformer-XL's and Shaw's,
+# lookups_triton; CoPE's, counts_triton; offered on a GPU only with POSENC_STICKS_TRITON=1, POSENC_LOOKUPS_TRITON=1,
+# POSENC_COUNTS_TRITON=1 until checked there, which it sets), then their long rows. The long tables offer every
+# unchecked kernel. Every step together takes more than one call's 10 minutes: name the steps a call has time for
+# (unchecked alone, at most 440 s, is the next lend's first call; tests-tiles long its second).
 # 1. tests/test_cuda.py (Triton RoPE, every backend and form forward and backward against float64 on the CPU, forms
 #    timed on the GPU, the tiny LM, posenc pretrained against the CPU); 2. `posenc bench` in bf16 on the auto backend (its
 #    forms timed at first use) for the bias encodings; 3. the same training step with FlexAttention forced; 4. RoPE
@@ -49,24 +48,14 @@ chosen() { [[ " $wanted " == *" $1 "* ]]; }
 chosen tests-tiles && step tests-tiles 140 python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_cuda.py \
     -k "triton_tiles or query_blocks"
 chosen tests && step tests 200 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_cuda.py
-chosen fire && step fire-tests 120 python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_cuda.py -k fire
-chosen fire && step fire-long 60 python3 -m posenc bench --device cuda --dtype bfloat16 --tables long \
-    --long-shapes 1x16x16384x64 --encodings fire --rounds 5 --long-timeout 45 --markdown "$out/fire-long.md"
-chosen sticks && POSENC_STICKS_TRITON=1 step sticks-tests 100 python3 -m pytest -q -p no:cacheprovider -n 8 \
-    tests/test_cuda.py -k stick
-chosen sticks && POSENC_STICKS_TRITON=1 step sticks-long 60 python3 -m posenc bench --device cuda --dtype bfloat16 \
-    --tables long --long-shapes 1x16x16384x64 --encodings stick-breaking --rounds 5 --long-timeout 45 \
-    --markdown "$out/sticks-long.md"
-chosen lookups && POSENC_LOOKUPS_TRITON=1 step lookups-tests 100 python3 -m pytest -q -p no:cacheprovider -n 8 \
-    tests/test_cuda.py -k lookups_in_triton
-chosen lookups && POSENC_LOOKUPS_TRITON=1 step lookups-long 60 python3 -m posenc bench --device cuda \
-    --dtype bfloat16 --tables long --long-shapes 1x16x16384x64 --encodings transformer_xl,shaw --rounds 5 \
-    --long-timeout 45 --markdown "$out/lookups-long.md"
-chosen counts && POSENC_COUNTS_TRITON=1 step counts-tests 100 python3 -m pytest -q -p no:cacheprovider -n 8 \
-    tests/test_cuda.py -k cope_in_triton
-chosen counts && POSENC_COUNTS_TRITON=1 step counts-long 60 python3 -m posenc bench --device cuda --dtype bfloat16 \
-    --tables long --long-shapes 1x16x16384x64 --encodings cope --rounds 5 --long-timeout 45 \
-    --markdown "$out/counts-long.md"
+# the kernels not yet checked on a GPU, offered by their switches: their CUDA tests in one run, then their long rows
+unchecked=(env POSENC_STICKS_TRITON=1 POSENC_LOOKUPS_TRITON=1 POSENC_COUNTS_TRITON=1)
+chosen unchecked && step unchecked-tests 200 "${unchecked[@]}" python3 -m pytest -q -p no:cacheprovider -n 8 \
+    tests/test_cuda.py -k "fire or stick or lookups_in_triton or cope_in_triton"
+chosen unchecked && step unchecked-long 240 "${unchecked[@]}" python3 -m posenc bench --device cuda \
+    --dtype bfloat16 --tables long --long-shapes 1x16x16384x64 --rounds 5 --long-timeout 45 \
+    --encodings fire,stick-breaking,transformer_xl,shaw,cope --long-json "$out/gpu-long-unchecked.json" \
+    --markdown "$out/unchecked-long.md"
 chosen sweep && step sweep 150 python3 benchmarks/scripts/gpu_tiles_sweep.py
 chosen bench-auto && step bench-auto 130 python3 -m posenc bench --device cuda --dtype bfloat16 --tables training,memory,attention \
     --encodings $biases --train-shapes $shapes --lengths 1024,4096 --rounds 10 \
@@ -79,7 +68,7 @@ chosen rope && step rope 40 python3 -m posenc bench --device cuda --dtype bfloat
 chosen rope-launch && step rope-launch 30 python3 benchmarks/scripts/gpu_rope_probe.py
 chosen verify && step verify 70 python3 -m posenc verify --device cuda --json "$out/verify-cuda.json"
 long() {  # long STEP SECONDS SHAPE: one shape's long table, merged into gpu-long.json
-    POSENC_STICKS_TRITON=1 POSENC_LOOKUPS_TRITON=1 POSENC_COUNTS_TRITON=1 step "$1" "$2" python3 -m posenc bench \
+    step "$1" "$2" "${unchecked[@]}" python3 -m posenc bench \
         --device cuda --dtype bfloat16 --tables long --long-shapes "$3" --rounds 5 --long-timeout 45 \
         --long-json "$out/gpu-long.json" --markdown "$out/$1.md"
 }
