@@ -7,14 +7,12 @@ row's count within a tile or two, so the tiles past them run without gates, and 
 """
 
 import importlib.util
-import os
-import subprocess
-import sys
 import textwrap
-from types import SimpleNamespace
 
 import pytest
 import torch
+
+from tests.kernels.interpreted import gpu_tensor, run_interpreted
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (the test extra)")
 
@@ -109,23 +107,13 @@ def test_cope_tiles_equal_float64_values_and_gradients():
     heads, a KV-cache step (Tq < Tk), widths that are no power of two, one token; the gradients of q, k, v and the
     table; float32 to 1e-5 of the reference's largest magnitude, bfloat16 to 3e-2 (the table's gradient to 1.5e-1),
     float16 to 5e-3."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip().endswith("ok"), result.stdout
+    assert run_interpreted(CHECK).strip().endswith("ok")
 
 
 def test_attention_runs_cope_in_the_tiles_where_a_gpu_offers_them(tmp_path):
     """``attention(backend="auto")`` as on a GPU that offers the kernel: CoPE's counts form runs in the tiles, and
     the output and the gradients of q, k, v and the embeddings equal float64 eager to 5e-5."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "POSENC_FORMS_CACHE": str(tmp_path / "forms.json")}
-    result = subprocess.run([sys.executable, "-c", ROUTED], env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip().endswith("ok"), result.stdout
-
-
-def gpu_tensor(dtype=torch.bfloat16):
-    return SimpleNamespace(is_cuda=True, device=torch.device("meta"), dtype=dtype)
+    assert run_interpreted(ROUTED, POSENC_FORMS_CACHE=str(tmp_path / "forms.json")).strip().endswith("ok")
 
 
 def test_a_gpu_is_offered_the_kernel_only_once_checked_there_or_asked(monkeypatch):

@@ -5,12 +5,11 @@ imported, so the check runs in a child process and leaves this one untouched.
 """
 
 import importlib.util
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from tests.kernels.interpreted import run_interpreted
 
 CHECK = textwrap.dedent(
     """
@@ -123,16 +122,11 @@ IN_PLACE = textwrap.dedent(
 )
 
 
-def _run_in_interpreter(check: str) -> str:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 def test_triton_kernel_equals_the_reference_in_the_interpreter():
-    assert "cases 9" in _run_in_interpreter(CHECK)
+    assert "cases 9" in run_interpreted(CHECK)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
@@ -140,4 +134,4 @@ def test_in_place_triton_kernel_rotates_its_inputs_as_the_reference_in_the_inter
     """``rope_qk_triton_`` on q and k views (the model's qkv slices, a KV cache, strided columns): the values of
     ``rotate_pairs`` written into the inputs' own storage, and gradients equal to the reference's and to the
     out-of-place kernel's, in float32, bfloat16 and float64, full and partial rotary, both layouts."""
-    assert "cases 48" in _run_in_interpreter(IN_PLACE)
+    assert "cases 48" in run_interpreted(IN_PLACE)

@@ -6,14 +6,12 @@ so the shapes here (up to 40 keys) cross tiles, the diagonal and ragged edges.
 """
 
 import importlib.util
-import os
-import subprocess
-import sys
 import textwrap
-from types import SimpleNamespace
 
 import pytest
 import torch
+
+from tests.kernels.interpreted import gpu_tensor, run_interpreted
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (the test extra)")
 
@@ -63,14 +61,7 @@ def test_stick_breaking_tiles_equal_float64_values_and_gradients():
     that are no power of two, one token (its only key refused without the current key: zeros, zero gradients);
     float32 to 1e-5 of the reference's largest magnitude, bfloat16 to 3e-2 (1.3e-2 seen), float16 to 5e-3
     (6.7e-4 seen)."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip().endswith("ok"), result.stdout
-
-
-def gpu_tensor(dtype=torch.bfloat16):
-    return SimpleNamespace(is_cuda=True, device=torch.device("meta"), dtype=dtype)
+    assert run_interpreted(CHECK).strip().endswith("ok")
 
 
 def test_a_gpu_is_offered_the_kernel_only_once_checked_there_or_asked(monkeypatch):

@@ -6,12 +6,11 @@ tiles are 16 × 16, so the shapes here (up to 40 tokens) cross tiles, diagonals 
 """
 
 import importlib.util
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from tests.kernels.interpreted import run_interpreted
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (the test extra)")
 
@@ -79,11 +78,7 @@ REFERENCE = textwrap.dedent(
 
 
 def _run(check: str) -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run([sys.executable, "-c", REFERENCE + textwrap.dedent(check)], env=env,
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip().endswith("ok"), result.stdout
+    assert run_interpreted(REFERENCE + textwrap.dedent(check)).strip().endswith("ok")
 
 
 def test_tiles_equal_float64_with_an_offset_table_and_token_values():

@@ -28,7 +28,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .tiles_terms import dot
-from .tiles_triton import DTYPES, LOG2E, last_unit, offered_once_checked, product_kind
+from .tiles_triton import LOG2E, check_own_positions, last_unit, offered_once_checked, product_kind
 
 #: whether a GPU has run this kernel's CUDA tests; until then ``forms`` offers it on a GPU only where
 #: POSENC_COUNTS_TRITON=1 (``benchmarks/scripts/gpu.sh`` sets it)
@@ -51,11 +51,8 @@ def counts_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, *, scale: f
     Returns:
         (B, H, Tq, Dv) in q's dtype; gradients reach q, k, v and the table.
     """
-    batch, heads, q_len, width = q.shape
-    if k.dim() != 4 or k.shape[0] != batch or heads % k.shape[1] or k.shape[2] < q_len or k.shape[3] != width or (
-            v.shape[:3] != k.shape[:3]) or q.dtype not in DTYPES:
-        raise ValueError(f"q (B, H, Tq, Dh), k (B, Hkv, Tk, Dh), v (B, Hkv, Tk, Dv) with Tq <= Tk, H a multiple of "
-                         f"Hkv, in one of {DTYPES}; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)} {q.dtype}")
+    check_own_positions(q, k, v)
+    width = q.shape[-1]
     if table.dim() != 2 or table.shape[0] < 2 or table.shape[1] != width:
         raise ValueError(f"table must be (P >= 2, Dh = {width}), got {tuple(table.shape)}")
     return _CountsAttention.apply(q, k, v, table, float(scale), float(gate_scale))

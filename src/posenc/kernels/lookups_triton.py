@@ -32,7 +32,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .tiles_terms import dot
-from .tiles_triton import DTYPES, LOG2E, last_unit, offered_once_checked, product_kind
+from .tiles_triton import LOG2E, check_own_positions, last_unit, offered_once_checked, product_kind
 
 #: whether a GPU has run this kernel's CUDA tests; until then ``forms`` offers it on a GPU only where
 #: POSENC_LOOKUPS_TRITON=1 (``benchmarks/scripts/gpu.sh`` sets it)
@@ -61,11 +61,8 @@ def lookup_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, *, content_
         (B, H, Tq, Dv) in q's dtype; gradients reach q, k, v and every table and shift given (products in q's
         dtype, accumulated in float32).
     """
-    batch, heads, q_len, width = q.shape
-    if k.dim() != 4 or k.shape[0] != batch or heads % k.shape[1] or k.shape[2] < q_len or k.shape[3] != width or (
-            v.shape[:3] != k.shape[:3]) or q.dtype not in DTYPES:
-        raise ValueError(f"q (B, H, Tq, Dh), k (B, Hkv, Tk, Dh), v (B, Hkv, Tk, Dv) with Tq <= Tk, H a multiple of "
-                         f"Hkv, in one of {DTYPES}; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)} {q.dtype}")
+    check_own_positions(q, k, v)
+    heads, width = q.shape[1], q.shape[-1]
     if table.dim() != 3 or table.shape[0] not in (1, heads) or table.shape[1] < 1 or table.shape[2] != width:
         raise ValueError(f"table must be (H or 1, N >= 1, Dh) = ({heads}, N, {width}), got {tuple(table.shape)}")
     if values is not None and (values.dim() != 3 or values.shape[0] not in (1, heads) or (

@@ -29,7 +29,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .tiles_terms import dot
-from .tiles_triton import DTYPES, last_unit, offered_once_checked, product_kind
+from .tiles_triton import check_own_positions, last_unit, offered_once_checked, product_kind
 #: whether a GPU has run this kernel's CUDA tests; until then ``forms`` offers it on a GPU only where
 #: POSENC_STICKS_TRITON=1 (``benchmarks/scripts/gpu.sh`` sets it), and stick-breaking there computes as eager does
 CHECKED_ON_GPU = False
@@ -51,11 +51,7 @@ def stick_breaking_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, a
     Returns:
         (B, H, Tq, Dv) in q's dtype; a row with no allowed key is zeros.
     """
-    batch, heads, q_len, _ = q.shape
-    if k.dim() != 4 or k.shape[0] != batch or heads % k.shape[1] or k.shape[2] < q_len or (
-            v.shape[:3] != k.shape[:3]) or q.dtype not in DTYPES:
-        raise ValueError(f"q (B, H, Tq, Dh), k (B, Hkv, Tk, Dh), v (B, Hkv, Tk, Dv) with Tq <= Tk, H a multiple of "
-                         f"Hkv, in one of {DTYPES}; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)} {q.dtype}")
+    check_own_positions(q, k, v)
     return _StickBreaking.apply(q, k, v, float(scale), bool(attend_current))
 
 

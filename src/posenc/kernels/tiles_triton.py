@@ -77,6 +77,20 @@ def offered_once_checked(q: Tensor, checked: bool, switch: str) -> bool:
     return serves(q) and (checked or os.environ.get(switch) == "1" or not q.is_cuda)
 
 
+def check_own_positions(q: Tensor, k: Tensor, v: Tensor) -> None:
+    """Refuses, in one line, q, k and v that a kernel at the model's own positions cannot take.
+
+    Raises:
+        ValueError: unless q (B, H, Tq, Dh), k (B, Hkv, Tk, Dh), v (B, Hkv, Tk, Dv) with Tq ≤ Tk, H a multiple of
+            Hkv, in one of ``DTYPES``.
+    """
+    batch, heads, q_len, width = q.shape
+    if k.dim() != 4 or k.shape[0] != batch or heads % k.shape[1] or k.shape[2] < q_len or k.shape[3] != width or (
+            v.shape[:3] != k.shape[:3]) or q.dtype not in DTYPES:
+        raise ValueError(f"q (B, H, Tq, Dh), k (B, Hkv, Tk, Dh), v (B, Hkv, Tk, Dv) with Tq <= Tk, H a multiple of "
+                         f"Hkv, in one of {DTYPES}; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)} {q.dtype}")
+
+
 def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool = True,
                     table: Tensor | None = None, lowest: int = 0, flat: tuple[int, int] | None = None,
                     formula: Formula | None = None, token_values: Tensor | None = None,
