@@ -80,31 +80,21 @@ def score_forms(q, at, causal, mask, plain_causal) -> dict:
 
 
 def gpu_score_forms(q: Tensor, at, causal: bool, mask: Tensor | None, plain_causal: bool) -> dict:
-    """``score_forms`` on a GPU. Where one of ``GPU_KERNEL_FORMS`` serves (Transformer-XL in ``lookups_triton``'s
-    tiles, CoPE in ``counts_triton``'s, once checked on a GPU), it beside the channels. Where ``tiles_triton`` serves (a bias of offsets, FIRE's, or FoX's token values at
-    the model's own positions; no mask), its tiles, beside the q/k channels where they are exact: no form offered
-    then builds a (B, H, Tq, Tk) tensor, so timing them cannot run out of memory; a formula not yet checked on a
-    GPU (``tiles_triton.CHECKED_ON_GPU``) also gets the float mask (by query blocks past their budget), which the
-    timing keeps should the tiles fail. Elsewhere the channels,
-    FlexAttention's compiled score_mod for an offset bias of a full sequence (not for a KV-cache step, whose shape
-    changes every call while the compiled kernel is specialised to shapes; not for a bias that also reads the
-    query's position, whose captured dense bias crashed FlexAttention's compiled backward at 16,384 tokens on an
-    H200) and the float mask."""
-    encoding, dtype = at.encoding, q.dtype
-    forms = {"channels": _channel_form} if at.channels_exact(dtype) else {}
-    kernels = {f.name: f.run for f in GPU_KERNEL_FORMS if f.serves(q, at, causal, mask, plain_causal)}
-    if kernels:
-        return {**kernels, **forms}
-    if mask is None and tiles_serve(q, at, causal):
-        formula = offset_formula(at, q.device)
+    """``score_forms`` on a GPU: the ``GPU_FORMS`` that serve. Where one of ``OWN_TILES`` serves (the encoding's
+    terms inside Triton tiles: Transformer-XL's lookups, CoPE's counts, a bias of offsets, FIRE's or FoX's), it
+    beside the q/k channels where they are exact, and nothing else: no form offered then builds a (B, H, Tq, Tk)
+    tensor, so timing them cannot run out of memory; a tile formula not yet checked on a GPU
+    (``tiles_triton.CHECKED_ON_GPU``) also gets the float mask (by query blocks past their budget), which the
+    timing keeps should the tiles fail. Elsewhere the channels, FlexAttention's score_mod (``FLEX``) and the float
+    mask, unless a form offered spares it."""
+    offered = [form for form in GPU_FORMS if form.serves(q, at, causal, mask, plain_causal)]
+    if any(form in OWN_TILES for form in offered):
+        kept = {form.name: form.run for form in offered if form is not FLEX}
+        formula = offset_formula(at, q.device) if TILES in offered else None
         unchecked = formula is not None and formula.kind not in tiles_triton().CHECKED_ON_GPU
-        return {"tiles": _tiles_form, **forms, **({"mask": _mask_form} if unchecked else {})}
-    if encoding.has_relative_logits and forms:  # the mask form would keep (B, H, Tq, Tk) logits
-        return forms
-    if encoding.has_bias and encoding.bias_from_offset and not encoding.has_relative_logits and (
-            dtype in FLEX_DTYPES and at.q_pos.shape[-1] == at.k_pos.shape[-1]):
-        forms["flex"] = flex_backend
-    return {**forms, "mask": _mask_form}
+        return {**kept, **({"mask": _mask_form} if unchecked else {})}
+    forms = {form.name: form.run for form in offered}
+    return forms if any(form.spares_mask(at.encoding) for form in offered) else {**forms, "mask": _mask_form}
 
 
 def tiles_serve(q: Tensor, at, causal: bool) -> bool:
@@ -292,9 +282,7 @@ COUNTS = Form("counts", _counts_form,
               lambda e: e.has_relative_logits and not e.has_bias and isinstance(e, gated_counts.GatedCounts),
               lambda q, *call: _own_positions(q, *call) and (gated_counts.serves(q) or triton_counts(q)),
               spares_mask=lambda e: True)
-#: the forms of an encoding's own Triton kernel on a GPU: where one serves, no form that builds a (B, H, Tq, Tk)
-#: tensor is offered beside it
-GPU_KERNEL_FORMS = (LOOKUPS, COUNTS)
+
 #: the forms of score terms on CPU, in the order ``dispatch`` times them; the mask form comes last unless spared
 CPU_FORMS = (
     COUNTS,
@@ -307,6 +295,21 @@ CPU_FORMS = (
     Form("channels", _channel_form, lambda e: e.has_score_channels,
          lambda q, at, *rest: at.channels_exact(q.dtype), spares_mask=lambda e: e.has_relative_logits),
 )
+
+
+CHANNELS = next(form for form in CPU_FORMS if form.name == "channels")
+TILES = Form("tiles", _tiles_form,
+             lambda e: e.has_bias and not e.has_relative_logits and not e.has_relative_values,
+             lambda q, at, causal, mask, plain: mask is None and tiles_serve(q, at, causal))
+#: FlexAttention's compiled score_mod for an offset bias of a full sequence: not for a KV-cache step, whose shape
+#: changes every call while the compiled kernel is specialised to shapes; not for a bias that also reads the
+#: query's position, whose captured dense bias crashed FlexAttention's compiled backward at 16,384 tokens on an H200
+FLEX = Form("flex", flex_backend, lambda e: e.has_bias and e.bias_from_offset and not e.has_relative_logits,
+            lambda q, at, *rest: q.dtype in FLEX_DTYPES and at.q_pos.shape[-1] == at.k_pos.shape[-1])
+#: the forms of score terms on a GPU, in the order ``dispatch`` times them (the mask comes last unless spared)
+GPU_FORMS = (LOOKUPS, COUNTS, TILES, CHANNELS, FLEX)
+#: the encoding's own terms inside Triton tiles: where one serves, neither flex nor the mask is offered beside it
+OWN_TILES = (LOOKUPS, COUNTS, TILES)
 
 
 def repeat_kv_heads(x: Tensor, heads: int) -> Tensor:
