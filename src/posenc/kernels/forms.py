@@ -282,6 +282,8 @@ COUNTS = Form("counts", _counts_form,
               lambda e: e.has_relative_logits and not e.has_bias and isinstance(e, gated_counts.GatedCounts),
               lambda q, *call: _own_positions(q, *call) and (gated_counts.serves(q) or triton_counts(q)),
               spares_mask=lambda e: True)
+CHANNELS = Form("channels", _channel_form, lambda e: e.has_score_channels,
+                lambda q, at, *rest: at.channels_exact(q.dtype), spares_mask=lambda e: e.has_relative_logits)
 
 #: the forms of score terms on CPU, in the order ``dispatch`` times them; the mask form comes last unless spared
 CPU_FORMS = (
@@ -292,12 +294,8 @@ CPU_FORMS = (
          lambda q, at, causal, mask, plain: mask is None and offset_bias.serves(q) and (
              at.offset_table(causal, math_dtype(q.dtype)) is not None)),
     LOOKUPS,
-    Form("channels", _channel_form, lambda e: e.has_score_channels,
-         lambda q, at, *rest: at.channels_exact(q.dtype), spares_mask=lambda e: e.has_relative_logits),
+    CHANNELS,
 )
-
-
-CHANNELS = next(form for form in CPU_FORMS if form.name == "channels")
 TILES = Form("tiles", _tiles_form,
              lambda e: e.has_bias and not e.has_relative_logits and not e.has_relative_values,
              lambda q, at, causal, mask, plain: mask is None and tiles_serve(q, at, causal))
