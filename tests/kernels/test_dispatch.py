@@ -5,6 +5,7 @@ the disk entry is stale or the shape new, and can be forced.
 what is remembered after each way of choosing, and what a stand-in's backward differentiates.
 """
 
+import importlib.util
 import json
 
 import pytest
@@ -153,6 +154,21 @@ def test_a_form_that_fails_at_first_use_is_left_out_with_one_warning(fresh, cloc
         raise RuntimeError("first")
     with pytest.raises(RuntimeError, match="first"):
         dispatch.choose("key B", ["table", "mask"], lambda: {"table": broken, "mask": out_of_memory})
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (the test extra)")
+def test_a_form_that_triton_cannot_compile_or_fit_is_left_out_too(fresh, clock):
+    """Triton's resource and compile errors derive from ``TritonError``, not RuntimeError: a Triton form whose tiles
+    do not fit the GPU's shared memory is left out like an out-of-memory one, and the timing goes on."""
+    from triton.runtime.errors import OutOfResources
+
+    contenders, calls = make(clock, {"lookups": 1.0, "channels": 5.0})
+
+    def too_big():
+        raise OutOfResources(270336, 232448, "shared memory")
+    contenders["lookups"] = too_big
+    with pytest.warns(RuntimeWarning, match="failing at first use: lookups: out of resource: shared memory"):
+        assert dispatch.choose("key C", list(contenders), lambda: contenders) == "channels"
 
 
 def test_the_cache_defaults_to_the_users_cache_folder(monkeypatch, tmp_path):

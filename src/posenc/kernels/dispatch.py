@@ -137,6 +137,18 @@ def _same(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def _form_failures() -> tuple[type[BaseException], ...]:
+    """The errors a form may raise at first use and be left out for: torch's (an out-of-memory error is a
+    RuntimeError), a refused shape, and Triton's compile and resource errors (OutOfResources, CompilationError and
+    PTXASError derive from ``TritonError``, not from RuntimeError)."""
+    errors: tuple[type[BaseException], ...] = (RuntimeError, ValueError, NotImplementedError)
+    try:
+        from triton.errors import TritonError
+    except ImportError:
+        return errors
+    return (*errors, TritonError)
+
+
 def time_forms(contenders: dict[str, Callable[[], object]], rounds: int = ROUNDS) -> dict[str, float]:
     """Median milliseconds of each form, one call of each per round, after one warm-up call of each (which compiles
     what compiles); GPU work is waited for inside each timing. A form whose warm-up raises (out of memory, a
@@ -146,7 +158,7 @@ def time_forms(contenders: dict[str, Callable[[], object]], rounds: int = ROUNDS
     for name, run in contenders.items():
         try:
             run()
-        except (RuntimeError, ValueError, NotImplementedError) as error:  # torch.OutOfMemoryError is a RuntimeError
+        except _form_failures() as error:
             failures[name] = error
             _synchronize_quietly()
     if len(failures) == len(contenders):
