@@ -18,6 +18,6 @@ def run_interpreted(script: str, timeout: float = 600, **env: str) -> str:
     return result.stdout
 
 
-def gpu_tensor(dtype: torch.dtype = torch.bfloat16) -> SimpleNamespace:
-    """What the offering rules read of a CUDA tensor."""
-    return SimpleNamespace(is_cuda=True, device=torch.device("meta"), dtype=dtype)
+def gpu_tensor(dtype: torch.dtype = torch.bfloat16, width: int = 64) -> SimpleNamespace:
+    """What the offering rules read of a CUDA tensor (B, H, T, ``width``)."""
+    return SimpleNamespace(is_cuda=True, device=torch.device("meta"), dtype=dtype, shape=(1, 1, 1, width))

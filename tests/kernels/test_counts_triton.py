@@ -74,7 +74,7 @@ ROUTED = textwrap.dedent(
     import posenc
     from posenc.kernels import counts_triton, dispatch, forms
 
-    forms.triton_counts = lambda q: True  # as on a GPU that offers the kernel
+    forms.triton_counts = lambda q, at: True  # as on a GPU that offers the kernel
     calls = []
     kernel = counts_triton.counts_attention
     counts_triton.counts_attention = lambda *a, **kw: calls.append(1) or kernel(*a, **kw)
@@ -116,17 +116,22 @@ def test_attention_runs_cope_in_the_tiles_where_a_gpu_offers_them(tmp_path):
     assert run_interpreted(ROUTED, POSENC_FORMS_CACHE=str(tmp_path / "forms.json")).strip().endswith("ok")
 
 
-def test_a_gpu_is_offered_the_kernel_only_once_checked_there_or_asked(monkeypatch):
+def test_a_gpu_is_offered_the_kernel_only_once_checked_there_or_asked_and_where_its_tiles_fit(monkeypatch):
+    """Offered on a GPU once checked there (or asked for), and only at the head widths and table sizes whose tiles
+    fit an H100's shared memory compiled for sm_90: up to 128 in bf16, 64 in fp32, 128 table rows."""
     from posenc.kernels import counts_triton
 
     monkeypatch.delenv("POSENC_COUNTS_TRITON", raising=False)
     monkeypatch.setattr(counts_triton, "CHECKED_ON_GPU", False)
-    assert not counts_triton.offered(gpu_tensor())
+    assert not counts_triton.offered(gpu_tensor(), 64)
     monkeypatch.setenv("POSENC_COUNTS_TRITON", "1")
-    assert counts_triton.offered(gpu_tensor()) and not counts_triton.offered(gpu_tensor(torch.float64))
+    assert counts_triton.offered(gpu_tensor(), 64) and not counts_triton.offered(gpu_tensor(torch.float64), 64)
+    assert counts_triton.offered(gpu_tensor(width=128), 128) and not counts_triton.offered(gpu_tensor(), 256)
+    assert not counts_triton.offered(gpu_tensor(width=256), 64)
+    assert not counts_triton.offered(gpu_tensor(torch.float32, 128), 64)
     monkeypatch.delenv("POSENC_COUNTS_TRITON")
     monkeypatch.setattr(counts_triton, "CHECKED_ON_GPU", True)
-    assert counts_triton.offered(gpu_tensor())
+    assert counts_triton.offered(gpu_tensor(), 64)
 
 
 def test_the_kernel_refuses_shapes_it_cannot_serve_in_one_line():

@@ -137,6 +137,8 @@ def test_a_gpu_is_offered_the_kernel_only_once_checked_there_or_asked(monkeypatc
     assert not lookups_triton.offered(gpu_tensor())
     monkeypatch.setenv("POSENC_LOOKUPS_TRITON", "1")
     assert lookups_triton.offered(gpu_tensor()) and not lookups_triton.offered(gpu_tensor(torch.float64))
+    assert lookups_triton.offered(gpu_tensor(width=128)) and not lookups_triton.offered(gpu_tensor(width=256))
+    assert not lookups_triton.offered(gpu_tensor(torch.float32, 128))  # its tiles do not fit sm_90's shared memory
     monkeypatch.delenv("POSENC_LOOKUPS_TRITON")
     monkeypatch.setattr(lookups_triton, "CHECKED_ON_GPU", True)
     assert lookups_triton.offered(gpu_tensor())

@@ -40,8 +40,11 @@ CHECKED_ON_GPU = False
 
 
 def offered(q: Tensor) -> bool:
-    """Whether ``forms`` offers this kernel for q (``tiles_triton.offered_once_checked``)."""
-    return offered_once_checked(q, CHECKED_ON_GPU, "POSENC_LOOKUPS_TRITON")
+    """Whether ``forms`` offers this kernel for q (``tiles_triton.offered_once_checked``): only for the
+    head widths whose tiles fit an H100's shared memory when compiled for sm_90 (``tests/kernels/triton_targets``
+    and a review: up to 128 in bf16 and fp16, 64 in fp32; fp32 at 128 and any dtype at 256 did not fit)."""
+    widest = 64 if q.dtype == torch.float32 else 128
+    return q.shape[-1] <= widest and offered_once_checked(q, CHECKED_ON_GPU, "POSENC_LOOKUPS_TRITON")
 
 
 def lookup_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, *, content_shift: Tensor | None = None,
