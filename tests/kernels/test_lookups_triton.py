@@ -44,7 +44,7 @@ CHECK = textwrap.dedent(
                 (2, 2, 1, 37, 37, 8, 8, 40, False, False), (1, 2, 2, 5, 40, 16, 12, 43, False, False),
                 (1, 1, 1, 33, 33, 12, 20, 36, False, False), (1, 1, 1, 1, 1, 4, 4, 4, False, False),
                 (1, 2, 2, 37, 37, 8, 8, 5, True, True), (2, 2, 1, 33, 40, 16, 12, 20, False, True),
-                (1, 1, 1, 50, 50, 8, 8, 1, True, True)):
+                (1, 1, 1, 50, 50, 8, 8, 1, True, True), (1, 1, 1, 40, 40, 8, 8, 18, True, True)):
             q = torch.randn(batch, heads, q_len, width)
             k = torch.randn(batch, kv_heads, k_len, width)
             v = torch.randn(batch, kv_heads, k_len, value_width)
@@ -71,7 +71,7 @@ CHECK = textwrap.dedent(
                 error = float((a.detach().double() - b).abs().max() / b.abs().max().clamp_min(1e-12))
                 assert error < tolerance, (name, error, dtype, tuple(q.shape), tuple(k.shape), rows)
             cases += 1
-    assert cases == 21
+    assert cases == 24
     print("ok")
     """
 )
@@ -116,7 +116,8 @@ ROUTED = textwrap.dedent(
 
 def test_lookup_tiles_equal_float64_values_and_gradients():
     """Transformer-XL's table over every offset with both shifts, and Shaw's band (a few rows, one for every head
-    or one per head, with value rows), so that tiles past the band skip it; grouped-query heads, a KV-cache step
+    or one per head, with value rows), so that tiles past the band skip it (18 rows at 40 tokens puts a tile's least
+    offset at N − 1: the last tile that reads the band); grouped-query heads, a KV-cache step
     (Tq < Tk), head and value widths that are no power of two, one token; the gradients of q, k, v and every table
     and shift; float32 to 1e-5 of the reference's largest magnitude, bfloat16 to 3e-2, float16 to 5e-3."""
     assert run_interpreted(CHECK).strip().endswith("ok")
