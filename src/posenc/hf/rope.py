@@ -12,7 +12,7 @@ import copy
 
 from .. import checks
 from ..encodings.rotary import RoPE
-from ..encodings.scaling import is_per_layer_type, normalize_scaling, rope_frequencies, rotary_dim
+from ..encodings.scaling import SCALINGS, is_per_layer_type, normalize_scaling, rope_frequencies, rotary_dim
 from .loading import check_supported
 
 #: families whose rotation pairs adjacent channels (2c, 2c + 1); the others pair c with c + Dh/2
@@ -22,8 +22,8 @@ INTERLEAVED = ("cohere2", "llama4_text")
 FAMILY_ROPE_TYPES = {"phi3": ("default", "longrope", "ntk")}
 #: the layer type a per-layer-type model rescales by default: its global-attention layers
 GLOBAL_LAYERS = "full_attention"
-# The scaling types whose frequencies depend on the model's pretraining context length.
-NEEDS_ORIGINAL = ("dynamic", "yarn", "longrope", "llama3")
+#: the scaling types whose frequencies depend on the model's pretraining context length
+NEEDS_ORIGINAL = tuple(name for name, s in SCALINGS.items() if "original_max_position_embeddings" in s.required)
 
 
 def head_dim(config) -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ... import storage
 from ...extension.longrope import (default_max_factor, lm_objective, longrope_parameters, method_factors,
-                                   plain_frequencies, seed_candidates)
+                                   SEED_METHODS, plain_frequencies, seed_candidates)
 from ...extension.search import N_HAT_CHOICES, Candidate, SearchConfig, best_loss_per_generation, search
 from ...lm.model import LanguageModel
 from ...lm.runtime import Runtime
@@ -44,7 +44,7 @@ def search_seed(p: Plan, seed: int, runtime: Runtime, log) -> None:
                    p.out / f"search_log-seed{seed}.json", context=context, log=log)
     best = Candidate.from_dict(state["best"])
     without_n_hat = objective([Candidate(best.factors, 0)])[0] if best.n_hat else state["best"]["loss"]
-    seeds = {m: entry["loss"] for m, entry in zip(("pi", "ntk", "yarn"), state["generations"][0]["candidates"])}
+    seeds = {m: entry["loss"] for m, entry in zip(SEED_METHODS, state["generations"][0]["candidates"])}
     wall = sum(g["wall_time_s"] for g in state["generations"])
     evaluated = sum(g["new_evaluations"] for g in state["generations"])
     storage.write_json(summary_path(p, seed), {
@@ -55,7 +55,7 @@ def search_seed(p: Plan, seed: int, runtime: Runtime, log) -> None:
         "wall_time_s": wall, "search_log": f"search_log-seed{seed}.json",
         "rope_parameters": longrope_parameters(best.factors, factor=p.config.factor, original=base.train_length),
         "method_factors": {m: list(method_factors(m, head_dim, p.config.factor, base.train_length))
-                           for m in ("pi", "ntk", "yarn")},
+                           for m in SEED_METHODS},
         "inverse_frequencies": plain_frequencies(head_dim, 10000.0).tolist(),
     })
     log(f"LongRoPE (seed {seed}): best dev loss {state['best']['loss']:.4f} nats (n̂ = {best.n_hat}; n̂ = 0: "
