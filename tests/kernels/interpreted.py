@@ -14,7 +14,7 @@ def run_interpreted(script: str, timeout: float = 600, **env: str) -> str:
     "ok" where the script prints it. Fails the test with the script's stderr when it exits non-zero."""
     result = subprocess.run([sys.executable, "-c", script], env={**os.environ, "TRITON_INTERPRET": "1", **env},
                             capture_output=True, text=True, timeout=timeout)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, f"exit {result.returncode}: {result.stderr[-3000:]}"
     return result.stdout
 
 

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .tiles_terms import dot
+from .tiles_terms import along, dot
 from .tiles_triton import LOG2E, check_own_positions, last_unit, offered_once_checked, product_kind
 
 #: whether a GPU has run this kernel's CUDA tests; until then ``forms`` offers it on a GPU only where
@@ -72,7 +72,7 @@ def _query_tile(Q, TABLE, s_qb, s_qh, s_qt, heads, q_len, k_len, n_rows, HEAD_DI
     b, h = program // heads, program % heads
     rows = start_m + tl.arange(0, BLOCK)
     offs_d, offs_dv, offs_p = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV), tl.arange(0, BLOCK_P)
-    q = tl.load(Q + b * s_qb + h * s_qh + rows[:, None] * s_qt + offs_d[None, :],
+    q = tl.load(Q + b * s_qb + h * s_qh + along(rows, s_qt)[:, None] + offs_d[None, :],
                 mask=(rows < q_len)[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
     table = tl.load(TABLE + offs_p[:, None] * HEAD_DIM + offs_d[None, :],
                     mask=(offs_p[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM), other=0.0)
@@ -95,9 +95,9 @@ def _key_tile(q, start_n, K, V, s_kt, s_vt, rows, q_pos, q_len, k_len, offs_d, o
     BLOCK_DV), the pairs that may attend, q·kᵀ (BLOCK, BLOCK) float32)."""
     cols = start_n + tl.arange(0, BLOCK)
     in_keys = cols < k_len
-    k_tile = tl.load(K + cols[:, None] * s_kt + offs_d[None, :],
+    k_tile = tl.load(K + along(cols, s_kt)[:, None] + offs_d[None, :],
                      mask=in_keys[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    v_tile = tl.load(V + cols[:, None] * s_vt + offs_dv[None, :],
+    v_tile = tl.load(V + along(cols, s_vt)[:, None] + offs_dv[None, :],
                      mask=in_keys[:, None] & (offs_dv[None, :] < VALUE_DIM), other=0.0)
     allowed = (cols[None, :] <= q_pos[:, None]) & in_keys[None, :] & (rows < q_len)[:, None]
     return cols, in_keys, k_tile, v_tile, allowed, dot(q, tl.trans(k_tile), DOT)
@@ -159,9 +159,9 @@ def _forward(Q, K, V, TABLE, OUT, LSE, s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb,
         m_i = m_new
     in_queries = rows < q_len
     out = acc / tl.where(in_queries, sums, 1.0)[:, None]
-    tl.store(OUT + b * s_ob + h * s_oh + rows[:, None] * s_ot + offs_dv[None, :], out.to(OUT.dtype.element_ty),
+    tl.store(OUT + b * s_ob + h * s_oh + along(rows, s_ot)[:, None] + offs_dv[None, :], out.to(OUT.dtype.element_ty),
              mask=in_queries[:, None] & (offs_dv[None, :] < VALUE_DIM))
-    tl.store(LSE + tl.program_id(1) * q_len + rows, m_i + tl.math.log2(tl.where(in_queries, sums, 1.0)),
+    tl.store(LSE + tl.program_id(1).to(tl.int64) * q_len + rows, m_i + tl.math.log2(tl.where(in_queries, sums, 1.0)),
              mask=in_queries)
 
 
@@ -182,10 +182,10 @@ def _backward(Q, K, V, TABLE, DO, LSE, DELTA, DQ, DK, DV, DTABLE, s_qb, s_qh, s_
     b, h, rows, q_pos, offs_d, offs_dv, offs_p, q, per_row, table, tiles = _query_tile(
         Q, TABLE, s_qb, s_qh, s_qt, heads, q_len, k_len, n_rows, HEAD_DIM, BLOCK_D, BLOCK_DV, BLOCK_P, BLOCK)
     in_queries = rows < q_len
-    grad = tl.load(DO + b * s_dob + h * s_doh + rows[:, None] * s_dot + offs_dv[None, :],
+    grad = tl.load(DO + b * s_dob + h * s_doh + along(rows, s_dot)[:, None] + offs_dv[None, :],
                    mask=in_queries[:, None] & (offs_dv[None, :] < VALUE_DIM), other=0.0)
-    lse = tl.load(LSE + tl.program_id(1) * q_len + rows, mask=in_queries, other=float("inf"))
-    delta = tl.load(DELTA + tl.program_id(1) * q_len + rows, mask=in_queries, other=0.0)
+    lse = tl.load(LSE + tl.program_id(1).to(tl.int64) * q_len + rows, mask=in_queries, other=float("inf"))
+    delta = tl.load(DELTA + tl.program_id(1).to(tl.int64) * q_len + rows, mask=in_queries, other=0.0)
     kv_head = h // group
     K_, V_ = K + b * s_kb + kv_head * s_kh, V + b * s_vb + kv_head * s_vh
     DK_, DV_ = DK + b * s_dkb + kv_head * s_dkh, DV + b * s_dvb + kv_head * s_dvh
@@ -231,15 +231,15 @@ def _backward(Q, K, V, TABLE, DO, LSE, DELTA, DQ, DK, DV, DTABLE, s_qb, s_qh, s_
             d_logits = ds * scale
         dq += dot(d_logits.to(k_tile.dtype), k_tile, DOT)
         key_rows = in_keys[:, None]
-        tl.atomic_add(DK_ + cols[:, None] * s_dkt + offs_d[None, :], dot(tl.trans(d_logits.to(q.dtype)), q, DOT),
+        tl.atomic_add(DK_ + along(cols, s_dkt)[:, None] + offs_d[None, :], dot(tl.trans(d_logits.to(q.dtype)), q, DOT),
                       mask=key_rows & (offs_d[None, :] < HEAD_DIM))
-        tl.atomic_add(DV_ + cols[:, None] * s_dvt + offs_dv[None, :], dot(tl.trans(p.to(grad.dtype)), grad, DOT),
+        tl.atomic_add(DV_ + along(cols, s_dvt)[:, None] + offs_dv[None, :], dot(tl.trans(p.to(grad.dtype)), grad, DOT),
                       mask=key_rows & (offs_dv[None, :] < VALUE_DIM))
     dq += tl.dot(d_per_row, table, input_precision="ieee")
     tl.atomic_add(DTABLE + offs_p[:, None] * HEAD_DIM + offs_d[None, :],
                   tl.dot(tl.trans(d_per_row), q.to(tl.float32), input_precision="ieee"),
                   mask=(offs_p[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM))
-    tl.store(DQ + b * s_dqb + h * s_dqh + rows[:, None] * s_dqt + offs_d[None, :], dq.to(DQ.dtype.element_ty),
+    tl.store(DQ + b * s_dqb + h * s_dqh + along(rows, s_dqt)[:, None] + offs_d[None, :], dq.to(DQ.dtype.element_ty),
              mask=in_queries[:, None] & (offs_d[None, :] < HEAD_DIM))
 
 

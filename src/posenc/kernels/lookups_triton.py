@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .tiles_terms import dot
+from .tiles_terms import along, dot
 from .tiles_triton import LOG2E, check_own_positions, last_unit, offered_once_checked, product_kind
 
 #: whether a GPU has run this kernel's CUDA tests; until then ``forms`` offers it on a GPU only where
@@ -89,7 +89,7 @@ def _query_tile(Q, SHIFTS, s_qb, s_qh, s_qt, heads, q_len, k_len, HEAD_DIM: tl.c
     rows = start_m + tl.arange(0, BLOCK)
     offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
     in_width = offs_d < HEAD_DIM
-    q = tl.load(Q + b * s_qb + h * s_qh + rows[:, None] * s_qt + offs_d[None, :],
+    q = tl.load(Q + b * s_qb + h * s_qh + along(rows, s_qt)[:, None] + offs_d[None, :],
                 mask=(rows < q_len)[:, None] & in_width[None, :], other=0.0)
     content_shift = tl.load(SHIFTS + h * HEAD_DIM + offs_d, mask=in_width, other=0.0)
     lookup_shift = tl.load(SHIFTS + (heads + h) * HEAD_DIM + offs_d, mask=in_width, other=0.0)
@@ -156,9 +156,9 @@ def _key_tile(content, lookup, start_n, base, K, V, s_kt, s_vt, TABLE, s_tn, row
     v (BLOCK, BLOCK_DV), the base-2 logits (−inf where not allowed)); ``LOOKUPS``: the tile reads table rows."""
     cols = start_n + tl.arange(0, BLOCK)
     in_keys = cols < k_len
-    k_tile = tl.load(K + cols[:, None] * s_kt + offs_d[None, :],
+    k_tile = tl.load(K + along(cols, s_kt)[:, None] + offs_d[None, :],
                      mask=in_keys[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    v_tile = tl.load(V + cols[:, None] * s_vt + offs_dv[None, :],
+    v_tile = tl.load(V + along(cols, s_vt)[:, None] + offs_dv[None, :],
                      mask=in_keys[:, None] & (offs_dv[None, :] < VALUE_DIM), other=0.0)
     s = dot(content, tl.trans(k_tile), DOT)
     if LOOKUPS:
@@ -219,9 +219,9 @@ def _forward(Q, K, V, TABLE, VALUES, SHIFTS, OUT, LSE, s_qb, s_qh, s_qt, s_kb, s
         HAS_VALUES, DOT)
     in_queries = rows < q_len
     out = acc / tl.where(in_queries, sums, 1.0)[:, None]
-    tl.store(OUT + b * s_ob + h * s_oh + rows[:, None] * s_ot + offs_dv[None, :], out.to(OUT.dtype.element_ty),
+    tl.store(OUT + b * s_ob + h * s_oh + along(rows, s_ot)[:, None] + offs_dv[None, :], out.to(OUT.dtype.element_ty),
              mask=in_queries[:, None] & (offs_dv[None, :] < VALUE_DIM))
-    tl.store(LSE + tl.program_id(1) * q_len + rows, m_i + tl.math.log2(tl.where(in_queries, sums, 1.0)),
+    tl.store(LSE + tl.program_id(1).to(tl.int64) * q_len + rows, m_i + tl.math.log2(tl.where(in_queries, sums, 1.0)),
              mask=in_queries)
 
 
@@ -251,10 +251,10 @@ def _backward_span(d_content, d_lookup, carried, carried_values, content, lookup
         ds = p * (dp - delta[:, None])  # the logits' gradient over scale
         d_content += dot(ds.to(k_tile.dtype), k_tile, DOT)
         key_rows = in_keys[:, None]
-        tl.atomic_add(DK + cols[:, None] * s_dkt + offs_d[None, :],
+        tl.atomic_add(DK + along(cols, s_dkt)[:, None] + offs_d[None, :],
                       dot(tl.trans(ds.to(content.dtype)), content, DOT) * scale,
                       mask=key_rows & (offs_d[None, :] < HEAD_DIM))
-        tl.atomic_add(DV + cols[:, None] * s_dvt + offs_dv[None, :], dot(tl.trans(p.to(grad.dtype)), grad, DOT),
+        tl.atomic_add(DV + along(cols, s_dvt)[:, None] + offs_dv[None, :], dot(tl.trans(p.to(grad.dtype)), grad, DOT),
                       mask=key_rows & (offs_dv[None, :] < VALUE_DIM))
         if LOOKUPS:
             lower = _window_half(TABLE, s_tn, base, offs_d, n_entries, HEAD_DIM, BLOCK).to(lookup.dtype)
@@ -278,10 +278,10 @@ def _backward(Q, K, V, TABLE, VALUES, SHIFTS, DO, LSE, DELTA, DQ, DK, DV, DTABLE
     b, h, start_m, rows, q_pos, offs_d, offs_dv, content, lookup, tiles = _query_tile(
         Q, SHIFTS, s_qb, s_qh, s_qt, heads, q_len, k_len, HEAD_DIM, BLOCK_D, BLOCK_DV, BLOCK)
     in_queries = rows < q_len
-    grad = tl.load(DO + b * s_dob + h * s_doh + rows[:, None] * s_dot + offs_dv[None, :],
+    grad = tl.load(DO + b * s_dob + h * s_doh + along(rows, s_dot)[:, None] + offs_dv[None, :],
                    mask=in_queries[:, None] & (offs_dv[None, :] < VALUE_DIM), other=0.0)
-    lse = tl.load(LSE + tl.program_id(1) * q_len + rows, mask=in_queries, other=float("inf"))
-    delta = tl.load(DELTA + tl.program_id(1) * q_len + rows, mask=in_queries, other=0.0)
+    lse = tl.load(LSE + tl.program_id(1).to(tl.int64) * q_len + rows, mask=in_queries, other=float("inf"))
+    delta = tl.load(DELTA + tl.program_id(1).to(tl.int64) * q_len + rows, mask=in_queries, other=0.0)
     kv_head = h // group
     K_, V_ = K + b * s_kb + kv_head * s_kh, V + b * s_vb + kv_head * s_vh
     DK_, DV_ = DK + b * s_dkb + kv_head * s_dkh, DV + b * s_dvb + kv_head * s_dvh
@@ -308,7 +308,7 @@ def _backward(Q, K, V, TABLE, VALUES, SHIFTS, DO, LSE, DELTA, DQ, DK, DV, DTABLE
     in_width = offs_d < HEAD_DIM
     tl.atomic_add(DSHIFTS + h * HEAD_DIM + offs_d, tl.sum(d_content, 0) * scale, mask=in_width)
     tl.atomic_add(DSHIFTS + (heads + h) * HEAD_DIM + offs_d, tl.sum(d_lookup, 0) * scale, mask=in_width)
-    tl.store(DQ + b * s_dqb + h * s_dqh + rows[:, None] * s_dqt + offs_d[None, :],
+    tl.store(DQ + b * s_dqb + h * s_dqh + along(rows, s_dqt)[:, None] + offs_d[None, :],
              ((d_content + d_lookup) * scale).to(DQ.dtype.element_ty), mask=in_queries[:, None] & in_width[None, :])
 
 

@@ -43,9 +43,10 @@ def _rope_tiles(q, k, q_out, k_out, q_cos, q_sin, k_cos, k_sin,
                 qc_sb, qc_st, kc_sb, kc_st, q_len, k_len, q_heads, k_heads, q_groups, all_groups, sign,
                 PAIRS: tl.constexpr, HEAD_DIM: tl.constexpr, INTERLEAVED: tl.constexpr, HEADS: tl.constexpr,
                 BLOCK_T: tl.constexpr, BLOCK_PAIRS: tl.constexpr, BLOCK_REST: tl.constexpr):
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]  # (BLOCK_T, 1) positions
-    b = (tl.program_id(1) // all_groups).to(tl.int64)
-    group = tl.program_id(1) % all_groups  # query head groups first, then key head groups
+    # (BLOCK_T, 1) positions; every offset in int64: a tensor's rows or heads pass 2^31 elements at 2^20 tokens
+    t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]
+    program = tl.program_id(1).to(tl.int64)
+    b, group = program // all_groups, program % all_groups  # query head groups first, then key head groups
     if group < q_groups:
         length, heads, first = q_len, q_heads, group * HEADS
         src, src_sh = q + b * q_sb + t * q_st, q_sh

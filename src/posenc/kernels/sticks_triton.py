@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .tiles_terms import dot
+from .tiles_terms import along, dot
 from .tiles_triton import check_own_positions, last_unit, offered_once_checked, product_kind
 #: whether a GPU has run this kernel's CUDA tests; until then ``forms`` offers it on a GPU only where
 #: POSENC_STICKS_TRITON=1 (``benchmarks/scripts/gpu.sh`` sets it), and stick-breaking there computes as eager does
@@ -68,9 +68,9 @@ def _key_tile(q, start_n, K, V, s_kt, s_vt, rows, q_pos, q_len, k_len, scale, of
     allowed, log σ(z), log σ(−z) (0 where not allowed))."""
     cols = start_n + tl.arange(0, BLOCK_N)
     in_keys = cols < k_len
-    k_tile = tl.load(K + cols[:, None] * s_kt + offs_d[None, :],
+    k_tile = tl.load(K + along(cols, s_kt)[:, None] + offs_d[None, :],
                      mask=in_keys[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    v_tile = tl.load(V + cols[:, None] * s_vt + offs_dv[None, :],
+    v_tile = tl.load(V + along(cols, s_vt)[:, None] + offs_dv[None, :],
                      mask=in_keys[:, None] & (offs_dv[None, :] < VALUE_DIM), other=0.0)
     z = dot(q, tl.trans(k_tile), DOT) * scale
     earlier = (cols[None, :] <= q_pos[:, None]) if CURRENT else (cols[None, :] < q_pos[:, None])
@@ -97,7 +97,7 @@ def _query_tile(Q, s_qb, s_qh, s_qt, heads, q_len, k_len, HEAD_DIM: tl.constexpr
     b, h = program // heads, program % heads
     rows = start_m + tl.arange(0, BLOCK_M)
     offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
-    q = tl.load(Q + b * s_qb + h * s_qh + rows[:, None] * s_qt + offs_d[None, :],
+    q = tl.load(Q + b * s_qb + h * s_qh + along(rows, s_qt)[:, None] + offs_d[None, :],
                 mask=(rows < q_len)[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
     tiles = tl.cdiv(tl.minimum(start_m + BLOCK_M + (k_len - q_len), k_len), BLOCK_N)
     return b, h, rows, rows + (k_len - q_len), offs_d, offs_dv, q, tiles
@@ -121,7 +121,7 @@ def _forward(Q, K, V, OUT, s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb, s_vh, s_vt,
         weights = _weights(log_take, log_rest, stick, allowed)
         acc += dot(weights.to(v_tile.dtype), v_tile, DOT)
         stick += tl.sum(log_rest, 1)
-    tl.store(OUT + b * s_ob + h * s_oh + rows[:, None] * s_ot + offs_dv[None, :], acc,
+    tl.store(OUT + b * s_ob + h * s_oh + along(rows, s_ot)[:, None] + offs_dv[None, :], acc,
              mask=(rows < q_len)[:, None] & (offs_dv[None, :] < VALUE_DIM))
 
 
@@ -135,9 +135,9 @@ def _backward(Q, K, V, DO, DELTA, DQ, DK, DV, s_qb, s_qh, s_qt, s_kb, s_kh, s_kt
     b, h, rows, q_pos, offs_d, offs_dv, q, tiles = _query_tile(Q, s_qb, s_qh, s_qt, heads, q_len, k_len, HEAD_DIM,
                                                                BLOCK_D, BLOCK_DV, BLOCK_M, BLOCK_N)
     in_queries = rows < q_len
-    grad = tl.load(DO + b * s_dob + h * s_doh + rows[:, None] * s_dot + offs_dv[None, :],
+    grad = tl.load(DO + b * s_dob + h * s_doh + along(rows, s_dot)[:, None] + offs_dv[None, :],
                    mask=in_queries[:, None] & (offs_dv[None, :] < VALUE_DIM), other=0.0)
-    total = tl.load(DELTA + tl.program_id(1) * q_len + rows, mask=in_queries, other=0.0)  # D_i
+    total = tl.load(DELTA + tl.program_id(1).to(tl.int64) * q_len + rows, mask=in_queries, other=0.0)  # D_i
     kv_head = h // group
     K_, V_ = K + b * s_kb + kv_head * s_kh, V + b * s_vb + kv_head * s_vh
     DK_, DV_ = DK + b * s_dkb + kv_head * s_dkh, DV + b * s_dvb + kv_head * s_dvh
@@ -156,13 +156,13 @@ def _backward(Q, K, V, DO, DELTA, DQ, DK, DV, s_qb, s_qh, s_qt, s_kb, s_kh, s_kt
         dz = tl.where(allowed, taken * (1.0 - take) - take * (total[:, None] - from_here), 0.0) * scale
         dq += dot(dz.to(k_tile.dtype), k_tile, DOT)
         key_rows = in_keys[:, None]
-        tl.atomic_add(DK_ + cols[:, None] * s_dkt + offs_d[None, :], dot(tl.trans(dz.to(q.dtype)), q, DOT),
+        tl.atomic_add(DK_ + along(cols, s_dkt)[:, None] + offs_d[None, :], dot(tl.trans(dz.to(q.dtype)), q, DOT),
                       mask=key_rows & (offs_d[None, :] < HEAD_DIM))
-        tl.atomic_add(DV_ + cols[:, None] * s_dvt + offs_dv[None, :],
+        tl.atomic_add(DV_ + along(cols, s_dvt)[:, None] + offs_dv[None, :],
                       dot(tl.trans(weights.to(grad.dtype)), grad, DOT), mask=key_rows & (offs_dv[None, :] < VALUE_DIM))
         stick += tl.sum(log_rest, 1)
         later_taken += tl.sum(taken, 1)
-    tl.store(DQ + b * s_dqb + h * s_dqh + rows[:, None] * s_dqt + offs_d[None, :], dq.to(DQ.dtype.element_ty),
+    tl.store(DQ + b * s_dqb + h * s_dqh + along(rows, s_dqt)[:, None] + offs_d[None, :], dq.to(DQ.dtype.element_ty),
              mask=in_queries[:, None] & (offs_d[None, :] < HEAD_DIM))
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles_terms import add_diagonal_sums, add_fire_grads, dot, parameter_grads, tile_logits
+from .tiles_terms import add_diagonal_sums, add_fire_grads, along, dot, parameter_grads, tile_logits
 
 NATIVE, IEEE, UPCAST = 0, 1, 2  # how ``tiles_terms.dot`` multiplies
 NONE, TABLE, LINEAR, LINEAR_ABS, KERPLE_LOG, KERPLE_POWER, FIRE = 0, 1, 2, 3, 4, 5, 6  # BIAS
@@ -39,8 +39,8 @@ def _key_tile(q, q_pos, q_side, reference, start_n, K, s_kt, KPOS, KVAL, table, 
     their positions, and ``tile_logits``' logits, entries and shared entry)."""
     cols = start_n + tl.arange(0, BLOCK_N)
     in_keys = cols < k_len
-    k_tile = tl.load(K + cols[None, :] * s_kt + offs_d[:, None], mask=in_keys[None, :] & (offs_d[:, None] < HEAD_DIM),
-                     other=0.0)
+    k_tile = tl.load(K + along(cols, s_kt)[None, :] + offs_d[:, None],
+                     mask=in_keys[None, :] & (offs_d[:, None] < HEAD_DIM), other=0.0)
     k_pos = cols if CONTIGUOUS else tl.load(KPOS + cols, mask=in_keys, other=0)
     k_side = (tl.load(KVAL + cols, mask=in_keys, other=0.0) - reference).to(tl.float32) if HAS_TOKENS else 0.0
     s, entry, shared = tile_logits(q, k_tile, q_pos, k_pos, cols, table, params, n_entries, lowest, flat_low,
@@ -65,7 +65,7 @@ def _forward_span(acc, m_i, l_i, q, q_pos, q_side, reference, K, V, s_kt, s_vt, 
         p = tl.math.exp2(s - m_safe[:, None])
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v_tile = tl.load(V + cols[:, None] * s_vt + offs_dv[None, :],
+        v_tile = tl.load(V + along(cols, s_vt)[:, None] + offs_dv[None, :],
                          mask=in_keys[:, None] & (offs_dv[None, :] < VALUE_DIM), other=0.0)
         acc = acc * alpha[:, None] + dot(p.to(v_tile.dtype), v_tile, DOT)
         m_i = m_new
@@ -77,8 +77,8 @@ def _query_program(heads, group, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, B
     """What a program over one query tile of one (batch, head) works on: its first query, batch, head, key/value
     head, query rows and channel offsets."""
     start_m = tl.program_id(0) * BLOCK_M
-    b = tl.program_id(1) // heads
-    h = tl.program_id(1) % heads
+    program = tl.program_id(1).to(tl.int64)  # offsets in int64: tensors past 2^31 elements
+    b, h = program // heads, program % heads
     return start_m, b, h, h // group, start_m + tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
 
 
@@ -88,7 +88,8 @@ def _query_rows(Q, QPOS, QVAL, s_qt, start_m, offs_m, offs_d, q_len, shift, HEAD
     """One query tile's q (BLOCK_M, BLOCK_D), positions, token values relative to the program's float64 reference,
     and the reference. Q, QPOS, QVAL point at this (batch, head)'s rows."""
     in_queries = offs_m < q_len
-    q = tl.load(Q + offs_m[:, None] * s_qt + offs_d[None, :], mask=in_queries[:, None] & (offs_d[None, :] < HEAD_DIM),
+    q = tl.load(Q + along(offs_m, s_qt)[:, None] + offs_d[None, :],
+                mask=in_queries[:, None] & (offs_d[None, :] < HEAD_DIM),
                 other=0.0)
     q_pos = offs_m + shift if CONTIGUOUS else tl.load(QPOS + offs_m, mask=in_queries, other=0)
     reference = tl.load(QVAL + tl.minimum(start_m, q_len - 1)) if HAS_TOKENS else 0.0
@@ -143,10 +144,10 @@ def forward(Q, K, V, OUT, LSE, TABLE, PARAMS, QPOS, KPOS, QVAL, KVAL,
                                   CONTIGUOUS, BIAS, HAS_TOKENS, DOT)
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
-    tl.store(OUT + b * s_ob + h * s_oh + offs_m[:, None] * s_ot + offs_dv[None, :], out.to(OUT.dtype.element_ty),
+    tl.store(OUT + b * s_ob + h * s_oh + along(offs_m, s_ot)[:, None] + offs_dv[None, :], out.to(OUT.dtype.element_ty),
              mask=in_queries[:, None] & (offs_dv[None, :] < VALUE_DIM))
     lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("inf"))  # +inf: every weight 0
-    tl.store(LSE + tl.program_id(1) * q_len + offs_m, lse, mask=in_queries)
+    tl.store(LSE + tl.program_id(1).to(tl.int64) * q_len + offs_m, lse, mask=in_queries)
 
 
 @triton.jit
@@ -162,7 +163,7 @@ def _key_grads_span(dk, dv, d_values, k_tile, v_tile, k_pos, k_side, reference, 
     for start_m in range(start, end, BLOCK_M):
         rows = start_m + tl.arange(0, BLOCK_M)
         in_queries = rows < q_len
-        q = tl.load(Q + rows[:, None] * s_qt + offs_d[None, :],
+        q = tl.load(Q + along(rows, s_qt)[:, None] + offs_d[None, :],
                     mask=in_queries[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
         q_pos = rows + shift if CONTIGUOUS else tl.load(QPOS + rows, mask=in_queries, other=0)
         q_side = (tl.load(QVAL + rows, mask=in_queries, other=0.0) - reference).to(tl.float32) if HAS_TOKENS \
@@ -172,7 +173,7 @@ def _key_grads_span(dk, dv, d_values, k_tile, v_tile, k_pos, k_side, reference, 
                                         BIAS, HAS_TOKENS, DOT)
         lse = tl.load(LSE + rows, mask=in_queries, other=float("inf"))
         p = tl.math.exp2(s - lse[:, None])  # (BLOCK_M, BLOCK_N); 0 where not allowed
-        grad = tl.load(DO + rows[:, None] * s_dot + offs_dv[None, :],
+        grad = tl.load(DO + along(rows, s_dot)[:, None] + offs_dv[None, :],
                        mask=in_queries[:, None] & (offs_dv[None, :] < VALUE_DIM), other=0.0)
         dv += dot(tl.trans(p.to(grad.dtype)), grad, DOT)
         dp = dot(grad, tl.trans(v_tile), DOT)
@@ -196,15 +197,15 @@ def backward_keys(Q, K, V, DO, LSE, DELTA, DK, DV, TABLE, PARAMS, QPOS, KPOS, QV
                   DOT: tl.constexpr):
     """dk and dv of one key tile, summed over the query heads it serves (and −Σ_i ds, the keys' token values')."""
     start_n = tl.program_id(0) * BLOCK_N
-    b = tl.program_id(1) // kv_heads
-    kv_head = tl.program_id(1) % kv_heads
+    program = tl.program_id(1).to(tl.int64)  # offsets in int64: tensors past 2^31 elements
+    b, kv_head = program // kv_heads, program % kv_heads
     cols = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     in_keys = cols < k_len
-    k_tile = tl.load(K + b * s_kb + kv_head * s_kh + cols[:, None] * s_kt + offs_d[None, :],
+    k_tile = tl.load(K + b * s_kb + kv_head * s_kh + along(cols, s_kt)[:, None] + offs_d[None, :],
                      mask=in_keys[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)  # (BLOCK_N, BLOCK_D)
-    v_tile = tl.load(V + b * s_vb + kv_head * s_vh + cols[:, None] * s_vt + offs_dv[None, :],
+    v_tile = tl.load(V + b * s_vb + kv_head * s_vh + along(cols, s_vt)[:, None] + offs_dv[None, :],
                      mask=in_keys[:, None] & (offs_dv[None, :] < VALUE_DIM), other=0.0)  # (BLOCK_N, BLOCK_DV)
     k_pos = cols if CONTIGUOUS else tl.load(KPOS + b * s_kpb + cols, mask=in_keys, other=0)
     first = 0  # query tiles first .. unmasked_start − 1 may hold pairs that may not attend; the rest hold none
@@ -240,9 +241,9 @@ def backward_keys(Q, K, V, DO, LSE, DELTA, DK, DV, TABLE, PARAMS, QPOS, KPOS, QV
             HAS_TOKENS, TOKEN_GRAD, DOT)
         if TOKEN_GRAD:
             tl.store(DKVAL + (b * heads + h) * k_len + cols, d_values, mask=in_keys)
-    tl.store(DK + b * s_dkb + kv_head * s_dkh + cols[:, None] * s_dkt + offs_d[None, :],
+    tl.store(DK + b * s_dkb + kv_head * s_dkh + along(cols, s_dkt)[:, None] + offs_d[None, :],
              (dk * scale).to(DK.dtype.element_ty), mask=in_keys[:, None] & (offs_d[None, :] < HEAD_DIM))
-    tl.store(DV + b * s_dvb + kv_head * s_dvh + cols[:, None] * s_dvt + offs_dv[None, :],
+    tl.store(DV + b * s_dvb + kv_head * s_dvh + along(cols, s_dvt)[:, None] + offs_dv[None, :],
              dv.to(DV.dtype.element_ty), mask=in_keys[:, None] & (offs_dv[None, :] < VALUE_DIM))
 
 
@@ -262,7 +263,7 @@ def _query_grads_span(dq, d_values, low_rows, high_rows, first_rows, second_rows
         cols, in_keys, k_tile, k_pos, s, entry, shared = _key_tile(
             q, q_pos, q_side, reference, start_n, K, s_kt, KPOS, KVAL, table, params, n_entries, lowest, flat_low,
             flat_high, k_len, scale_log2, offs_d, HEAD_DIM, BLOCK, CAUSAL, MASKED, CONTIGUOUS, BIAS, HAS_TOKENS, DOT)
-        v_tile = tl.load(V + cols[None, :] * s_vt + offs_dv[:, None],
+        v_tile = tl.load(V + along(cols, s_vt)[None, :] + offs_dv[:, None],
                          mask=in_keys[None, :] & (offs_dv[:, None] < VALUE_DIM), other=0.0)  # (BLOCK_DV, BLOCK)
         p = tl.math.exp2(s - lse[:, None])
         dp = dot(grad, v_tile, DOT)
@@ -306,7 +307,7 @@ def backward_queries(Q, K, V, DO, LSE, DELTA, DQ, TABLE, DTABLE, PARAMS, DPARAMS
     q, q_pos, q_side, reference = _query_rows(Q + b * s_qb + h * s_qh, QPOS + b * s_qpb, QVAL + b * s_qvb + h * s_qvh,
                                               s_qt, start_m, rows, offs_d, q_len, shift, HEAD_DIM, CONTIGUOUS,
                                               HAS_TOKENS)
-    grad = tl.load(DO + b * s_dob + h * s_doh + rows[:, None] * s_dot + offs_dv[None, :],
+    grad = tl.load(DO + b * s_dob + h * s_doh + along(rows, s_dot)[:, None] + offs_dv[None, :],
                    mask=in_queries[:, None] & (offs_dv[None, :] < VALUE_DIM), other=0.0)
     row = (b * heads + h) * q_len + rows
     lse = tl.load(LSE + row, mask=in_queries, other=float("inf"))
@@ -331,7 +332,7 @@ def backward_queries(Q, K, V, DO, LSE, DELTA, DQ, TABLE, DTABLE, PARAMS, DPARAMS
         KVAL_, s_kt, s_vt, TABLE_, DTABLE_, PARAMS_, n_entries, lowest, flat_low, flat_high, k_len, shift, start_m,
         scale_log2, unmasked_end, end, offs_d, offs_dv, HEAD_DIM, VALUE_DIM, BLOCK, CAUSAL, True, CONTIGUOUS, BIAS,
         TABLE_GRAD, PARAM_GRAD, HAS_TOKENS, TOKEN_GRAD, DOT)
-    tl.store(DQ + b * s_dqb + h * s_dqh + rows[:, None] * s_dqt + offs_d[None, :],
+    tl.store(DQ + b * s_dqb + h * s_dqh + along(rows, s_dqt)[:, None] + offs_d[None, :],
              (dq * scale).to(DQ.dtype.element_ty), mask=in_queries[:, None] & (offs_d[None, :] < HEAD_DIM))
     if TOKEN_GRAD:
         tl.store(DQVAL + row, d_values, mask=in_queries)

@@ -1,12 +1,20 @@
 """What one tile of ``tiles_jit``'s programs adds for the position terms: its base-2 logits with the bias and token
 values (``tile_logits``), and the pieces of their gradients (diagonal sums of a table, sums against the formulas'
-derivatives). The bias kinds (BIAS) and product modes (DOT) are ``tiles_jit``'s.
+derivatives); and what every tile kernel shares: its products (``dot``) and int64 row offsets (``along``). The bias
+kinds (BIAS) and product modes (DOT) are ``tiles_jit``'s.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def along(index, stride):
+    """Element offsets index·stride in int64: a token-major (B, T, H, Dh) tensor's rows pass 2^31 elements once
+    T·H·Dh does (2^20 tokens of 32 heads of 64), where int32 products would wrap."""
+    return index.to(tl.int64) * stride
 
 
 @triton.jit
