@@ -116,6 +116,25 @@ def test_the_long_table_times_it_in_a_fresh_process(registered):
     assert "error" in row and "cannot import" in row["error"], row
 
 
+def test_the_long_table_imports_it_from_where_the_parent_did(tmp_path, monkeypatch):
+    """A class in a module only the parent's import path names (the folder of the script that registered it) is
+    found by the child too."""
+    from posenc.bench.long_context import run_child
+
+    (tmp_path / "elsewhere_encoding.py").write_text(
+        "from tests.encodings.test_adding_an_encoding import SqrtDecay\n\n\n"
+        "class Elsewhere(SqrtDecay):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from elsewhere_encoding import Elsewhere
+
+    register(Entry("sqrt-decay-elsewhere", Elsewhere, "score bias", "", ""))
+    try:
+        row = run_child("sqrt-decay-elsewhere", (1, 2, 32, 8), "cpu", "float32", calls=1, timeout=300)
+    finally:
+        unregister("sqrt-decay-elsewhere")
+    assert row.get("ms", 0) > 0, row
+
+
 def test_the_tiny_lm_trains_it_as_an_extrapolate_row(registered, tmp_path):
     assert [row.trains for row in parse_rows("all")].count(NAME) == 1 and NAME in one_axis()
     out = tmp_path / "run"

@@ -183,8 +183,10 @@ def run_child(name: str, shape: tuple[int, ...], device: str, dtype: str, calls:
         return {"error": str(error)[:ERROR_CHARS]}
     spec = json.dumps({"name": name, "shape": list(shape), "device": device, "dtype": dtype, "calls": calls,
                        **({"registration": registered} if registered else {})})
-    root = str(Path(__file__).resolve().parents[2])  # the folder holding this posenc: the children import it
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+    # the folder holding this posenc, then every folder the parent imports from (a registered encoding's module may
+    # sit beside the script that registered it): the child imports what the parent does
+    paths = [str(Path(__file__).resolve().parents[2]), *sys.path, os.environ.get("PYTHONPATH")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(filter(None, paths))),
            "TQDM_DISABLE": "1"}  # no progress bars in its stderr, whose last line names a crash
     try:  # killed on a timeout or an interrupt; torch.compile's workers end with it
         child = subprocess.run([sys.executable, "-m", "posenc.bench.long_context", spec], capture_output=True,
