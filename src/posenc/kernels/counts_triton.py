@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .tiles_terms import along, dot
+from .tiles_terms import along, dot, program_tile
 from .tiles_triton import LOG2E, check_own_positions, last_unit, offered_once_checked, product_kind
 
 #: whether a GPU has run this kernel's CUDA tests; until then ``forms`` offers it on a GPU only where
@@ -67,9 +67,7 @@ def _query_tile(Q, TABLE, s_qb, s_qh, s_qt, heads, q_len, k_len, n_rows, HEAD_DI
     """This program's query tile: (b, h, its rows, their key positions, offs_d, offs_dv, q (BLOCK, BLOCK_D), Z
     (BLOCK, BLOCK_P) float32, the table's rows (BLOCK_P, BLOCK_D) float32, the number of key tiles up to its last
     query's position)."""
-    start_m = tl.program_id(0) * BLOCK
-    program = tl.program_id(1).to(tl.int64)  # offsets in int64: tensors past 2^31 elements
-    b, h = program // heads, program % heads
+    start_m, b, h = program_tile(q_len, BLOCK)
     rows = start_m + tl.arange(0, BLOCK)
     offs_d, offs_dv, offs_p = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV), tl.arange(0, BLOCK_P)
     q = tl.load(Q + b * s_qb + h * s_qh + along(rows, s_qt)[:, None] + offs_d[None, :],
@@ -161,7 +159,7 @@ def _forward(Q, K, V, TABLE, OUT, LSE, s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb,
     out = acc / tl.where(in_queries, sums, 1.0)[:, None]
     tl.store(OUT + b * s_ob + h * s_oh + along(rows, s_ot)[:, None] + offs_dv[None, :], out.to(OUT.dtype.element_ty),
              mask=in_queries[:, None] & (offs_dv[None, :] < VALUE_DIM))
-    tl.store(LSE + tl.program_id(1).to(tl.int64) * q_len + rows, m_i + tl.math.log2(tl.where(in_queries, sums, 1.0)),
+    tl.store(LSE + (b * heads + h) * q_len + rows, m_i + tl.math.log2(tl.where(in_queries, sums, 1.0)),
              mask=in_queries)
 
 
@@ -184,8 +182,8 @@ def _backward(Q, K, V, TABLE, DO, LSE, DELTA, DQ, DK, DV, DTABLE, s_qb, s_qh, s_
     in_queries = rows < q_len
     grad = tl.load(DO + b * s_dob + h * s_doh + along(rows, s_dot)[:, None] + offs_dv[None, :],
                    mask=in_queries[:, None] & (offs_dv[None, :] < VALUE_DIM), other=0.0)
-    lse = tl.load(LSE + tl.program_id(1).to(tl.int64) * q_len + rows, mask=in_queries, other=float("inf"))
-    delta = tl.load(DELTA + tl.program_id(1).to(tl.int64) * q_len + rows, mask=in_queries, other=0.0)
+    lse = tl.load(LSE + (b * heads + h) * q_len + rows, mask=in_queries, other=float("inf"))
+    delta = tl.load(DELTA + (b * heads + h) * q_len + rows, mask=in_queries, other=0.0)
     kv_head = h // group
     K_, V_ = K + b * s_kb + kv_head * s_kh, V + b * s_vb + kv_head * s_vh
     DK_, DV_ = DK + b * s_dkb + kv_head * s_dkh, DV + b * s_dvb + kv_head * s_dvh
@@ -261,7 +259,7 @@ class _CountsAttention(torch.autograd.Function):
         out = q.new_empty(batch, q_len, heads, v.shape[-1], dtype=torch.float32).transpose(1, 2)
         lse = torch.empty(batch * heads, q_len, device=q.device, dtype=torch.float32)
         sizes = _sizes(q, v, table_.shape[0])
-        _forward[(triton.cdiv(q_len, sizes["BLOCK"]), batch * heads)](
+        _forward[(triton.cdiv(q_len, sizes["BLOCK"]) * batch, heads)](
             q, k, v, table_, out, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], heads,
             heads // k.shape[1], q_len, k.shape[2], table_.shape[0], scale * LOG2E, gate_scale, **sizes)
         ctx.save_for_backward(q, k, v, table_, out, lse)
@@ -279,7 +277,7 @@ class _CountsAttention(torch.autograd.Function):
         dk, dv = (torch.zeros(x.shape, device=x.device, dtype=torch.float32) for x in (k, v))
         d_table = torch.zeros_like(table)
         sizes = _sizes(q, v, table.shape[0])
-        _backward[(triton.cdiv(q_len, sizes["BLOCK"]), batch * heads)](
+        _backward[(triton.cdiv(q_len, sizes["BLOCK"]) * batch, heads)](
             q, k, v, table, grad_out, lse, delta, dq, dk, dv, d_table, *q.stride()[:3], *k.stride()[:3],
             *v.stride()[:3], *grad_out.stride()[:3], *dq.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], heads,
             heads // k.shape[1], q_len, k.shape[2], table.shape[0], scale, scale * LOG2E, gate_scale, **sizes)

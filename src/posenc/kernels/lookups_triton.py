@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .tiles_terms import along, dot
+from .tiles_terms import along, dot, program_tile
 from .tiles_triton import LOG2E, check_own_positions, last_unit, offered_once_checked, product_kind
 
 #: whether a GPU has run this kernel's CUDA tests; until then ``forms`` offers it on a GPU only where
@@ -83,9 +83,7 @@ def _query_tile(Q, SHIFTS, s_qb, s_qh, s_qt, heads, q_len, k_len, HEAD_DIM: tl.c
                 BLOCK_DV: tl.constexpr, BLOCK: tl.constexpr):
     """This program's query tile: (b, h, its first row, its rows, their key positions, offs_d, offs_dv, c and l
     (BLOCK, BLOCK_D) in q's dtype, the number of key tiles up to its last query's position)."""
-    start_m = tl.program_id(0) * BLOCK
-    program = tl.program_id(1).to(tl.int64)  # offsets in int64: tensors past 2^31 elements
-    b, h = program // heads, program % heads
+    start_m, b, h = program_tile(q_len, BLOCK)
     rows = start_m + tl.arange(0, BLOCK)
     offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
     in_width = offs_d < HEAD_DIM
@@ -221,7 +219,7 @@ def _forward(Q, K, V, TABLE, VALUES, SHIFTS, OUT, LSE, s_qb, s_qh, s_qt, s_kb, s
     out = acc / tl.where(in_queries, sums, 1.0)[:, None]
     tl.store(OUT + b * s_ob + h * s_oh + along(rows, s_ot)[:, None] + offs_dv[None, :], out.to(OUT.dtype.element_ty),
              mask=in_queries[:, None] & (offs_dv[None, :] < VALUE_DIM))
-    tl.store(LSE + tl.program_id(1).to(tl.int64) * q_len + rows, m_i + tl.math.log2(tl.where(in_queries, sums, 1.0)),
+    tl.store(LSE + (b * heads + h) * q_len + rows, m_i + tl.math.log2(tl.where(in_queries, sums, 1.0)),
              mask=in_queries)
 
 
@@ -280,8 +278,8 @@ def _backward(Q, K, V, TABLE, VALUES, SHIFTS, DO, LSE, DELTA, DQ, DK, DV, DTABLE
     in_queries = rows < q_len
     grad = tl.load(DO + b * s_dob + h * s_doh + along(rows, s_dot)[:, None] + offs_dv[None, :],
                    mask=in_queries[:, None] & (offs_dv[None, :] < VALUE_DIM), other=0.0)
-    lse = tl.load(LSE + tl.program_id(1).to(tl.int64) * q_len + rows, mask=in_queries, other=float("inf"))
-    delta = tl.load(DELTA + tl.program_id(1).to(tl.int64) * q_len + rows, mask=in_queries, other=0.0)
+    lse = tl.load(LSE + (b * heads + h) * q_len + rows, mask=in_queries, other=float("inf"))
+    delta = tl.load(DELTA + (b * heads + h) * q_len + rows, mask=in_queries, other=0.0)
     kv_head = h // group
     K_, V_ = K + b * s_kb + kv_head * s_kh, V + b * s_vb + kv_head * s_vh
     DK_, DV_ = DK + b * s_dkb + kv_head * s_dkh, DV + b * s_dvb + kv_head * s_dvh
@@ -345,7 +343,7 @@ class _LookupAttention(torch.autograd.Function):
         out = q.new_empty(batch, q_len, heads, v.shape[-1]).transpose(1, 2)  # token-major, as SDPA returns it
         lse = torch.empty(batch * heads, q_len, device=q.device, dtype=torch.float32)
         sizes = _sizes(q, v, has_values)
-        _forward[(triton.cdiv(q_len, sizes["BLOCK"]), batch * heads)](
+        _forward[(triton.cdiv(q_len, sizes["BLOCK"]) * batch, heads)](
             q, k, v, table_, values_, shifts, out, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
             *_rows(table_), *_rows(values_), *out.stride()[:3], heads, heads // k.shape[1], q_len, k.shape[2],
             table_.shape[1], scale * LOG2E, **sizes)
@@ -364,7 +362,7 @@ class _LookupAttention(torch.autograd.Function):
         dk, dv = (torch.zeros(x.shape, device=x.device, dtype=torch.float32) for x in (k, v))
         d_table, d_values, d_shifts = torch.zeros_like(table), torch.zeros_like(values), torch.zeros_like(shifts)
         sizes = _sizes(q, v, ctx.has_values)
-        _backward[(triton.cdiv(q_len, sizes["BLOCK"]), batch * heads)](
+        _backward[(triton.cdiv(q_len, sizes["BLOCK"]) * batch, heads)](
             q, k, v, table, values, shifts, grad_out, lse, delta, dq, dk, dv, d_table, d_values, d_shifts,
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *_rows(table), *_rows(values), *grad_out.stride()[:3],
             *dq.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], heads, heads // k.shape[1], q_len, k.shape[2],

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .tiles_terms import along, dot
+from .tiles_terms import along, dot, program_tile
 from .tiles_triton import check_own_positions, last_unit, offered_once_checked, product_kind
 #: whether a GPU has run this kernel's CUDA tests; until then ``forms`` offers it on a GPU only where
 #: POSENC_STICKS_TRITON=1 (``benchmarks/scripts/gpu.sh`` sets it), and stick-breaking there computes as eager does
@@ -92,9 +92,7 @@ def _query_tile(Q, s_qb, s_qh, s_qt, heads, q_len, k_len, HEAD_DIM: tl.constexpr
                 BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """This program's query tile: (b, h, its rows, their key positions, offs_d, offs_dv, q (BLOCK_M, BLOCK_D), the
     number of key tiles up to its last query's position)."""
-    start_m = tl.program_id(0) * BLOCK_M
-    program = tl.program_id(1).to(tl.int64)  # offsets in int64: tensors past 2^31 elements
-    b, h = program // heads, program % heads
+    start_m, b, h = program_tile(q_len, BLOCK_M)
     rows = start_m + tl.arange(0, BLOCK_M)
     offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
     q = tl.load(Q + b * s_qb + h * s_qh + along(rows, s_qt)[:, None] + offs_d[None, :],
@@ -137,7 +135,7 @@ def _backward(Q, K, V, DO, DELTA, DQ, DK, DV, s_qb, s_qh, s_qt, s_kb, s_kh, s_kt
     in_queries = rows < q_len
     grad = tl.load(DO + b * s_dob + h * s_doh + along(rows, s_dot)[:, None] + offs_dv[None, :],
                    mask=in_queries[:, None] & (offs_dv[None, :] < VALUE_DIM), other=0.0)
-    total = tl.load(DELTA + tl.program_id(1).to(tl.int64) * q_len + rows, mask=in_queries, other=0.0)  # D_i
+    total = tl.load(DELTA + (b * heads + h) * q_len + rows, mask=in_queries, other=0.0)  # D_i
     kv_head = h // group
     K_, V_ = K + b * s_kb + kv_head * s_kh, V + b * s_vb + kv_head * s_vh
     DK_, DV_ = DK + b * s_dkb + kv_head * s_dkh, DV + b * s_dvb + kv_head * s_dvh
@@ -186,7 +184,7 @@ class _StickBreaking(torch.autograd.Function):
         batch, heads, q_len, _ = q.shape
         out = torch.empty(batch, heads, q_len, v.shape[-1], device=q.device, dtype=torch.float32)
         sizes = _sizes(q, k, v, attend_current)
-        _forward[(triton.cdiv(q_len, sizes["BLOCK_M"]), batch * heads)](
+        _forward[(triton.cdiv(q_len, sizes["BLOCK_M"]) * batch, heads)](
             q, k, v, out, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], heads,
             heads // k.shape[1], q_len, k.shape[2], scale, **sizes)
         ctx.save_for_backward(q, k, v, out)
@@ -203,7 +201,7 @@ class _StickBreaking(torch.autograd.Function):
         dk = torch.zeros(k.shape, device=k.device, dtype=torch.float32)
         dv = torch.zeros(v.shape, device=v.device, dtype=torch.float32)
         sizes = _sizes(q, k, v, ctx.attend_current)
-        _backward[(triton.cdiv(q_len, sizes["BLOCK_M"]), batch * heads)](
+        _backward[(triton.cdiv(q_len, sizes["BLOCK_M"]) * batch, heads)](
             q, k, v, grad_out, total, dq, dk, dv, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
             *grad_out.stride()[:3], *dq.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], heads,
             heads // k.shape[1], q_len, k.shape[2], ctx.scale, **sizes)

@@ -1,7 +1,7 @@
 """What one tile of ``tiles_jit``'s programs adds for the position terms: its base-2 logits with the bias and token
 values (``tile_logits``), and the pieces of their gradients (diagonal sums of a table, sums against the formulas'
-derivatives); and what every tile kernel shares: its products (``dot``) and int64 row offsets (``along``). The bias
-kinds (BIAS) and product modes (DOT) are ``tiles_jit``'s.
+derivatives); and what every tile kernel shares: its products (``dot``), its place in the grid (``program_tile``)
+and int64 row offsets (``along``). The bias kinds (BIAS) and product modes (DOT) are ``tiles_jit``'s.
 """
 
 from __future__ import annotations
@@ -15,6 +15,17 @@ def along(index, stride):
     """Element offsets index·stride in int64: a token-major (B, T, H, Dh) tensor's rows pass 2^31 elements once
     T·H·Dh does (2^20 tokens of 32 heads of 64), where int32 products would wrap."""
     return index.to(tl.int64) * stride
+
+
+@triton.jit
+def program_tile(length, BLOCK: tl.constexpr):
+    """This program's first row of its tile of ``length`` rows (tiles of BLOCK), its batch row and its head (these
+    two in int64, for offsets). The grid's first axis runs over each batch row's tiles in turn (up to 2^31 − 1
+    programs), its second over the heads: CUDA caps the second and third axes at 65,535, which the batch rows of
+    many short sequences would pass."""
+    tiles = tl.cdiv(length, BLOCK)
+    program = tl.program_id(0)
+    return program % tiles * BLOCK, (program // tiles).to(tl.int64), tl.program_id(1).to(tl.int64)
 
 
 @triton.jit
