@@ -3,7 +3,8 @@
 #   bash benchmarks/scripts/gpu.sh OUT_DIR [STEP...]    (no STEP: every step, in this order)
 # Steps: tests, sweep (the Triton tiles' settings, gpu_tiles_sweep.py), bench-auto, bench-flex, rope, rope-launch,
 # verify, long (the long-context table at (1, 16, 16,384, 64), each row in its own process: gpu-long.json,
-# gpu-long.md), long-batch (the same at (4, 16, 4,096, 64), merged into gpu-long.json); tests-tiles runs only the
+# gpu-long.md), long-batch (the same at (4, 16, 4,096, 64), merged into gpu-long.json), long-65k (the same at
+# (1, 16, 65,536, 64): the goal that every encoding runs there within an H100's 80 GB); tests-tiles runs only the
 # CUDA tests of the Triton tiles and of the dense paths by query blocks; unchecked runs the CUDA tests of the Triton
 # kernels a GPU has not yet run (FIRE's tiles; stick-breaking's, sticks_triton; Transformer-XL's and Shaw's,
 # lookups_triton; CoPE's, counts_triton; offered on a GPU only with POSENC_STICKS_TRITON=1, POSENC_LOOKUPS_TRITON=1,
@@ -74,4 +75,5 @@ long() {  # long STEP SECONDS SHAPE: one shape's long table, merged into gpu-lon
 }
 chosen long && long long 240 1x16x16384x64
 chosen long-batch && long long-batch 190 4x16x4096x64
+chosen long-65k && long long-65k 420 1x16x65536x64
 grep -a "^== \|passed\|failed" "$log"
