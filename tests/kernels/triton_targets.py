@@ -4,9 +4,10 @@ each is compiled to a cubin by Triton's own compiler and ptxas, as the first cal
 
 The interpreter runs the programs' Python; it cannot show that Triton's compiler accepts them (a branch whose
 values differ in type, a gather in a layout it cannot lower) or that their tiles fit the GPU's shared memory. This
-does, without a lend. Run as ``python -m tests.kernels.triton_targets record FILE`` under TRITON_INTERPRET=1, then
-``python -m tests.kernels.triton_targets compile FILE`` without it (one process cannot do both: the interpreter is
-chosen when Triton is imported).
+does, without a lend. Run as ``python -m tests.kernels.triton_targets record FILE [--all] [--float32]`` under
+TRITON_INTERPRET=1, then ``python -m tests.kernels.triton_targets compile FILE`` without it (one process cannot do
+both: the interpreter is chosen when Triton is imported). ``--float32`` records float32 at head width 64, the widest
+float32 the kernels are offered at; compiling it takes about 4 minutes on two cores, so the suite leaves it out.
 """
 
 from __future__ import annotations
@@ -48,10 +49,10 @@ def gpu_sizes() -> None:
         setattr(module, name, as_if_on_gpu(getattr(module, name)))
 
 
-def record(path: str, everything: bool = False) -> None:
-    """Runs forward and backward of the Triton entry points in bfloat16 (head widths 64 and 128) and writes each
-    distinct launch: {"module", "name", "signature", "constants", "options"}. Only the kernels not yet run on a GPU
-    (``unchecked``) unless ``everything``."""
+def record(path: str, everything: bool = False, float32: bool = False) -> None:
+    """Runs forward and backward of the Triton entry points in bfloat16 (head widths 64 and 128), or in float32 at
+    width 64, and writes each distinct launch: {"module", "name", "signature", "constants", "options"}. Only the
+    kernels not yet run on a GPU (``unchecked``) unless ``everything``."""
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import mangle_type
 
@@ -73,10 +74,10 @@ def record(path: str, everything: bool = False) -> None:
 
     InterpretedFunction.run = recording
     gpu_sizes()
-    for width in (64, 128):
+    for width in (64,) if float32 else (64, 128):
         for entry in ENTRIES.values() if everything else unchecked():
             torch.manual_seed(0)
-            entry(width)
+            entry(width, torch.float32 if float32 else torch.bfloat16)
     with open(path, "w") as file:
         json.dump(list(launches.values()), file)
 
@@ -84,9 +85,9 @@ def record(path: str, everything: bool = False) -> None:
 HEADS, LENGTH = 2, 80
 
 
-def _tensors(width: int, kv_heads: int = HEADS) -> list[torch.Tensor]:
-    """q (1, 2, 80, width), k and v (1, kv_heads, 80, width), bfloat16, needing gradients."""
-    return [(torch.randn(1, heads, LENGTH, width) * 0.5).to(torch.bfloat16).requires_grad_()
+def _tensors(width: int, dtype: torch.dtype, kv_heads: int = HEADS) -> list[torch.Tensor]:
+    """q (1, 2, 80, width), k and v (1, kv_heads, 80, width) in ``dtype``, needing gradients."""
+    return [(torch.randn(1, heads, LENGTH, width) * 0.5).to(dtype).requires_grad_()
             for heads in (HEADS, kv_heads, kv_heads)]
 
 
@@ -94,7 +95,7 @@ def _backward(out: torch.Tensor) -> None:
     out.float().sum().backward()
 
 
-def _tiles(width: int, kinds: tuple[str, ...] | None = None) -> None:
+def _tiles(width: int, dtype: torch.dtype, kinds: tuple[str, ...] | None = None) -> None:
     """tiles_triton with each formula of ``kinds`` (all, and a table at explicit positions and bidirectionally, and
     token values, where None)."""
     import posenc
@@ -106,48 +107,49 @@ def _tiles(width: int, kinds: tuple[str, ...] | None = None) -> None:
                 "fire": posenc.build("fire", num_heads=HEADS).offset_formula()[1]}
     for kind in kinds or formulas:
         formula = tiles_triton.Formula(kind, formulas[kind])
-        _backward(tiles_triton.tiled_attention(*_tensors(width, 1), scale=0.1, formula=formula))
+        _backward(tiles_triton.tiled_attention(*_tensors(width, dtype, 1), scale=0.1, formula=formula))
     if kinds is not None:
         return
     table = torch.randn(HEADS, 2 * LENGTH, requires_grad=True)
     positions = {"q_pos": torch.arange(LENGTH)[None], "k_pos": torch.arange(LENGTH)[None]}
-    _backward(tiles_triton.tiled_attention(*_tensors(width), scale=0.1, table=table, lowest=-LENGTH + 1,
+    _backward(tiles_triton.tiled_attention(*_tensors(width, dtype), scale=0.1, table=table, lowest=-LENGTH + 1,
                                            flat=(-1, LENGTH + 8), causal=False))
-    _backward(tiles_triton.tiled_attention(*_tensors(width), scale=0.1, table=table, lowest=-LENGTH + 1, **positions))
+    _backward(tiles_triton.tiled_attention(*_tensors(width, dtype), scale=0.1, table=table, lowest=-LENGTH + 1,
+                                           **positions))
     gates = torch.randn(1, HEADS, LENGTH, dtype=torch.float64).cumsum(-1).requires_grad_()
-    _backward(tiles_triton.tiled_attention(*_tensors(width), scale=0.1, token_values=gates))
+    _backward(tiles_triton.tiled_attention(*_tensors(width, dtype), scale=0.1, token_values=gates))
 
 
-def _sticks(width: int) -> None:
+def _sticks(width: int, dtype: torch.dtype) -> None:
     from posenc.kernels import sticks_triton
 
     for current in (False, True):
-        _backward(sticks_triton.stick_breaking_attention(*_tensors(width, 1), scale=0.1, attend_current=current))
+        _backward(sticks_triton.stick_breaking_attention(*_tensors(width, dtype, 1), scale=0.1, attend_current=current))
 
 
-def _lookups(width: int) -> None:
+def _lookups(width: int, dtype: torch.dtype) -> None:
     """Transformer-XL's table with both shifts, and Shaw's band with value rows."""
     from posenc.kernels import lookups_triton
 
     shifts = {"content_shift": torch.randn(HEADS, width), "lookup_shift": torch.randn(HEADS, width)}
-    _backward(lookups_triton.lookup_attention(*_tensors(width, 1), torch.randn(HEADS, LENGTH, width,
+    _backward(lookups_triton.lookup_attention(*_tensors(width, dtype, 1), torch.randn(HEADS, LENGTH, width,
                                                                               requires_grad=True),
                                               scale=0.1, **shifts))
     band = [torch.randn(1, 16, width, requires_grad=True) for _ in range(2)]
-    _backward(lookups_triton.lookup_attention(*_tensors(width), band[0], values=band[1], scale=0.1))
+    _backward(lookups_triton.lookup_attention(*_tensors(width, dtype), band[0], values=band[1], scale=0.1))
 
 
-def _counts(width: int) -> None:
+def _counts(width: int, dtype: torch.dtype) -> None:
     from posenc.kernels import counts_triton
 
     table = torch.randn(64, width, requires_grad=True)
-    _backward(counts_triton.counts_attention(*_tensors(width, 1), table, scale=0.1, gate_scale=width ** -0.5))
+    _backward(counts_triton.counts_attention(*_tensors(width, dtype, 1), table, scale=0.1, gate_scale=width ** -0.5))
 
 
-def _rope(width: int) -> None:
+def _rope(width: int, dtype: torch.dtype) -> None:
     from posenc.kernels import rope_triton
 
-    q, k, _ = _tensors(width, 1)
+    q, k, _ = _tensors(width, dtype, 1)
     cos, sin = torch.randn(1, 1, LENGTH, width // 2), torch.randn(1, 1, LENGTH, width // 2)
     for layout in ("half", "interleaved"):
         rotated_q, rotated_k = rope_triton.rope_qk_triton(q, k, cos, sin, cos, sin, layout=layout)
@@ -165,7 +167,7 @@ def unchecked() -> list:
     entries = [ENTRIES[name] for name, module in (("sticks", sticks_triton), ("lookups", lookups_triton),
                                                   ("counts", counts_triton)) if not module.CHECKED_ON_GPU]
     kinds = tuple(kind for kind in tiles_triton.FORMULAS if kind not in tiles_triton.CHECKED_ON_GPU)
-    return entries + ([lambda width: _tiles(width, kinds)] if kinds else [])
+    return entries + ([lambda width, dtype: _tiles(width, dtype, kinds)] if kinds else [])
 
 
 def compile_all(path: str) -> list[dict]:
@@ -193,6 +195,6 @@ def compile_all(path: str) -> list[dict]:
 if __name__ == "__main__":
     command, target_file = sys.argv[1], sys.argv[2]
     if command == "record":
-        record(target_file, everything="--all" in sys.argv[3:])
+        record(target_file, everything="--all" in sys.argv[3:], float32="--float32" in sys.argv[3:])
     else:
         print(json.dumps(compile_all(target_file)))
