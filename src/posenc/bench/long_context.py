@@ -185,7 +185,8 @@ def run_child(name: str, shape: tuple[int, ...], device: str, dtype: str, calls:
                        **({"registration": registered} if registered else {})})
     # the folder holding this posenc, then every folder the parent imports from (a registered encoding's module may
     # sit beside the script that registered it): the child imports what the parent does
-    paths = [str(Path(__file__).resolve().parents[2]), *sys.path, os.environ.get("PYTHONPATH")]
+    paths = [str(Path(__file__).resolve().parents[2]), *(p for p in sys.path if isinstance(p, str)),
+             os.environ.get("PYTHONPATH")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(filter(None, paths))),
            "TQDM_DISABLE": "1"}  # no progress bars in its stderr, whose last line names a crash
     try:  # killed on a timeout or an interrupt; torch.compile's workers end with it
