@@ -67,7 +67,7 @@ def _query_tile(Q, TABLE, s_qb, s_qh, s_qt, heads, q_len, k_len, n_rows, HEAD_DI
     """This program's query tile: (b, h, its rows, their key positions, offs_d, offs_dv, q (BLOCK, BLOCK_D), Z
     (BLOCK, BLOCK_P) float32, the table's rows (BLOCK_P, BLOCK_D) float32, the number of key tiles up to its last
     query's position)."""
-    start_m, b, h = program_tile(q_len, BLOCK)
+    start_m, b, h = program_tile(q_len, heads, BLOCK)
     rows = start_m + tl.arange(0, BLOCK)
     offs_d, offs_dv, offs_p = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV), tl.arange(0, BLOCK_P)
     q = tl.load(Q + b * s_qb + h * s_qh + along(rows, s_qt)[:, None] + offs_d[None, :],
@@ -259,7 +259,7 @@ class _CountsAttention(torch.autograd.Function):
         out = q.new_empty(batch, q_len, heads, v.shape[-1], dtype=torch.float32).transpose(1, 2)
         lse = torch.empty(batch * heads, q_len, device=q.device, dtype=torch.float32)
         sizes = _sizes(q, v, table_.shape[0])
-        _forward[(triton.cdiv(q_len, sizes["BLOCK"]) * batch, heads)](
+        _forward[(triton.cdiv(q_len, sizes["BLOCK"]) * batch * heads,)](
             q, k, v, table_, out, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], heads,
             heads // k.shape[1], q_len, k.shape[2], table_.shape[0], scale * LOG2E, gate_scale, **sizes)
         ctx.save_for_backward(q, k, v, table_, out, lse)
@@ -277,7 +277,7 @@ class _CountsAttention(torch.autograd.Function):
         dk, dv = (torch.zeros(x.shape, device=x.device, dtype=torch.float32) for x in (k, v))
         d_table = torch.zeros_like(table)
         sizes = _sizes(q, v, table.shape[0])
-        _backward[(triton.cdiv(q_len, sizes["BLOCK"]) * batch, heads)](
+        _backward[(triton.cdiv(q_len, sizes["BLOCK"]) * batch * heads,)](
             q, k, v, table, grad_out, lse, delta, dq, dk, dv, d_table, *q.stride()[:3], *k.stride()[:3],
             *v.stride()[:3], *grad_out.stride()[:3], *dq.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], heads,
             heads // k.shape[1], q_len, k.shape[2], table.shape[0], scale, scale * LOG2E, gate_scale, **sizes)

@@ -83,7 +83,7 @@ def _query_tile(Q, SHIFTS, s_qb, s_qh, s_qt, heads, q_len, k_len, HEAD_DIM: tl.c
                 BLOCK_DV: tl.constexpr, BLOCK: tl.constexpr):
     """This program's query tile: (b, h, its first row, its rows, their key positions, offs_d, offs_dv, c and l
     (BLOCK, BLOCK_D) in q's dtype, the number of key tiles up to its last query's position)."""
-    start_m, b, h = program_tile(q_len, BLOCK)
+    start_m, b, h = program_tile(q_len, heads, BLOCK)
     rows = start_m + tl.arange(0, BLOCK)
     offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
     in_width = offs_d < HEAD_DIM
@@ -112,8 +112,8 @@ def _window_half(TABLE, s_tn, first, offs, n_entries, WIDTH: tl.constexpr, BLOCK
     """Table rows first .. first + BLOCK − 1 (BLOCK, len(offs)) float32, zeros outside 0 .. N − 1."""
     entries = first + tl.arange(0, BLOCK)
     inside = (entries >= 0) & (entries < n_entries)
-    return tl.load(TABLE + entries[:, None] * s_tn + offs[None, :], mask=inside[:, None] & (offs[None, :] < WIDTH),
-                   other=0.0)
+    return tl.load(TABLE + along(entries, s_tn)[:, None] + offs[None, :],
+                   mask=inside[:, None] & (offs[None, :] < WIDTH), other=0.0)
 
 
 @triton.jit
@@ -121,7 +121,8 @@ def _add_half(DTABLE, s_tn, first, grad, offs, n_entries, WIDTH: tl.constexpr, B
     """Adds grad (BLOCK, len(offs)) to the table's gradient at rows first .. first + BLOCK − 1 inside the table."""
     entries = first + tl.arange(0, BLOCK)
     inside = (entries >= 0) & (entries < n_entries)
-    tl.atomic_add(DTABLE + entries[:, None] * s_tn + offs[None, :], grad, mask=inside[:, None] & (offs[None, :] < WIDTH))
+    tl.atomic_add(DTABLE + along(entries, s_tn)[:, None] + offs[None, :], grad,
+                  mask=inside[:, None] & (offs[None, :] < WIDTH))
 
 
 @triton.jit
@@ -343,7 +344,7 @@ class _LookupAttention(torch.autograd.Function):
         out = q.new_empty(batch, q_len, heads, v.shape[-1]).transpose(1, 2)  # token-major, as SDPA returns it
         lse = torch.empty(batch * heads, q_len, device=q.device, dtype=torch.float32)
         sizes = _sizes(q, v, has_values)
-        _forward[(triton.cdiv(q_len, sizes["BLOCK"]) * batch, heads)](
+        _forward[(triton.cdiv(q_len, sizes["BLOCK"]) * batch * heads,)](
             q, k, v, table_, values_, shifts, out, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
             *_rows(table_), *_rows(values_), *out.stride()[:3], heads, heads // k.shape[1], q_len, k.shape[2],
             table_.shape[1], scale * LOG2E, **sizes)
@@ -362,7 +363,7 @@ class _LookupAttention(torch.autograd.Function):
         dk, dv = (torch.zeros(x.shape, device=x.device, dtype=torch.float32) for x in (k, v))
         d_table, d_values, d_shifts = torch.zeros_like(table), torch.zeros_like(values), torch.zeros_like(shifts)
         sizes = _sizes(q, v, ctx.has_values)
-        _backward[(triton.cdiv(q_len, sizes["BLOCK"]) * batch, heads)](
+        _backward[(triton.cdiv(q_len, sizes["BLOCK"]) * batch * heads,)](
             q, k, v, table, values, shifts, grad_out, lse, delta, dq, dk, dv, d_table, d_values, d_shifts,
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *_rows(table), *_rows(values), *grad_out.stride()[:3],
             *dq.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], heads, heads // k.shape[1], q_len, k.shape[2],

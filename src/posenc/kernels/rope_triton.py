@@ -40,14 +40,14 @@ TILING = Tiling()
 @triton.jit
 def _rope_tiles(q, k, q_out, k_out, q_cos, q_sin, k_cos, k_sin,
                 q_sb, q_sh, q_st, k_sb, k_sh, k_st, qo_sb, qo_sh, qo_st, ko_sb, ko_sh, ko_st,
-                qc_sb, qc_st, kc_sb, kc_st, q_len, k_len, q_heads, k_heads, q_groups, sign,
+                qc_sb, qc_st, kc_sb, kc_st, q_len, k_len, q_heads, k_heads, q_groups, all_groups, sign,
                 PAIRS: tl.constexpr, HEAD_DIM: tl.constexpr, INTERLEAVED: tl.constexpr, HEADS: tl.constexpr,
                 BLOCK_T: tl.constexpr, BLOCK_PAIRS: tl.constexpr, BLOCK_REST: tl.constexpr):
-    # The grid's first axis runs over each batch row's position tiles in turn, its second over the query head
-    # groups and then the key head groups (CUDA caps it at 65,535). Offsets in int64: a tensor's rows or heads pass
-    # 2^31 elements at 2^20 tokens.
+    # One grid axis over (batch row, head group, position tile), the tiles fastest: CUDA caps the other two axes at
+    # 65,535. Offsets in int64: a tensor's rows or heads pass 2^31 elements at 2^20 tokens.
     tiles = tl.cdiv(tl.maximum(q_len, k_len), BLOCK_T)
-    b, group = (tl.program_id(0) // tiles).to(tl.int64), tl.program_id(1).to(tl.int64)
+    row = tl.program_id(0) // tiles  # b·all_groups + group: query head groups first, then key head groups
+    b, group = (row // all_groups).to(tl.int64), (row % all_groups).to(tl.int64)
     t = (tl.program_id(0) % tiles).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]  # (BLOCK_T, 1) positions
     if group < q_groups:
         length, heads, first = q_len, q_heads, group * HEADS
@@ -100,13 +100,13 @@ def _launch(q: Tensor, k: Tensor, q_out: Tensor, k_out: Tensor, tables: tuple[Te
         return 0 if table.shape[0] == 1 else table.stride(0)
 
     in_place = q_out is q and k_out is k
-    grid = (triton.cdiv(max(q_len, k_len), block_t) * batch, q_groups + k_groups)
+    grid = (triton.cdiv(max(q_len, k_len), block_t) * batch * (q_groups + k_groups),)
     _rope_tiles[grid](
         q, k, q_out, k_out, q_cos, q_sin, k_cos, k_sin,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         q_out.stride(0), q_out.stride(1), q_out.stride(2), k_out.stride(0), k_out.stride(1), k_out.stride(2),
         batch_stride(q_cos), q_cos.stride(2), batch_stride(k_cos), k_cos.stride(2), q_len, k_len, q_heads, k_heads,
-        q_groups, sign,
+        q_groups, q_groups + k_groups, sign,
         PAIRS=pairs, HEAD_DIM=head_dim, INTERLEAVED=layout == "interleaved", HEADS=heads, BLOCK_T=block_t,
         BLOCK_PAIRS=block_pairs,
         BLOCK_REST=0 if in_place or head_dim == 2 * pairs else triton.next_power_of_2(head_dim - 2 * pairs),

@@ -92,7 +92,7 @@ def _query_tile(Q, s_qb, s_qh, s_qt, heads, q_len, k_len, HEAD_DIM: tl.constexpr
                 BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """This program's query tile: (b, h, its rows, their key positions, offs_d, offs_dv, q (BLOCK_M, BLOCK_D), the
     number of key tiles up to its last query's position)."""
-    start_m, b, h = program_tile(q_len, BLOCK_M)
+    start_m, b, h = program_tile(q_len, heads, BLOCK_M)
     rows = start_m + tl.arange(0, BLOCK_M)
     offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
     q = tl.load(Q + b * s_qb + h * s_qh + along(rows, s_qt)[:, None] + offs_d[None, :],
@@ -184,7 +184,7 @@ class _StickBreaking(torch.autograd.Function):
         batch, heads, q_len, _ = q.shape
         out = torch.empty(batch, heads, q_len, v.shape[-1], device=q.device, dtype=torch.float32)
         sizes = _sizes(q, k, v, attend_current)
-        _forward[(triton.cdiv(q_len, sizes["BLOCK_M"]) * batch, heads)](
+        _forward[(triton.cdiv(q_len, sizes["BLOCK_M"]) * batch * heads,)](
             q, k, v, out, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], heads,
             heads // k.shape[1], q_len, k.shape[2], scale, **sizes)
         ctx.save_for_backward(q, k, v, out)
@@ -201,7 +201,7 @@ class _StickBreaking(torch.autograd.Function):
         dk = torch.zeros(k.shape, device=k.device, dtype=torch.float32)
         dv = torch.zeros(v.shape, device=v.device, dtype=torch.float32)
         sizes = _sizes(q, k, v, ctx.attend_current)
-        _backward[(triton.cdiv(q_len, sizes["BLOCK_M"]) * batch, heads)](
+        _backward[(triton.cdiv(q_len, sizes["BLOCK_M"]) * batch * heads,)](
             q, k, v, grad_out, total, dq, dk, dv, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
             *grad_out.stride()[:3], *dq.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], heads,
             heads // k.shape[1], q_len, k.shape[2], ctx.scale, **sizes)

@@ -73,10 +73,10 @@ def _forward_span(acc, m_i, l_i, q, q_pos, q_side, reference, K, V, s_kt, s_vt, 
 
 
 @triton.jit
-def _query_program(q_len, group, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+def _query_program(q_len, heads, group, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
     """What a program over one query tile of one (batch, head) works on: its first query, batch, head, key/value
     head, query rows and channel offsets."""
-    start_m, b, h = program_tile(q_len, BLOCK_M)
+    start_m, b, h = program_tile(q_len, heads, BLOCK_M)
     return start_m, b, h, h // group, start_m + tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
 
 
@@ -120,7 +120,7 @@ def forward(Q, K, V, OUT, LSE, TABLE, PARAMS, QPOS, KPOS, QVAL, KVAL,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, CONTIGUOUS: tl.constexpr,
             BIAS: tl.constexpr, HAS_TOKENS: tl.constexpr, DOT: tl.constexpr):
     """OUT (B, H, Tq, Dv) and LSE (B·H, Tq), the base-2 log-sum-exp of each row (+inf for a row that sees no key)."""
-    start_m, b, h, kv_head, offs_m, offs_d, offs_dv = _query_program(q_len, group, BLOCK_M, BLOCK_D, BLOCK_DV)
+    start_m, b, h, kv_head, offs_m, offs_d, offs_dv = _query_program(q_len, heads, group, BLOCK_M, BLOCK_D, BLOCK_DV)
     in_queries = offs_m < q_len
     q, q_pos, q_side, reference = _query_rows(Q + b * s_qb + h * s_qh, QPOS + b * s_qpb, QVAL + b * s_qvb + h * s_qvh,
                                               s_qt, start_m, offs_m, offs_d, q_len, shift, HEAD_DIM, CONTIGUOUS,
@@ -188,13 +188,13 @@ def backward_keys(Q, K, V, DO, LSE, DELTA, DK, DV, TABLE, PARAMS, QPOS, KPOS, QV
                   s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb, s_vh, s_vt, s_dob, s_doh, s_dot,
                   s_dkb, s_dkh, s_dkt, s_dvb, s_dvh, s_dvt,
                   s_table, s_qpb, s_kpb, s_qvb, s_qvh, s_kvb, s_kvh,
-                  heads, group, q_len, k_len, shift, lowest, n_entries, flat_low, flat_high, scale_log2,
+                  heads, group, kv_heads, q_len, k_len, shift, lowest, n_entries, flat_low, flat_high, scale_log2,
                   scale, HEAD_DIM: tl.constexpr, VALUE_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                   BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                   CONTIGUOUS: tl.constexpr, BIAS: tl.constexpr, HAS_TOKENS: tl.constexpr, TOKEN_GRAD: tl.constexpr,
                   DOT: tl.constexpr):
     """dk and dv of one key tile, summed over the query heads it serves (and −Σ_i ds, the keys' token values')."""
-    start_n, b, kv_head = program_tile(k_len, BLOCK_N)
+    start_n, b, kv_head = program_tile(k_len, kv_heads, BLOCK_N)
     cols = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -298,7 +298,7 @@ def backward_queries(Q, K, V, DO, LSE, DELTA, DQ, TABLE, DTABLE, PARAMS, DPARAMS
                      BIAS: tl.constexpr, TABLE_GRAD: tl.constexpr, PARAM_GRAD: tl.constexpr,
                      HAS_TOKENS: tl.constexpr, TOKEN_GRAD: tl.constexpr, DOT: tl.constexpr):
     """dq of one query tile (and Σ_j ds for its token values, and the table's or parameters' gradients)."""
-    start_m, b, h, kv_head, rows, offs_d, offs_dv = _query_program(q_len, group, BLOCK, BLOCK_D, BLOCK_DV)
+    start_m, b, h, kv_head, rows, offs_d, offs_dv = _query_program(q_len, heads, group, BLOCK, BLOCK_D, BLOCK_DV)
     in_queries = rows < q_len
     q, q_pos, q_side, reference = _query_rows(Q + b * s_qb + h * s_qh, QPOS + b * s_qpb, QVAL + b * s_qvb + h * s_qvh,
                                               s_qt, start_m, rows, offs_d, q_len, shift, HEAD_DIM, CONTIGUOUS,

@@ -18,14 +18,14 @@ def along(index, stride):
 
 
 @triton.jit
-def program_tile(length, BLOCK: tl.constexpr):
+def program_tile(length, heads, BLOCK: tl.constexpr):
     """This program's first row of its tile of ``length`` rows (tiles of BLOCK), its batch row and its head (these
-    two in int64, for offsets). The grid's first axis runs over each batch row's tiles in turn (up to 2^31 − 1
-    programs), its second over the heads: CUDA caps the second and third axes at 65,535, which the batch rows of
-    many short sequences would pass."""
+    two in int64, for offsets). The grid has one axis, over (batch row, head, tile) with the tiles fastest: CUDA
+    caps a grid's second and third axes at 65,535, which batch rows times heads would pass."""
     tiles = tl.cdiv(length, BLOCK)
     program = tl.program_id(0)
-    return program % tiles * BLOCK, (program // tiles).to(tl.int64), tl.program_id(1).to(tl.int64)
+    row = program // tiles  # b·heads + h
+    return program % tiles * BLOCK, (row // heads).to(tl.int64), (row % heads).to(tl.int64)
 
 
 @triton.jit

@@ -190,7 +190,7 @@ class _TiledAttention(torch.autograd.Function):
         lse = torch.empty(batch * heads, q_len, device=q.device, dtype=torch.float32)
         terms = _Terms(q, k, v, bias, q_values, k_values, q_pos, k_pos, settings)
         block_m, block_n, _, warps, stages = _blocks(q)
-        tiles_jit.forward[(triton.cdiv(q_len, block_m) * batch, heads)](
+        tiles_jit.forward[(triton.cdiv(q_len, block_m) * batch * heads,)](
             q, k, v, out, lse, *terms.pointers(), *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
             *out.stride()[:3], *terms.strides(), heads, terms.group, *terms.sizes(), BLOCK_M=block_m,
             BLOCK_N=block_n, num_warps=warps, num_stages=stages, **terms.flags())
@@ -215,14 +215,14 @@ class _TiledAttention(torch.autograd.Function):
         _, _, block, warps, stages = _blocks(q)
         common = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3])
         launch = dict(num_warps=warps, num_stages=stages, TOKEN_GRAD=token_grad, **terms.flags())
-        tiles_jit.backward_keys[(triton.cdiv(k_len, block) * batch, kv_heads)](
+        tiles_jit.backward_keys[(triton.cdiv(k_len, block) * batch * kv_heads,)](
             q, k, v, grad_out, lse, delta, dk, dv, *terms.pointers(), terms.or_stand_in(d_k_values), *common,
-            *dk.stride()[:3], *dv.stride()[:3], *terms.strides(), heads, terms.group, *terms.sizes(),
+            *dk.stride()[:3], *dv.stride()[:3], *terms.strides(), heads, terms.group, kv_heads, *terms.sizes(),
             terms.settings.scale, BLOCK_M=block, BLOCK_N=block, **launch)
         table, params, *positions_and_values = terms.pointers()
         d_table = d_bias if table_grad else None
         d_params = d_bias if d_bias is not None and not table_grad else None
-        tiles_jit.backward_queries[(triton.cdiv(q_len, block) * batch, heads)](
+        tiles_jit.backward_queries[(triton.cdiv(q_len, block) * batch * heads,)](
             q, k, v, grad_out, lse, delta, dq, table, terms.or_stand_in(d_table), params, terms.or_stand_in(d_params),
             *positions_and_values, terms.or_stand_in(d_q_values), *common, *dq.stride()[:3], *terms.strides(), heads,
             terms.group, *terms.sizes(), terms.settings.scale, BLOCK=block, TABLE_GRAD=table_grad,
