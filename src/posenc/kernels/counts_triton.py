@@ -217,7 +217,9 @@ def _backward(Q, K, V, TABLE, DO, LSE, DELTA, DQ, DK, DV, DTABLE, s_qb, s_qh, s_
             after = later[:, None] + tl.cumsum(d_count, axis=1, reverse=True) - d_count  # Σ_{j > t} dP_ij
             d_gates = tl.where(allowed, (total[:, None] - after) * gates * (1.0 - gates) * gate_scale, 0.0)
             d_logits = ds * scale + d_gates  # both reach q and k through q·k
-            for column in range(tl.min(low), tl.max(high) + 1):  # ds onto Z's columns ⌊p⌋ and ⌈p⌉
+            # ds onto Z's columns ⌊p⌋ and ⌈p⌉, over the columns the allowed pairs read (a masked pair counts 0, and
+            # its ds is 0: on the diagonal they would start the loop at column 0)
+            for column in range(tl.min(tl.where(allowed, low, n_rows - 1)), tl.max(tl.where(allowed, high, 0)) + 1):
                 share = tl.where(low == column, 1.0 - fraction, 0.0) + tl.where(high == column, fraction, 0.0)
                 d_per_row += tl.where(offs_p[None, :] == column, tl.sum(ds * share, 1)[:, None], 0.0)
             later += tl.sum(d_count, 1)
