@@ -28,7 +28,8 @@ import triton.language as tl
 from torch import Tensor
 
 from .tiles_terms import along, dot, program_tile
-from .tiles_triton import LOG2E, check_own_positions, last_unit, offered_once_checked, product_kind
+from .tiles_triton import (LOG2E, check_own_positions, fits_shared_memory, last_unit, offered_once_checked,
+                           product_kind)
 
 #: whether a GPU has run this kernel's CUDA tests; until then ``forms`` offers it on a GPU only where
 #: POSENC_COUNTS_TRITON=1 (``benchmarks/scripts/gpu.sh`` sets it)
@@ -36,11 +37,10 @@ CHECKED_ON_GPU = False
 
 
 def offered(q: Tensor, rows: int) -> bool:
-    """Whether ``forms`` offers this kernel for q (``tiles_triton.offered_once_checked``) and CoPE's table of ``rows`` positions (at most 128): only for the
-    head widths whose tiles fit an H100's shared memory when compiled for sm_90 (``tests/kernels/triton_targets``
-    and a review: up to 128 in bf16 and fp16, 64 in fp32; fp32 at 128 and any dtype at 256 did not fit)."""
-    widest = 64 if q.dtype == torch.float32 else 128
-    return q.shape[-1] <= widest and rows <= 128 and offered_once_checked(q, CHECKED_ON_GPU, "POSENC_COUNTS_TRITON")
+    """Whether ``forms`` offers this kernel for q (``tiles_triton.offered_once_checked``) and CoPE's table of
+    ``rows`` positions: at head widths whose tiles fit (``tiles_triton.fits_shared_memory``), and up to 128 rows
+    (256 did not fit)."""
+    return fits_shared_memory(q) and rows <= 128 and offered_once_checked(q, CHECKED_ON_GPU, "POSENC_COUNTS_TRITON")
 
 
 def counts_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, *, scale: float, gate_scale: float) -> Tensor:

@@ -32,7 +32,8 @@ import triton.language as tl
 from torch import Tensor
 
 from .tiles_terms import along, dot, program_tile
-from .tiles_triton import LOG2E, check_own_positions, last_unit, offered_once_checked, product_kind
+from .tiles_triton import (LOG2E, check_own_positions, fits_shared_memory, last_unit, offered_once_checked,
+                           product_kind)
 
 #: whether a GPU has run this kernel's CUDA tests; until then ``forms`` offers it on a GPU only where
 #: POSENC_LOOKUPS_TRITON=1 (``benchmarks/scripts/gpu.sh`` sets it)
@@ -40,11 +41,9 @@ CHECKED_ON_GPU = False
 
 
 def offered(q: Tensor) -> bool:
-    """Whether ``forms`` offers this kernel for q (``tiles_triton.offered_once_checked``): only for the
-    head widths whose tiles fit an H100's shared memory when compiled for sm_90 (``tests/kernels/triton_targets``
-    and a review: up to 128 in bf16 and fp16, 64 in fp32; fp32 at 128 and any dtype at 256 did not fit)."""
-    widest = 64 if q.dtype == torch.float32 else 128
-    return q.shape[-1] <= widest and offered_once_checked(q, CHECKED_ON_GPU, "POSENC_LOOKUPS_TRITON")
+    """Whether ``forms`` offers this kernel for q (``tiles_triton.offered_once_checked``), at head widths whose
+    tiles fit (``tiles_triton.fits_shared_memory``)."""
+    return fits_shared_memory(q) and offered_once_checked(q, CHECKED_ON_GPU, "POSENC_LOOKUPS_TRITON")
 
 
 def lookup_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, *, content_shift: Tensor | None = None,

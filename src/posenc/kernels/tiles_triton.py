@@ -70,6 +70,13 @@ def serves(q: Tensor) -> bool:
     return (q.is_cuda or interpreted) and q.dtype in DTYPES and not torch.compiler.is_compiling()
 
 
+def fits_shared_memory(q: Tensor) -> bool:
+    """Whether the lookups' and counts' tiles at q's head width fit an H100's shared memory, compiled for sm_90
+    (``tests/kernels/triton_targets`` and a review): up to 128 in bf16 and fp16, 64 in float32; float32 at 128 and
+    any dtype at 256 did not fit."""
+    return q.shape[-1] <= (64 if q.dtype == torch.float32 else 128)
+
+
 def offered_once_checked(q: Tensor, checked: bool, switch: str) -> bool:
     """Whether ``forms`` offers a Triton kernel for q: it ``serves`` q, and on a GPU it has been checked there
     (``checked``: its CUDA tests passed on one) or is asked for by the environment variable ``switch`` = 1
