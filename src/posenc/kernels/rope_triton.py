@@ -22,6 +22,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .tiles_terms import program_tile
+
 
 @dataclass(frozen=True)
 class Tiling:
@@ -43,12 +45,10 @@ def _rope_tiles(q, k, q_out, k_out, q_cos, q_sin, k_cos, k_sin,
                 qc_sb, qc_st, kc_sb, kc_st, q_len, k_len, q_heads, k_heads, q_groups, all_groups, sign,
                 PAIRS: tl.constexpr, HEAD_DIM: tl.constexpr, INTERLEAVED: tl.constexpr, HEADS: tl.constexpr,
                 BLOCK_T: tl.constexpr, BLOCK_PAIRS: tl.constexpr, BLOCK_REST: tl.constexpr):
-    # One grid axis over (batch row, head group, position tile), the tiles fastest: CUDA caps the other two axes at
-    # 65,535. Offsets in int64: a tensor's rows or heads pass 2^31 elements at 2^20 tokens.
-    tiles = tl.cdiv(tl.maximum(q_len, k_len), BLOCK_T)
-    row = tl.program_id(0) // tiles  # b·all_groups + group: query head groups first, then key head groups
-    b, group = (row // all_groups).to(tl.int64), (row % all_groups).to(tl.int64)
-    t = (tl.program_id(0) % tiles).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]  # (BLOCK_T, 1) positions
+    # the grid as every tile kernel's (``program_tile``), head groups for heads: query head groups first, then key
+    # head groups; offsets in int64 (a tensor's rows or heads pass 2^31 elements at 2^20 tokens)
+    start, b, group = program_tile(tl.maximum(q_len, k_len), all_groups, BLOCK_T)
+    t = (start + tl.arange(0, BLOCK_T)).to(tl.int64)[:, None]  # (BLOCK_T, 1) positions
     if group < q_groups:
         length, heads, first = q_len, q_heads, group * HEADS
         src, src_sh = q + b * q_sb + t * q_st, q_sh
