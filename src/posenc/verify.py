@@ -211,8 +211,8 @@ def check_backends_and_cache(device, dtype) -> list[Check]:
 
 def check_gradients(device, dtype) -> list[Check]:
     """sdpa's gradients (q, k, v and every parameter of the encoding) = eager's in float64, per encoding it
-    serves with a gradient: on CPU the learned biases and Transformer-XL run ``kernels.blockwise`` and Shaw
-    ``kernels.band`` there, each with a hand-written backward."""
+    serves with a gradient: on CPU the learned biases run ``kernels.blockwise`` or ``kernels.offset_bias`` and
+    Transformer-XL and Shaw ``kernels.offset_lookup`` there, each with a hand-written backward."""
     rows = []
     for name in attention_encodings():
         enc = _encoding(name, device, dtype)

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
-from posenc.kernels import band
+from posenc.kernels import band, offset_lookup
 from posenc.verify import tolerance
 from tests.kernels.test_channels import assert_all_close, outputs_and_grads
 
@@ -63,16 +63,22 @@ def test_bad_input_is_a_value_error(call, message):
         call(torch.randn(1, 2, 5, 4), torch.randn(3, 4))
 
 
-@pytest.fixture
-def spy(monkeypatch):
+BUILT = offset_lookup.extension() is not None
+
+
+@pytest.fixture(params=["lookups", "band"])
+def spy(request, monkeypatch):
+    """The kernel each Shaw call from attention() reaches, by name: the C++ lookup tiles where they are built
+    (``lookups``), the band of diagonals where they are not (``band``, what each parameter forces)."""
+    if request.param == "lookups" and not BUILT:
+        pytest.skip("no C++ toolchain to build the lookup kernel")
+    if request.param == "band":
+        monkeypatch.setattr(offset_lookup, "serves", lambda q: False)
     calls = []
-    original = band.band_attention
-
-    def recording(*args, **kwargs):
-        calls.append(kwargs)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(band, "band_attention", recording)
+    for module, function in ((band, "band_attention"), (offset_lookup, "offset_lookup_attention")):
+        original = getattr(module, function)
+        monkeypatch.setattr(module, function, lambda *args, _run=original, _name=module.__name__, **kwargs: (
+            calls.append(_name.rsplit(".", 1)[-1]), _run(*args, **kwargs))[1])
     return calls
 
 
@@ -98,7 +104,21 @@ def test_shaw_through_the_band_equals_eager(max_distance, spy):
     q, k, v = tensors()
     expected = outputs_and_grads(enc, q, k, v, "eager")
     got = outputs_and_grads(enc, q, k, v, "sdpa")
-    assert len(spy) == 1
+    assert spy == ["offset_lookup" if offset_lookup.serves(q) else "band"]
+    assert_all_close(got, expected, atol=1e-10)
+
+
+@pytest.mark.parametrize("kv_heads", [None, 2])
+def test_a_kv_cache_step_takes_the_lookup_tiles(kv_heads, spy):
+    """3 queries after 9 cached keys, grouped heads too: the lookup tiles serve it exactly; the band of diagonals
+    (queries at the keys' positions only) leaves it to eager."""
+    enc = shaw(3)
+    q, k, v = tensors(q_len=3)
+    if kv_heads:
+        k, v = (t.detach()[:, :kv_heads].requires_grad_() for t in (k, v))
+    expected = outputs_and_grads(enc, q, k, v, "eager")
+    got = outputs_and_grads(enc, q, k, v, "sdpa")
+    assert spy == (["offset_lookup"] if offset_lookup.serves(q) else [])
     assert_all_close(got, expected, atol=1e-10)
 
 
@@ -109,7 +129,7 @@ def test_shaw_band_within_verify_tolerance(dtype, spy):
     low = shaw(3, dtype)
     q, k, v = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
     got = outputs_and_grads(low, q, k, v, "sdpa")
-    assert spy and got[0].dtype == dtype
+    assert len(spy) == 1 and got[0].dtype == dtype
     assert_all_close(got, expected, atol=tolerance(dtype, 12))
 
 
@@ -117,8 +137,7 @@ def test_shaw_band_within_verify_tolerance(dtype, spy):
     ({"causal": False}, 12),
     ({"mask": torch.ones(1, 1, 12, 12, dtype=torch.bool).tril()}, 12),
     ({"q_positions": torch.arange(12) + 5, "k_positions": torch.arange(12) + 5}, 12),
-    ({}, 3),  # a KV-cache step
-], ids=["bidirectional", "mask", "explicit positions", "kv-cache step"])
+], ids=["bidirectional", "mask", "explicit positions"])
 def test_shaw_elsewhere_computes_as_eager(kwargs, q_len, spy):
     enc = shaw(3)
     q, k, v = tensors(q_len=q_len)

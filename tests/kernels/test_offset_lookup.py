@@ -16,44 +16,55 @@ from tests.kernels.test_channels import CASES, assert_all_close, outputs_and_gra
 pytestmark = pytest.mark.skipif(offset_lookup.extension() is None, reason="no C++ toolchain to build the kernel")
 
 
-def reference(q, k, v, table, content_shift, lookup_shift, scale):
-    """float64 causal attention with the term l_i·table[h, i − j], queries at the last Tq key positions."""
-    content, lookup = q + content_shift[:, None, :], q + lookup_shift[:, None, :]
-    q_len, k_len = q.shape[2], k.shape[2]
+def reference(q, k, v, table, *, values=None, content_shift=None, lookup_shift=None, scale):
+    """float64 causal attention with the term l_i·table[h, i − j] (and Σ_j p_ij values[h, i − j] in the output),
+    queries at the last Tq key positions, offsets past the table adding nothing."""
+    content = q if content_shift is None else q + content_shift[:, None, :]
+    lookup = q if lookup_shift is None else q + lookup_shift[:, None, :]
+    q_len, k_len, rows = q.shape[2], k.shape[2], table.shape[1]
     offset = torch.arange(q_len)[:, None] + (k_len - q_len) - torch.arange(k_len)[None, :]  # (Tq, Tk)
     allowed = offset >= 0
+    in_table = (allowed & (offset < rows)).double()
     per_offset = lookup @ table.transpose(-1, -2)  # (B, H, Tq, N)
-    looked_up = per_offset.gather(-1, offset.clamp(min=0).expand(*per_offset.shape[:2], -1, -1))
+    looked_up = per_offset.gather(-1, offset.clamp(0, rows - 1).expand(*per_offset.shape[:2], -1, -1)) * in_table
     logits = (scale * (content @ k.transpose(-1, -2) + looked_up)).masked_fill(~allowed, float("-inf"))
-    return torch.softmax(logits, dim=-1) @ v
+    weights = torch.softmax(logits, dim=-1)
+    out = weights @ v
+    if values is not None:  # each pair's row of values: (H or 1, Tq, Tk, Dv)
+        out = out + torch.einsum("bhqk,hqkd->bhqd", weights, values[:, offset.clamp(0, rows - 1)] * in_table[..., None])
+    return out
 
 
-def kernel(q, k, v, table, content_shift, lookup_shift, scale):
-    return offset_lookup.offset_lookup_attention(q, k, v, table, content_shift=content_shift,
-                                                 lookup_shift=lookup_shift, scale=scale)
+def kernel(q, k, v, table, **terms):
+    return offset_lookup.offset_lookup_attention(q, k, v, table, **terms)
 
 
-def output_and_grads(function, upstream, *inputs):
-    inputs = [t.detach().requires_grad_() for t in inputs]
-    out = function(*inputs)
-    return [out, *torch.autograd.grad(out, inputs, upstream.to(out.dtype))]
+def output_and_grads(function, upstream, inputs: dict, **constants):
+    """function(**inputs, **constants) and the gradients of every input, in ``inputs``' order."""
+    leaves = {name: t.detach().requires_grad_() for name, t in inputs.items()}
+    out = function(**leaves, **constants)
+    return [out, *torch.autograd.grad(out, list(leaves.values()), upstream.to(out.dtype))]
 
 
 @st.composite
 def problems(draw):
     q_len = draw(st.integers(1, 90))
     k_len = draw(st.integers(q_len, 120)) if draw(st.booleans()) else q_len  # queries are the last Tq keys
+    band = draw(st.booleans())  # Shaw's: fewer rows than keys, values, often one table for every head
     return dict(batch=draw(st.integers(1, 2)), heads=draw(st.integers(1, 3)), q_len=q_len, k_len=k_len,
-                spare=draw(st.integers(0, 5)), width=draw(st.sampled_from([4, 8, 16])),
-                value_width=draw(st.sampled_from([4, 6, 16])), scale=draw(st.sampled_from([0.25, 1.0, 4.0])),
-                strided=draw(st.booleans()), seed=draw(st.integers(0, 2**16)))
+                rows=draw(st.integers(1, k_len + 5) if band else st.integers(k_len, k_len + 5)),
+                shared=band and draw(st.booleans()), values=band, shifts=not band or draw(st.booleans()),
+                width=draw(st.sampled_from([4, 8, 16])), value_width=draw(st.sampled_from([4, 6, 16])),
+                scale=draw(st.sampled_from([0.25, 1.0, 4.0])), strided=draw(st.booleans()),
+                seed=draw(st.integers(0, 2**16)))
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(problems())
 def test_equals_attention_with_looked_up_terms_in_float64(p):
-    """Across query tiles (32 rows), KV-cache steps (Tq < Tk), tables longer than the keys, token-major layouts
-    and large logits: output and the gradients of both queries, k, v and the table."""
+    """Across query tiles (32 rows), KV-cache steps (Tq < Tk), tables longer and shorter than the keys, one table
+    for every head, values, token-major layouts and large logits: output and the gradients of q, k, v, the
+    table, the values and the shifts."""
     generator = torch.Generator().manual_seed(p["seed"])
 
     def randn(*shape):
@@ -64,37 +75,52 @@ def test_equals_attention_with_looked_up_terms_in_float64(p):
             return randn(p["batch"], length, p["heads"], width).transpose(1, 2)
         return randn(p["batch"], p["heads"], length, width)
 
-    q, k, v = laid_out(p["q_len"], p["width"]), laid_out(p["k_len"], p["width"]), laid_out(p["k_len"], p["value_width"])
-    table = randn(p["heads"], p["k_len"] + p["spare"], p["width"])
-    shifts = randn(p["heads"], p["width"]), randn(p["heads"], p["width"])
+    table_heads = 1 if p["shared"] else p["heads"]
+    inputs = dict(q=laid_out(p["q_len"], p["width"]), k=laid_out(p["k_len"], p["width"]),
+                  v=laid_out(p["k_len"], p["value_width"]), table=randn(table_heads, p["rows"], p["width"]))
+    if p["values"]:
+        inputs["values"] = randn(table_heads, p["rows"], p["value_width"])
+    if p["shifts"]:
+        inputs.update(content_shift=randn(p["heads"], p["width"]), lookup_shift=randn(p["heads"], p["width"]))
     upstream = randn(p["batch"], p["heads"], p["q_len"], p["value_width"])
-    got = output_and_grads(lambda *t: kernel(*t, scale=p["scale"]), upstream, q, k, v, table, *shifts)
-    expected = output_and_grads(lambda *t: reference(*t, p["scale"]), upstream, q, k, v, table, *shifts)
+    got = output_and_grads(kernel, upstream, inputs, scale=p["scale"])
+    expected = output_and_grads(reference, upstream, inputs, scale=p["scale"])
     for a, b in zip(got, expected, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12 * max(1.0, float(b.detach().abs().max())))
 
 
-def test_float32_is_within_verify_tolerance_of_float64():
+@pytest.mark.parametrize("terms", ["shifts", "band"])
+def test_float32_is_within_verify_tolerance_of_float64(terms):
     generator = torch.Generator().manual_seed(0)
-    q, k, v, upstream = (torch.randn(2, 3, 150, 16, generator=generator, dtype=torch.float64) for _ in range(4))
-    table = torch.randn(3, 150, 16, generator=generator, dtype=torch.float64)
-    shifts = [torch.randn(3, 16, generator=generator, dtype=torch.float64) for _ in range(2)]
-    run = lambda *t: kernel(*t, scale=1.0)  # noqa: E731
-    expected = output_and_grads(run, upstream, q, k, v, table, *shifts)
-    got = output_and_grads(run, upstream, *(t.float() for t in (q, k, v, table, *shifts)))
+    randn = lambda *shape: torch.randn(*shape, generator=generator, dtype=torch.float64)  # noqa: E731
+    inputs = dict(q=randn(2, 3, 150, 16), k=randn(2, 3, 150, 16), v=randn(2, 3, 150, 16))
+    if terms == "shifts":
+        inputs.update(table=randn(3, 150, 16), content_shift=randn(3, 16), lookup_shift=randn(3, 16))
+    else:
+        inputs.update(table=randn(1, 40, 16), values=randn(1, 40, 16))
+    upstream = randn(2, 3, 150, 16)
+    expected = output_and_grads(kernel, upstream, inputs, scale=1.0)
+    got = output_and_grads(kernel, upstream, {name: t.float() for name, t in inputs.items()}, scale=1.0)
     for a, b in zip(got, expected, strict=True):
+        assert a.dtype == torch.float32
         torch.testing.assert_close(a.double(), b, rtol=0, atol=2e-5 * max(1.0, float(b.detach().abs().max())))
 
 
 def test_bad_shapes_are_refused():
     q, k, v = tensors(q_len=5, k_len=9)
     shift = torch.zeros(4, 8, dtype=torch.float64)
-    with pytest.raises(ValueError, match=r"table must be \(H, N ≥ Tk, Dh\) = \(4, ≥ 9, 8\), got \(4, 8, 8\)"):
-        kernel(q, k, v, torch.zeros(4, 8, 8, dtype=torch.float64), shift, shift, 1.0)
+    with pytest.raises(ValueError, match=r"table must be \(H or 1, N ≥ 1, Dh\) = \(4, N, 8\), got \(2, 9, 8\)"):
+        kernel(q, k, v, torch.zeros(2, 9, 8, dtype=torch.float64), scale=1.0)
+    with pytest.raises(ValueError, match=r"table must be .*, got \(4, 0, 8\)"):
+        kernel(q, k, v, torch.zeros(4, 0, 8, dtype=torch.float64), scale=1.0)
     with pytest.raises(ValueError, match=r"Tq ≤ Tk"):
-        kernel(k, q, q, torch.zeros(4, 9, 8, dtype=torch.float64), shift, shift, 1.0)
+        kernel(k, q, q, torch.zeros(4, 9, 8, dtype=torch.float64), scale=1.0)
     with pytest.raises(ValueError, match=r"lookup_shift must be \(H, Dh\) = \(4, 8\), got \(8,\)"):
-        kernel(q, k, v, torch.zeros(4, 9, 8, dtype=torch.float64), shift, shift[0], 1.0)
+        kernel(q, k, v, torch.zeros(4, 9, 8, dtype=torch.float64), content_shift=shift, lookup_shift=shift[0],
+               scale=1.0)
+    with pytest.raises(ValueError, match=r"values must be \(like the table, N, Dv\) = \(1, 3, 8\), got \(1, 4, 8\)"):
+        kernel(q, k, v, torch.zeros(1, 3, 8, dtype=torch.float64), values=torch.zeros(1, 4, 8, dtype=torch.float64),
+               scale=1.0)
 
 
 @pytest.fixture

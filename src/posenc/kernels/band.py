@@ -15,6 +15,10 @@ above, ``Shaw.band_parts``) meet each query block in two (b × K) products, skew
 the block's diagonals. Queries go in blocks as in ``kernels.blockwise`` (forward, and a backward that recomputes
 the probabilities from the log-sum-exp), each reading only the keys up to its last query.
 
+Where the C++ or Triton lookup tiles serve (``offset_lookup``, ``lookups_triton``), ``forms`` gives them the same
+K rows as a table of offsets instead: this module is the form inside a ``torch.compile`` graph, without a C++
+toolchain, and on a GPU whose Triton lookups are not yet checked.
+
 Shapes: B batch, H heads, T length (queries and keys at positions 0..T−1), Dh head width, Dv value width,
 K band width (Shaw's max_distance).
 """

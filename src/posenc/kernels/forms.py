@@ -2,8 +2,9 @@
 ``dispatch``'s timing. Each ``Form`` declares, by trait, which encodings it serves and on which calls:
 
   - for weights or value terms a float mask cannot carry, one form or none (then ``attention`` computes as eager
-    does): ``sticks`` (stick-breaking's weights inside ``sticks``) and ``band`` (Shaw's terms as a band of
-    diagonals, ``band``; on a GPU, once checked there, inside ``lookups_triton``'s tiles);
+    does): ``sticks`` (stick-breaking's weights inside ``sticks``) and ``band`` (Shaw's terms as a table of its
+    nearest offsets inside ``offset_lookup``'s tiles, KV-cache steps too; on a GPU, once checked there, inside
+    ``lookups_triton``'s; elsewhere as a band of diagonals, ``band``);
   - for score terms, every form that serves is timed: ``counts`` (CoPE inside ``gated_counts``; on a GPU inside
     ``counts_triton``'s tiles), ``gates`` (FoX's c_i − c_j inside ``offset_bias``), ``table`` (a bias of offsets
     there too), ``lookups`` (Transformer-XL inside ``offset_lookup``; on a GPU inside ``lookups_triton``'s tiles),
@@ -259,10 +260,14 @@ def _sticks_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
 
 def _band_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
     key_band, value_band, value_floor = at.encoding.band_parts(math_dtype(q.dtype))
+    if not lookups_serve(q):  # inside a torch.compile graph, no C++ build, a GPU where Triton is not checked
+        return band.band_attention(q, k, v, key_band, value_band, value_floor, scale=scale)
     if triton_lookups(q):  # the band as a table of K offsets (one for every head) inside the Triton tiles
         out = lookups_triton().lookup_attention(q, k, v, key_band[None], values=value_band[None], scale=scale)
-        return out + value_floor.to(out.dtype)
-    return band.band_attention(q, k, v, key_band, value_band, value_floor, scale=scale)
+    else:  # the same inside the C++ kernel's tiles
+        k, v = repeat_kv_heads(k, q.shape[1]), repeat_kv_heads(v, q.shape[1])
+        out = offset_lookup.offset_lookup_attention(q, k, v, key_band[None], values=value_band[None], scale=scale)
+    return out + value_floor.to(out.dtype)
 
 
 def _own_positions(q, at, causal, mask, plain_causal) -> bool:
@@ -274,7 +279,8 @@ STICKS = Form("sticks", _sticks_form, lambda e: e.replaces_softmax and isinstanc
               lambda q, at, causal, mask, plain: at.contiguous and mask is None and sticks_serve(q))
 BAND = Form("band", _band_form,
             lambda e: e.has_relative_values and isinstance(e, band.Banded) and e.has_band_form,
-            lambda q, at, causal, mask, plain: plain and mask is None)
+            lambda q, at, causal, mask, plain: mask is None and (plain or (
+                _own_positions(q, at, causal, mask, plain) and lookups_serve(q))))
 #: the forms of weights or value terms that a float mask cannot carry
 WHOLE_FORMS = (STICKS, BAND)
 LOOKUPS = Form("lookups", _lookup_form,

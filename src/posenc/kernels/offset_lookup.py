@@ -1,5 +1,5 @@
 """Causal attention with a query-dependent term per offset, with the term inside the kernel
-(``offset_lookup_cpu.cpp``): Transformer-XL's position terms at a model's own positions, on CPU.
+(``offset_lookup_cpu.cpp``), on CPU: Transformer-XL's position terms, and Shaw's band of nearest offsets.
 
 Transformer-XL adds ``(q_i + v)·W_R r_{i−j}`` to every logit. As extra q/k channels (``kernels.channels``) that is
 an attention of width Dh + H·Dh; as a mask it is a (B, H, Tq, Tk) tensor kept with its gradient. Here each head's
@@ -7,10 +7,13 @@ W_R r_d is a table of N offsets (H, N, Dh), a query tile multiplies its lookup q
 paper's "relative shift" becomes an index), and the logits of a tile live in a buffer of tile × keys: what
 autograd keeps is the two query tensors, k, v, the table, the output and one log-sum-exp per row.
 
+Shaw's terms are the same kernel with a table of its K nearest offsets shared by every head (``band.Banded``):
+offsets past the table add nothing, and a second table of values adds ``Σ_j p_ij values[i − j]`` to the output.
+
 Positions: queries at Tk − Tq .. Tk − 1 and keys at 0 .. Tk − 1 (a training step, a prefill, a KV-cache step).
 Computed in float32 (float64 for float64 inputs); BLAS does the products.
 
-Shapes: B batch, H heads, Tq/Tk query/key lengths, Dh head width, Dv value width, N ≥ Tk offsets in the table.
+Shapes: B batch, H heads, Tq/Tk query/key lengths, Dh head width, Dv value width, N offsets in the table.
 """
 
 from __future__ import annotations
@@ -42,30 +45,38 @@ def serves(q: Tensor) -> bool:
     return native.runs_here(q, extension)
 
 
-def offset_lookup_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, *, content_shift: Tensor,
-                            lookup_shift: Tensor, scale: float) -> Tensor:
-    """Causal ``softmax(scale·(c_i·k_j + l_i·table[h, i − j]))·v`` with c = q + content_shift and
-    l = q + lookup_shift per head (Transformer-XL's u and v), queries at the last Tq key positions.
+def offset_lookup_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, *, content_shift: Tensor | None = None,
+                            lookup_shift: Tensor | None = None, values: Tensor | None = None,
+                            scale: float) -> Tensor:
+    """Causal ``softmax(scale·(c_i·k_j + l_i·table[h, i − j]))·v`` (plus ``Σ_j p_ij values[h, i − j]``) with
+    c = q + content_shift and l = q + lookup_shift per head (Transformer-XL's u and v), queries at the last Tq key
+    positions; offsets past the table's last row add nothing.
 
     Args:
         q: (B, H, Tq, Dh); k: (B, H, Tk, Dh); v: (B, H, Tk, Dv), Tq ≤ Tk.
-        table: (H, N, Dh), N ≥ Tk: row d of head h is the vector of offset d.
-        content_shift, lookup_shift: (H, Dh).
+        table: (H or 1, N, Dh): row d is the vector of offset d (Transformer-XL: N ≥ Tk; Shaw's band: N = K, one
+            table for every head).
+        content_shift, lookup_shift: (H, Dh), or None for no shift.
+        values: (H or 1, N, Dv) or None: row d is added to the output of every pair at offset d, times the pair's
+            weight (Shaw's value band).
+        scale: the logit scale.
     Returns:
-        (B, H, Tq, Dv) in q's dtype, laid out token-major as SDPA returns it; gradients reach every input. The
-        shifted queries are formed again in the backward rather than kept.
+        (B, H, Tq, Dv) in q's dtype, laid out token-major as SDPA returns it; gradients reach every tensor given.
+        The shifted queries are formed again in the backward rather than kept.
     """
     heads, width = q.shape[1], q.shape[3]
     if k.shape[1] != heads or v.shape[1] != heads or q.shape[2] > k.shape[2]:
         raise ValueError(f"q, k and v need equal heads and Tq ≤ Tk, got q {tuple(q.shape)}, k {tuple(k.shape)}, "
                          f"v {tuple(v.shape)}")
-    if table.dim() != 3 or table.shape[0] != heads or table.shape[1] < k.shape[2] or table.shape[2] != width:
-        raise ValueError(f"table must be (H, N ≥ Tk, Dh) = ({heads}, ≥ {k.shape[2]}, {width}), "
-                         f"got {tuple(table.shape)}")
+    if table.dim() != 3 or table.shape[0] not in (1, heads) or table.shape[1] < 1 or table.shape[2] != width:
+        raise ValueError(f"table must be (H or 1, N ≥ 1, Dh) = ({heads}, N, {width}), got {tuple(table.shape)}")
+    if values is not None and values.shape != table.shape[:2] + v.shape[-1:]:
+        raise ValueError(f"values must be (like the table, N, Dv) = {tuple(table.shape[:2] + v.shape[-1:])}, "
+                         f"got {tuple(values.shape)}")
     for name, shift in (("content_shift", content_shift), ("lookup_shift", lookup_shift)):
-        if shift.shape != (heads, width):
+        if shift is not None and shift.shape != (heads, width):
             raise ValueError(f"{name} must be (H, Dh) = ({heads}, {width}), got {tuple(shift.shape)}")
-    return _OffsetLookupAttention.apply(q, k, v, table, content_shift, lookup_shift, scale)
+    return _OffsetLookupAttention.apply(q, k, v, table, values, content_shift, lookup_shift, scale)
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -77,30 +88,36 @@ def _unit_stride(x: Tensor, dtype: torch.dtype) -> Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def _shifted(q: Tensor, shift: Tensor) -> Tensor:
-    return q + shift[None, :, None, :]
+def _shifted(q: Tensor, shift: Tensor | None) -> Tensor:
+    return q if shift is None else q + shift[None, :, None, :]
+
+
+def _compact(x: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    return None if x is None else x.to(dtype).contiguous()
 
 
 class _OffsetLookupAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, table, content_shift, lookup_shift, scale):
+    def forward(ctx, q, k, v, table, values, content_shift, lookup_shift, scale):
         compute = _compute_dtype(q.dtype)
         q_, k_, v_ = (_unit_stride(x, compute) for x in (q, k, v))
-        table_, content_shift_, lookup_shift_ = (x.to(compute).contiguous() for x in (table, content_shift,
-                                                                                     lookup_shift))
+        table_, values_, content_shift_, lookup_shift_ = (
+            _compact(x, compute) for x in (table, values, content_shift, lookup_shift))
         out, lse = extension().offset_lookup_forward(_shifted(q_, content_shift_), _shifted(q_, lookup_shift_), k_,
-                                                     v_, table_, scale)
-        ctx.save_for_backward(q_, k_, v_, table_, content_shift_, lookup_shift_, out, lse)
+                                                     v_, table_, values_, scale)
+        ctx.save_for_backward(q_, k_, v_, table_, values_, content_shift_, lookup_shift_, out, lse)
         ctx.scale = scale
-        ctx.dtypes = tuple(x.dtype for x in (q, k, v, table, content_shift, lookup_shift))
+        ctx.dtypes = tuple(None if x is None else x.dtype
+                           for x in (q, k, v, table, values, content_shift, lookup_shift))
         return out.to(q.dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, table, content_shift, lookup_shift, out, lse = ctx.saved_tensors
+        q, k, v, table, values, content_shift, lookup_shift, out, lse = ctx.saved_tensors
         grad_out = _unit_stride(grad_out, q.dtype)
         row_terms = (grad_out * out).sum(-1).contiguous()  # (B, H, Tq): Σ_d dout·out
-        grad_c, grad_l, grad_k, grad_v, grad_table = extension().offset_lookup_backward(
-            grad_out, _shifted(q, content_shift), _shifted(q, lookup_shift), k, v, table, lse, row_terms, ctx.scale)
-        grads = (grad_c + grad_l, grad_k, grad_v, grad_table, grad_c.sum((0, 2)), grad_l.sum((0, 2)))
-        return (*(g.to(dtype) for g, dtype in zip(grads, ctx.dtypes)), None)
+        grad_c, grad_l, grad_k, grad_v, grad_table, grad_values = extension().offset_lookup_backward(
+            grad_out, _shifted(q, content_shift), _shifted(q, lookup_shift), k, v, table, values, lse, row_terms,
+            ctx.scale)
+        grads = (grad_c + grad_l, grad_k, grad_v, grad_table, grad_values, grad_c.sum((0, 2)), grad_l.sum((0, 2)))
+        return (*(None if dtype is None else g.to(dtype) for g, dtype in zip(grads, ctx.dtypes)), None)
