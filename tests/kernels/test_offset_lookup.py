@@ -16,9 +16,9 @@ from tests.kernels.test_channels import CASES, assert_all_close, outputs_and_gra
 pytestmark = pytest.mark.skipif(offset_lookup.extension() is None, reason="no C++ toolchain to build the kernel")
 
 
-def reference(q, k, v, table, *, values=None, content_shift=None, lookup_shift=None, scale):
-    """float64 causal attention with the term l_i·table[h, i − j] (and Σ_j p_ij values[h, i − j] in the output),
-    queries at the last Tq key positions, offsets past the table adding nothing."""
+def reference(q, k, v, table, *, values=None, value_floor=None, content_shift=None, lookup_shift=None, scale):
+    """float64 causal attention with the term l_i·table[h, i − j] (and Σ_j p_ij values[h, i − j] + value_floor in
+    the output), queries at the last Tq key positions, offsets past the table adding nothing."""
     content = q if content_shift is None else q + content_shift[:, None, :]
     lookup = q if lookup_shift is None else q + lookup_shift[:, None, :]
     q_len, k_len, rows = q.shape[2], k.shape[2], table.shape[1]
@@ -32,7 +32,7 @@ def reference(q, k, v, table, *, values=None, content_shift=None, lookup_shift=N
     out = weights @ v
     if values is not None:  # each pair's row of values: (H or 1, Tq, Tk, Dv)
         out = out + torch.einsum("bhqk,hqkd->bhqd", weights, values[:, offset.clamp(0, rows - 1)] * in_table[..., None])
-    return out
+    return out if value_floor is None else out + value_floor
 
 
 def kernel(q, k, v, table, **terms):
@@ -64,7 +64,7 @@ def problems(draw):
 def test_equals_attention_with_looked_up_terms_in_float64(p):
     """Across query tiles (32 rows), KV-cache steps (Tq < Tk), tables longer and shorter than the keys, one table
     for every head, values, token-major layouts and large logits: output and the gradients of q, k, v, the
-    table, the values and the shifts."""
+    table, the values, the floor and the shifts."""
     generator = torch.Generator().manual_seed(p["seed"])
 
     def randn(*shape):
@@ -79,7 +79,7 @@ def test_equals_attention_with_looked_up_terms_in_float64(p):
     inputs = dict(q=laid_out(p["q_len"], p["width"]), k=laid_out(p["k_len"], p["width"]),
                   v=laid_out(p["k_len"], p["value_width"]), table=randn(table_heads, p["rows"], p["width"]))
     if p["values"]:
-        inputs["values"] = randn(table_heads, p["rows"], p["value_width"])
+        inputs.update(values=randn(table_heads, p["rows"], p["value_width"]), value_floor=randn(p["value_width"]))
     if p["shifts"]:
         inputs.update(content_shift=randn(p["heads"], p["width"]), lookup_shift=randn(p["heads"], p["width"]))
     upstream = randn(p["batch"], p["heads"], p["q_len"], p["value_width"])
@@ -97,7 +97,7 @@ def test_float32_is_within_verify_tolerance_of_float64(terms):
     if terms == "shifts":
         inputs.update(table=randn(3, 150, 16), content_shift=randn(3, 16), lookup_shift=randn(3, 16))
     else:
-        inputs.update(table=randn(1, 40, 16), values=randn(1, 40, 16))
+        inputs.update(table=randn(1, 40, 16), values=randn(1, 40, 16), value_floor=randn(16))
     upstream = randn(2, 3, 150, 16)
     expected = output_and_grads(kernel, upstream, inputs, scale=1.0)
     got = output_and_grads(kernel, upstream, {name: t.float() for name, t in inputs.items()}, scale=1.0)
@@ -120,6 +120,9 @@ def test_bad_shapes_are_refused():
                scale=1.0)
     with pytest.raises(ValueError, match=r"values must be \(like the table, N, Dv\) = \(1, 3, 8\), got \(1, 4, 8\)"):
         kernel(q, k, v, torch.zeros(1, 3, 8, dtype=torch.float64), values=torch.zeros(1, 4, 8, dtype=torch.float64),
+               scale=1.0)
+    with pytest.raises(ValueError, match=r"value_floor must be \(Dv,\) = \(8,\), got \(4,\)"):
+        kernel(q, k, v, torch.zeros(1, 3, 8, dtype=torch.float64), value_floor=torch.zeros(4, dtype=torch.float64),
                scale=1.0)
 
 

@@ -47,10 +47,10 @@ def serves(q: Tensor) -> bool:
 
 def offset_lookup_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, *, content_shift: Tensor | None = None,
                             lookup_shift: Tensor | None = None, values: Tensor | None = None,
-                            scale: float) -> Tensor:
-    """Causal ``softmax(scale·(c_i·k_j + l_i·table[h, i − j]))·v`` (plus ``Σ_j p_ij values[h, i − j]``) with
-    c = q + content_shift and l = q + lookup_shift per head (Transformer-XL's u and v), queries at the last Tq key
-    positions; offsets past the table's last row add nothing.
+                            value_floor: Tensor | None = None, scale: float) -> Tensor:
+    """Causal ``softmax(scale·(c_i·k_j + l_i·table[h, i − j]))·v`` (plus ``Σ_j p_ij values[h, i − j]`` and
+    ``value_floor``) with c = q + content_shift and l = q + lookup_shift per head (Transformer-XL's u and v), queries
+    at the last Tq key positions; offsets past the table's last row add nothing.
 
     Args:
         q: (B, H, Tq, Dh); k: (B, H, Tk, Dh); v: (B, H, Tk, Dv), Tq ≤ Tk.
@@ -59,6 +59,7 @@ def offset_lookup_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, *, c
         content_shift, lookup_shift: (H, Dh), or None for no shift.
         values: (H or 1, N, Dv) or None: row d is added to the output of every pair at offset d, times the pair's
             weight (Shaw's value band).
+        value_floor: (Dv,) or None: added to every output (Shaw's value for the offsets past its band).
         scale: the logit scale.
     Returns:
         (B, H, Tq, Dv) in q's dtype, laid out token-major as SDPA returns it; gradients reach every tensor given.
@@ -73,10 +74,12 @@ def offset_lookup_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, *, c
     if values is not None and values.shape != table.shape[:2] + v.shape[-1:]:
         raise ValueError(f"values must be (like the table, N, Dv) = {tuple(table.shape[:2] + v.shape[-1:])}, "
                          f"got {tuple(values.shape)}")
+    if value_floor is not None and value_floor.shape != v.shape[-1:]:
+        raise ValueError(f"value_floor must be (Dv,) = ({v.shape[-1]},), got {tuple(value_floor.shape)}")
     for name, shift in (("content_shift", content_shift), ("lookup_shift", lookup_shift)):
         if shift is not None and shift.shape != (heads, width):
             raise ValueError(f"{name} must be (H, Dh) = ({heads}, {width}), got {tuple(shift.shape)}")
-    return _OffsetLookupAttention.apply(q, k, v, table, values, content_shift, lookup_shift, scale)
+    return _OffsetLookupAttention.apply(q, k, v, table, values, value_floor, content_shift, lookup_shift, scale)
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -98,26 +101,30 @@ def _compact(x: Tensor | None, dtype: torch.dtype) -> Tensor | None:
 
 class _OffsetLookupAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, table, values, content_shift, lookup_shift, scale):
+    def forward(ctx, q, k, v, table, values, value_floor, content_shift, lookup_shift, scale):
         compute = _compute_dtype(q.dtype)
         q_, k_, v_ = (_unit_stride(x, compute) for x in (q, k, v))
-        table_, values_, content_shift_, lookup_shift_ = (
-            _compact(x, compute) for x in (table, values, content_shift, lookup_shift))
+        table_, values_, value_floor_, content_shift_, lookup_shift_ = (
+            _compact(x, compute) for x in (table, values, value_floor, content_shift, lookup_shift))
         out, lse = extension().offset_lookup_forward(_shifted(q_, content_shift_), _shifted(q_, lookup_shift_), k_,
                                                      v_, table_, values_, scale)
-        ctx.save_for_backward(q_, k_, v_, table_, values_, content_shift_, lookup_shift_, out, lse)
+        if value_floor_ is not None:  # in place: the output kept for the backward is the one returned
+            out.add_(value_floor_)
+        ctx.save_for_backward(q_, k_, v_, table_, values_, value_floor_, content_shift_, lookup_shift_, out, lse)
         ctx.scale = scale
         ctx.dtypes = tuple(None if x is None else x.dtype
-                           for x in (q, k, v, table, values, content_shift, lookup_shift))
+                           for x in (q, k, v, table, values, value_floor, content_shift, lookup_shift))
         return out.to(q.dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, table, values, content_shift, lookup_shift, out, lse = ctx.saved_tensors
+        q, k, v, table, values, value_floor, content_shift, lookup_shift, out, lse = ctx.saved_tensors
         grad_out = _unit_stride(grad_out, q.dtype)
-        row_terms = (grad_out * out).sum(-1).contiguous()  # (B, H, Tq): Σ_d dout·out
+        weighted = out if value_floor is None else out - value_floor  # Σ_j p_ij (v_j + values[i − j])
+        row_terms = (grad_out * weighted).sum(-1).contiguous()  # (B, H, Tq): Σ_d dout·weighted
         grad_c, grad_l, grad_k, grad_v, grad_table, grad_values = extension().offset_lookup_backward(
             grad_out, _shifted(q, content_shift), _shifted(q, lookup_shift), k, v, table, values, lse, row_terms,
             ctx.scale)
-        grads = (grad_c + grad_l, grad_k, grad_v, grad_table, grad_values, grad_c.sum((0, 2)), grad_l.sum((0, 2)))
+        grads = (grad_c + grad_l, grad_k, grad_v, grad_table, grad_values, grad_out.sum((0, 1, 2)),
+                 grad_c.sum((0, 2)), grad_l.sum((0, 2)))
         return (*(None if dtype is None else g.to(dtype) for g, dtype in zip(grads, ctx.dtypes)), None)
