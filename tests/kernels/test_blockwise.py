@@ -152,12 +152,13 @@ def spy(monkeypatch):
     return kernel_calls(monkeypatch, blockwise, "blockwise_attention", "mask")
 
 
-# CoPE's causal calls at a model's own positions run in its own kernel (test_gated_counts)
-COUNTS_CASES = {"causal", "kv-cache step"}
+# calls at a model's own positions that run in an encoding's own kernel: CoPE's causal ones (test_gated_counts),
+# every one of FIRE's (its segments inside the offset-bias tiles, test_fire_cpu)
+OWN_KERNEL_CASES = {"cope": {"causal", "kv-cache step"}, "fire": {"causal", "bidirectional", "kv-cache step"}}
 
 
 @pytest.mark.parametrize(("key", "case"), [(key, case) for key in LEARNED for case in CASES
-                                           if not (key == "cope" and case in COUNTS_CASES)])
+                                           if case not in OWN_KERNEL_CASES.get(key, ())])
 def test_attention_serves_learned_encodings_exactly(key, case, spy, monkeypatch):
     """sdpa (this kernel) equals eager in float64: output, q, k, v and every parameter's gradient."""
     if key == "transformer_xl":  # its channels run here too; they are timed against its lookups otherwise

@@ -56,7 +56,7 @@ def test_a_forced_form_runs_wherever_it_serves(fresh, clock, monkeypatch):
     assert dispatch.choose("key A", list(contenders), lambda: contenders) == "table"
     assert all(calls[name] > 0 for name in calls)
     monkeypatch.setenv(dispatch.FORCE_VARIABLE, "fastest")
-    with pytest.raises(ValueError, match=r"ATTENTION_FORM must be one of \['blocks', 'channels', 'counts', 'flex', 'gates', 'lookups', 'mask', 'table', 'tiles'\]"):
+    with pytest.raises(ValueError, match=r"ATTENTION_FORM must be one of \['blocks', 'channels', 'counts', 'flex', 'gates', 'lookups', 'mask', 'segments', 'table', 'tiles'\]"):
         dispatch.choose("key B", list(contenders), lambda: contenders)
     with pytest.raises(ValueError, match="form must be one of"):
         with dispatch.force("blockwise"):

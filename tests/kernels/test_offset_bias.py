@@ -157,18 +157,19 @@ def test_explicit_positions_and_masks_take_another_form(case, spy):
     assert not spy
 
 
-def test_fire_from_its_threshold_on_takes_another_form(spy):
-    """Past L every query has its own normaliser ψ(i), so the bias is no table of offsets there."""
+def test_fire_from_its_threshold_on_reads_its_segments_instead_of_a_table(spy):
+    """Past L every query has its own normaliser ψ(i), so the bias is no table of offsets there: the kernel reads
+    FIRE's segments per pair (tests/kernels/test_fire_cpu.py)."""
     enc = make_encoding("fire", heads=4)
     with torch.no_grad():
         enc.threshold.fill_(8 / 512)  # L = 8 < the last query's position, 11
     q, k, v = tensors()
     assert_all_close(outputs_and_grads(enc, q, k, v, "sdpa"), outputs_and_grads(enc, q, k, v, "eager"), atol=1e-10)
-    assert not spy
+    assert len(spy) == 1 and spy[0]["segments"] is not None
     with torch.no_grad():
         enc.threshold.fill_(12 / 512)
     outputs_and_grads(enc, q, k, v, "sdpa")
-    assert len(spy) == 1
+    assert len(spy) == 2 and spy[1].get("segments") is None
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

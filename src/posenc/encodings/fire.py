@@ -13,9 +13,9 @@ paper's pseudo-code.
 
 The bias depends on the query's position as well as the offset, so this encoding overrides
 ``score_bias`` (``bias_from_offset = False``); FlexAttention looks its dense bias up per pair. Up to the
-threshold the normaliser is ψ(L) for every query, so there the bias is a table of offsets (``offset_table``),
-which the CPU kernel with the bias inside serves; on a GPU the Triton tiles read the MLP as its linear segments
-per pair at any position (``offset_formula``).
+threshold the normaliser is ψ(L) for every query, so there the bias is a table of offsets (``offset_table``);
+at any position the C++ and the Triton tiles read the MLP as its linear segments per pair (``distance_segments``,
+``offset_formula``).
 """
 
 from __future__ import annotations
@@ -71,16 +71,21 @@ class FIRE(PositionalEncoding):
         keys = -torch.arange(lowest, highest + 1, device=device)[None, :]
         return self.score_bias(torch.zeros(1, 1, dtype=torch.long, device=device), keys, dtype)[0, :, 0, :]
 
-    def offset_formula(self) -> tuple[str, Tensor]:
-        """("fire", (H, 3P + 2) float32), differentiable: per head [keys (P), slopes (P), intercepts (P), c, L], the
-        MLP as its segments (``kernels.fire_segments.relu_segments``, P = next power of two ≥ W + 1), which
-        ``kernels.tiles_triton`` reads per pair at any position, the query's included."""
+    def distance_segments(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        """(H, 3P + 2) in ``dtype`` (float32 or float64), differentiable: per head [keys (P), slopes (P), intercepts
+        (P), c, L], the MLP as its segments (``kernels.fire_segments.relu_segments``, P = next power of two ≥ W + 1,
+        keys exact for x of that dtype), which the C++ tiles (``kernels.offset_bias``) and the Triton tiles read per
+        pair at any position, the query's included."""
         first, second = self.mlp[0], self.mlp[2]
-        keys, slopes, intercepts = relu_segments(first.weight[:, 0], first.bias, second.weight, second.bias)
+        keys, slopes, intercepts = relu_segments(first.weight[:, 0], first.bias, second.weight, second.bias, dtype)
         heads, count = slopes.shape  # (H, P)
         scalars = torch.stack([self.log_scale.abs(), (self.threshold * INIT_THRESHOLD).abs()])  # c, L
         parts = [keys.expand(heads, count), slopes, intercepts, scalars.expand(heads, 2)]
-        return "fire", torch.cat([part.float() for part in parts], 1)
+        return torch.cat([part.to(dtype) for part in parts], 1)
+
+    def offset_formula(self) -> tuple[str, Tensor]:
+        """("fire", ``distance_segments()``): the formula ``kernels.tiles_triton`` computes inside its tiles."""
+        return "fire", self.distance_segments()
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, width={self.mlp[0].out_features}"

@@ -33,7 +33,7 @@ import torch
 from .. import checks, storage
 from . import native
 
-FORMS = ("table", "channels", "mask", "counts", "lookups", "gates", "tiles", "flex", "blocks")
+FORMS = ("table", "channels", "mask", "counts", "lookups", "gates", "segments", "tiles", "flex", "blocks")
 FORCE_VARIABLE = "POSENC_ATTENTION_FORM"
 CACHE_VARIABLE = "POSENC_FORMS_CACHE"
 ROUNDS = 3  # timed rounds after one warm-up call of each form: a few milliseconds to a second, once per key

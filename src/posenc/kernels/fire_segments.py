@@ -30,20 +30,22 @@ def key_count(width: int) -> int:
     return 1 << width.bit_length()
 
 
-def relu_segments(w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def relu_segments(w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor,
+                  precision: torch.dtype = torch.float32) -> tuple[Tensor, Tensor, Tensor]:
     """The segments of f_h(x) = b2_h + Σ_k w2_hk · relu(w1_k · x + b1_k) for x ≥ 0.
 
     Args:
         w1, b1: (W,) the hidden layer's weights (its single input column) and biases.
         w2: (H, W) and b2: (H,): the output layer.
+        precision: the dtype of the x the keys are compared with (``kink_keys``): float32, or float64.
     Returns:
-        keys (P,) float32, sorted, no gradient; slopes and intercepts (H, P) in the weights' dtype, differentiable:
+        keys (P,) in ``precision``, sorted, no gradient; slopes and intercepts (H, P) in the weights' dtype, differentiable:
         for x with s = #{r : keys[r] < x}, f_h(x) = slopes[h, s] · x + intercepts[h, s]. Entries past the last
         reachable segment repeat nothing useful (their keys are +inf).
     """
     width, keys_total = w1.shape[0], key_count(w1.shape[0])
     with torch.no_grad():
-        keys = kink_keys(w1.detach(), b1.detach())  # (W,)
+        keys = kink_keys(w1.detach(), b1.detach(), precision)  # (W,)
         padded = torch.cat([keys, keys.new_full((keys_total - width,), float("inf"))])  # (P,)
         order = torch.sort(padded, stable=True).indices  # units first among equal keys: the padding is +inf anyway
         rank = torch.empty_like(order)
@@ -56,13 +58,13 @@ def relu_segments(w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> tuple[Tenso
     return padded[order], slopes.T, intercepts.T
 
 
-def kink_keys(w1: Tensor, b1: Tensor) -> Tensor:
-    """(W,) float32 keys: for float32 x ≥ 0, ``key_k < x`` exactly where unit k is no longer as it is at small x
-    (inactive for W1_k > 0, active for W1_k < 0), by W1_k · x + b1_k > 0 in exact arithmetic. With t = −b1_k / W1_k:
-    W1_k > 0, active iff x > t: key = t rounded down; W1_k < 0, inactive iff x ≥ t: key = the float32 below t
-    rounded up; W1_k = 0 never changes: +inf."""
+def kink_keys(w1: Tensor, b1: Tensor, precision: torch.dtype = torch.float32) -> Tensor:
+    """(W,) keys in ``precision`` (float32 or float64): for x ≥ 0 of that dtype, ``key_k < x`` exactly where unit k
+    is no longer as it is at small x (inactive for W1_k > 0, active for W1_k < 0), by W1_k · x + b1_k > 0 in exact
+    arithmetic (float64: up to t's own rounding). With t = −b1_k / W1_k: W1_k > 0, active iff x > t: key = t
+    rounded down; W1_k < 0, inactive iff x ≥ t: key = the number below t rounded up; W1_k = 0 never changes: +inf."""
     t = -b1.double() / w1.double()  # the kink, ±inf or nan where w1 = 0 (replaced below)
-    nearest = t.float()
+    nearest = t.to(precision)
     down = torch.where(nearest.double() > t, torch.nextafter(nearest, nearest.new_tensor(-float("inf"))), nearest)
     up = torch.where(nearest.double() < t, torch.nextafter(nearest, nearest.new_tensor(float("inf"))), nearest)
     below_up = torch.nextafter(up, up.new_tensor(-float("inf")))
@@ -72,8 +74,9 @@ def kink_keys(w1: Tensor, b1: Tensor) -> Tensor:
 
 
 def segment_of(x: Tensor, keys: Tensor) -> Tensor:
-    """The segment of each x, #{r : keys[r] < x}, as the kernel's search finds it: int64, x's shape."""
-    return torch.searchsorted(keys, x.float().contiguous(), right=False)
+    """The segment of each x, #{r : keys[r] < x}, as the kernel's search finds it (x in the keys' dtype): int64, x's
+    shape."""
+    return torch.searchsorted(keys, x.to(keys.dtype).contiguous(), right=False)
 
 
 def piecewise_mlp(x: Tensor, keys: Tensor, slopes: Tensor, intercepts: Tensor) -> Tensor:

@@ -7,8 +7,9 @@
     ``lookups_triton``'s; elsewhere as a band of diagonals, ``band``);
   - for score terms, every form that serves is timed: ``counts`` (CoPE inside ``gated_counts``; on a GPU inside
     ``counts_triton``'s tiles), ``gates`` (FoX's c_i − c_j inside ``offset_bias``), ``table`` (a bias of offsets
-    there too), ``lookups`` (Transformer-XL inside ``offset_lookup``; on a GPU inside ``lookups_triton``'s tiles),
-    ``channels`` (extra q/k channels) and ``mask`` (a float mask on SDPA or ``blockwise``); on a GPU ``tiles`` (an
+    there too), ``segments`` (FIRE's MLP as linear segments per pair there, at any query position), ``lookups``
+    (Transformer-XL inside ``offset_lookup``; on a GPU inside ``lookups_triton``'s tiles), ``channels`` (extra
+    q/k channels) and ``mask`` (a float mask on SDPA or ``blockwise``); on a GPU ``tiles`` (an
     offset table, FIRE's segments or FoX's token values inside ``tiles_triton``'s tiles) and ``flex``
     (FlexAttention's score_mod). The Triton kernels not yet run on a GPU are offered there only when asked for
     (``tiles_triton.offered_once_checked``).
@@ -148,11 +149,23 @@ def _table_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
     return offset_bias.offset_bias_attention(q, k, v, table, lowest, scale=scale, causal=causal)
 
 
-def _gate_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
+def _no_offset_bias(q: Tensor, k: Tensor, causal: bool) -> tuple[Tensor, int]:
+    """(table, lowest) of zeros for ``offset_bias``: a call whose bias is all per pair."""
     lowest, highest = offset_bias.offsets(q.shape[2], k.shape[2], causal)
-    no_offset_bias = q.new_zeros(q.shape[1], highest - lowest + 1, dtype=math_dtype(q.dtype))
-    return offset_bias.offset_bias_attention(q, k, v, no_offset_bias, lowest, scale=scale, causal=causal,
+    return q.new_zeros(q.shape[1], highest - lowest + 1, dtype=math_dtype(q.dtype)), lowest
+
+
+def _gate_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
+    return offset_bias.offset_bias_attention(q, k, v, *_no_offset_bias(q, k, causal), scale=scale, causal=causal,
                                              token_values=at.cumulative_gates())
+
+
+def _segments_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
+    compute = math_dtype(q.dtype)
+    segments = at.memo(("distance_segments", compute), lambda: at.encoding.distance_segments(compute))
+    first_position = int(at.k_pos[0, 0]) if at.k_pos.shape[-1] else 0
+    return offset_bias.offset_bias_attention(q, k, v, *_no_offset_bias(q, k, causal), scale=scale, causal=causal,
+                                             segments=segments, first_position=first_position)
 
 
 def _counts_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
@@ -301,6 +314,9 @@ CPU_FORMS = (
     Form("table", _table_form, lambda e: e.has_bias and not e.has_relative_logits,
          lambda q, at, causal, mask, plain: mask is None and offset_bias.serves(q) and (
              at.offset_table(causal, math_dtype(q.dtype)) is not None)),
+    Form("segments", _segments_form, lambda e: e.has_bias and isinstance(e, offset_bias.DistanceSegments),
+         lambda q, at, causal, mask, plain: mask is None and at.contiguous and offset_bias.serves(q),
+         spares_mask=lambda e: True),
     LOOKUPS,
     CHANNELS,
 )

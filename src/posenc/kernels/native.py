@@ -30,7 +30,7 @@ LDFLAGS = ("-fopenmp",)
 STALE_LOCK_S = 600.0  # a build takes 30-60 s; a lock this old belongs to a build that was killed
 
 
-HEADERS = Path(__file__).parent  # the kernels' shared header, cpu_tiles.h
+HEADERS = Path(__file__).parent  # the kernels' shared headers: cpu_tiles.h, fire_cpu.h
 
 
 def headers() -> bytes:

@@ -5,12 +5,14 @@
 //
 // Shapes: B batch, H heads, Tq queries at positions q_start..q_start+Tq-1, Tk keys at 0..Tk-1, Dh and Dv head
 // widths, N table entries: the bias of query i and key j in head h is table[h][(q_start + i - j) + origin],
-// plus, with token values (FoX's cumulative log forget gates c, float64 (B, H, T)), c_i − c_j formed in double.
-// Products run on the BLAS torch links (cpu_tiles.h).
+// plus, with token values (FoX's cumulative log forget gates c, float64 (B, H, T)), c_i − c_j formed in double,
+// and with FIRE's segments (H, 3P + 2) its bias of the pair's distance and the query's position (fire_cpu.h; the
+// first key at position key_position). Products run on the BLAS torch links (cpu_tiles.h).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include "cpu_tiles.h"
+#include "fire_cpu.h"
 
 #include <algorithm>
 #include <cmath>
@@ -33,6 +35,7 @@ struct Geometry {
   int64_t batch, heads, queries, keys, width, value_width, entries;
   int64_t q_start, origin;
   bool causal;
+  int64_t key_position;  // the position of key 0: FIRE's bias reads the query's own position
   // keys a query tile reads: all, or those up to its last query when causal
   int64_t key_end(int64_t q0, int64_t rows) const {
     return causal ? std::min(keys, q_start + q0 + rows) : keys;
@@ -60,10 +63,29 @@ struct Tokens {
 };
 
 // scores (rows × cols, row stride KEY_TILE) = scale·q_tile·k_tileᵀ + bias, for the allowed columns of each row
+// FIRE's bias for the tiles of one head, or none: its segments and distance tables (shared) and a row's scratch.
+template <typename T>
+struct FireTiles {
+  const posenc_fire::Head<T>* head;
+  posenc_fire::Row<T>& row;
+};
+
+// Each head's FIRE tables, or none without segments.
+template <typename T>
+std::vector<posenc_fire::Head<T>> fire_heads(const c10::optional<torch::Tensor>& fire, const Geometry& g,
+                                             bool with_gradients) {
+  std::vector<posenc_fire::Head<T>> heads;
+  if (!fire.has_value()) return heads;
+  const int64_t entries = fire->size(1), distances = std::max(g.keys, g.q_start + g.queries);
+  for (int64_t h = 0; h < g.heads; ++h)
+    heads.emplace_back(fire->data_ptr<T>() + h * entries, entries, distances, with_gradients);
+  return heads;
+}
+
 template <typename T>
 void tile_logits(T* scores, const T* q_rows, int64_t q_stride, const T* k_rows, int64_t k_stride, int64_t rows,
-                 int64_t cols, int64_t q0, int64_t k0, const T* table_row, TokenValues values, const Geometry& g,
-                 T scale) {
+                 int64_t cols, int64_t q0, int64_t k0, const T* table_row, TokenValues values, FireTiles<T> fire,
+                 const Geometry& g, T scale) {
   gemm(TransposeType::Transpose, TransposeType::NoTranspose, cols, rows, g.width, T(1), k_rows, k_stride, q_rows,
        q_stride, T(0), scores, KEY_TILE);
   for (int64_t r = 0; r < rows; ++r) {
@@ -77,19 +99,29 @@ void tile_logits(T* scores, const T* q_rows, int64_t q_stride, const T* k_rows, 
 #pragma omp simd
       for (int64_t c = 0; c < valid; ++c) s[c] += static_cast<T>(query_value - values.keys[c]);
     }
+    if (fire.head != nullptr) {
+      fire.row.load(*fire.head, g.key_position + g.q_start + q0 + r, g.q_start + q0 + r - k0, valid, false);
+      fire.row.biases(*fire.head, valid);
+      const T* bias = fire.row.bias.data();
+#pragma omp simd
+      for (int64_t c = 0; c < valid; ++c) s[c] += bias[c];
+    }
   }
 }
 
 template <typename T>
 void forward_tiles(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& table,
-                   Tokens tokens, torch::Tensor& out, torch::Tensor& lse, const Geometry& g, T scale) {
+                   Tokens tokens, const c10::optional<torch::Tensor>& fire, torch::Tensor& out, torch::Tensor& lse,
+                   const Geometry& g, T scale) {
   const Rows<T> Q(q), K(k), V(v), O(out);
   const T* tables = table.data_ptr<T>();
   T* lse_data = lse.data_ptr<T>();
   const int64_t tiles = (g.queries + QUERY_TILE - 1) / QUERY_TILE;
+  const auto heads = fire_heads<T>(fire, g, false);
   at::parallel_for(0, g.batch * g.heads * tiles, 1, [&](int64_t begin, int64_t end) {
     std::vector<T> scores(QUERY_TILE * KEY_TILE), acc(QUERY_TILE * g.value_width);
     std::vector<T> row_max(QUERY_TILE), row_sum(QUERY_TILE);
+    posenc_fire::Row<T> fire_row(KEY_TILE);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t tile = task % tiles, h = (task / tiles) % g.heads, b = task / (tiles * g.heads);
       const int64_t q0 = tile * QUERY_TILE, rows = std::min(QUERY_TILE, g.queries - q0);
@@ -103,7 +135,8 @@ void forward_tiles(const torch::Tensor& q, const torch::Tensor& k, const torch::
         const int64_t cols = std::min(KEY_TILE, key_end - k0);
         const T* k_rows = K.at(b, h) + k0 * K.row_stride;
         tile_logits(scores.data(), q_rows, Q.row_stride, k_rows, K.row_stride, rows, cols, q0, k0, table_row,
-                    tokens.at(g, b * g.heads + h, q0, k0), g, scale);
+                    tokens.at(g, b * g.heads + h, q0, k0), FireTiles<T>{heads.empty() ? nullptr : &heads[h], fire_row},
+                    g, scale);
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t valid = g.allowed(q0, r, k0, cols);
           T* s = scores.data() + r * KEY_TILE;
@@ -145,20 +178,25 @@ void forward_tiles(const torch::Tensor& q, const torch::Tensor& k, const torch::
 template <typename T>
 void backward_tiles(const torch::Tensor& grad_out, const torch::Tensor& q, const torch::Tensor& k,
                     const torch::Tensor& v, const torch::Tensor& lse, const torch::Tensor& row_terms,
-                    const torch::Tensor& table, Tokens tokens, torch::Tensor& grad_q, torch::Tensor& grad_k,
-                    torch::Tensor& grad_v, torch::Tensor& grad_table, bool want_table, double* grad_query_values,
-                    double* grad_key_values, const Geometry& g, T scale) {
+                    const torch::Tensor& table, Tokens tokens, const c10::optional<torch::Tensor>& fire,
+                    torch::Tensor& grad_q, torch::Tensor& grad_k, torch::Tensor& grad_v, torch::Tensor& grad_table,
+                    bool want_table, double* grad_query_values, double* grad_key_values, T* grad_fire,
+                    const Geometry& g, T scale) {
   const Rows<T> dO(grad_out), Q(q), K(k), V(v), dQ(grad_q), dK(grad_k), dV(grad_v);
   const T* tables = table.data_ptr<T>();
   const T* lse_data = lse.data_ptr<T>();
   const T* row_term_data = row_terms.data_ptr<T>();  // (B, H, Tq): Σ_d dout·out
   T* grad_tables = grad_table.data_ptr<T>();       // (B, H, N): each (b, h) task owns its row
+  const auto heads = fire_heads<T>(fire, g, true);
+  const int64_t fire_entries = fire.has_value() ? fire->size(1) : 0;  // grad_fire: (B, H, 3P + 2), a row per task
   at::parallel_for(0, g.batch * g.heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<T> probs(QUERY_TILE * KEY_TILE), grad_scores(QUERY_TILE * KEY_TILE);
+    posenc_fire::Row<T> fire_row(KEY_TILE);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t h = task % g.heads, b = task / g.heads;
       const T* table_row = tables + h * g.entries;
       T* grad_table_row = want_table ? grad_tables + task * g.entries : nullptr;
+      const FireTiles<T> fire_tiles{heads.empty() ? nullptr : &heads[h], fire_row};
       for (int64_t q0 = 0; q0 < g.queries; q0 += QUERY_TILE) {
         const int64_t rows = std::min(QUERY_TILE, g.queries - q0);
         const T* q_rows = Q.at(b, h) + q0 * Q.row_stride;
@@ -171,7 +209,7 @@ void backward_tiles(const torch::Tensor& grad_out, const torch::Tensor& q, const
           const T* k_rows = K.at(b, h) + k0 * K.row_stride;
           const T* v_rows = V.at(b, h) + k0 * V.row_stride;
           tile_logits(probs.data(), q_rows, Q.row_stride, k_rows, K.row_stride, rows, cols, q0, k0, table_row,
-                      tokens.at(g, task, q0, k0), g, scale);
+                      tokens.at(g, task, q0, k0), fire_tiles, g, scale);
           for (int64_t r = 0; r < rows; ++r) {
             const int64_t valid = g.allowed(q0, r, k0, cols);
             T* p = probs.data() + r * KEY_TILE;
@@ -208,6 +246,11 @@ void backward_tiles(const torch::Tensor& grad_out, const torch::Tensor& q, const
               }
               grad_query_values[task * g.queries + q0 + r] += row_sum;
             }
+            if (fire_tiles.head != nullptr) {
+              const int64_t position = g.key_position + g.q_start + q0 + r;
+              fire_row.load(*fire_tiles.head, position, g.q_start + q0 + r - k0, valid, true);
+              fire_row.add_gradients(*fire_tiles.head, ds, valid, position, grad_fire + task * fire_entries);
+            }
           }
           // dQ_tile += scale·dS·K,  dK_tile += scale·dSᵀ·Q
           gemm(TransposeType::NoTranspose, TransposeType::NoTranspose, g.width, rows, cols, scale,
@@ -223,13 +266,23 @@ void backward_tiles(const torch::Tensor& grad_out, const torch::Tensor& q, const
 }
 
 Geometry geometry(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& table,
-                  int64_t q_start, int64_t origin, bool causal) {
+                  int64_t q_start, int64_t origin, bool causal, const c10::optional<torch::Tensor>& fire,
+                  int64_t key_position) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "offset_bias_attention: q, k, v must be 4-D");
   TORCH_CHECK(k.size(1) == q.size(1) && v.size(1) == q.size(1), "offset_bias_attention: q, k, v need equal heads");
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "offset_bias_attention: unit stride along D");
   TORCH_CHECK(table.dim() == 2 && table.size(0) == q.size(1) && table.is_contiguous(),
               "offset_bias_attention: table must be contiguous (H, N)");
-  Geometry g{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), v.size(3), table.size(1), q_start, origin, causal};
+  if (fire.has_value()) {
+    const int64_t count = (fire->size(1) - 2) / 3;  // P
+    TORCH_CHECK(fire->dim() == 2 && fire->size(0) == q.size(1) && fire->is_contiguous() &&
+                    fire->scalar_type() == q.scalar_type() && fire->size(1) == 3 * count + 2 && count >= 2 &&
+                    (count & (count - 1)) == 0,
+                "offset_bias_attention: FIRE's segments must be contiguous (H, 3P + 2) in q's dtype, P a power of "
+                "two >= 2");
+  }
+  Geometry g{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), v.size(3), table.size(1), q_start, origin, causal,
+             key_position};
   // every offset a pair reaches must index the table
   const int64_t low = causal ? 0 : q_start - (g.keys - 1), high = q_start + g.queries - 1;
   TORCH_CHECK(g.queries == 0 || g.keys == 0 || (low + origin >= 0 && high + origin < g.entries),
@@ -257,26 +310,28 @@ Tokens token_values(const Geometry& g, const c10::optional<torch::Tensor>& query
 std::vector<torch::Tensor> offset_bias_forward(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor table,
                                                int64_t q_start, int64_t origin, bool causal, double scale,
                                                c10::optional<torch::Tensor> query_values,
-                                               c10::optional<torch::Tensor> key_values) {
-  const Geometry g = geometry(q, k, v, table, q_start, origin, causal);
+                                               c10::optional<torch::Tensor> key_values,
+                                               c10::optional<torch::Tensor> fire, int64_t key_position) {
+  const Geometry g = geometry(q, k, v, table, q_start, origin, causal, fire, key_position);
   const Tokens tokens = token_values(g, query_values, key_values);
   auto out = torch::empty({g.batch, g.queries, g.heads, g.value_width}, q.options()).transpose(1, 2);
   auto lse = torch::empty({g.batch, g.heads, g.queries}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "offset_bias_forward", [&] {
-    forward_tiles<scalar_t>(q, k, v, table, tokens, out, lse, g, static_cast<scalar_t>(scale));
+    forward_tiles<scalar_t>(q, k, v, table, tokens, fire, out, lse, g, static_cast<scalar_t>(scale));
   });
   return {out, lse};
 }
 
 // Returns (dq, dk, dv, dtable (B, H, N), zeros when not wanted, and with token values their gradients (B, H, Tq),
-// (B, H, Tk) in float64). row_terms: (B, H, Tq) contiguous.
+// (B, H, Tk) in float64, and with FIRE's segments theirs (H, 3P + 2)). row_terms: (B, H, Tq) contiguous.
 std::vector<torch::Tensor> offset_bias_backward(torch::Tensor grad_out, torch::Tensor q, torch::Tensor k,
                                                 torch::Tensor v, torch::Tensor lse, torch::Tensor row_terms,
                                                 torch::Tensor table, int64_t q_start, int64_t origin, bool causal,
                                                 double scale, bool want_table,
                                                 c10::optional<torch::Tensor> query_values,
-                                                c10::optional<torch::Tensor> key_values) {
-  const Geometry g = geometry(q, k, v, table, q_start, origin, causal);
+                                                c10::optional<torch::Tensor> key_values,
+                                                c10::optional<torch::Tensor> fire, int64_t key_position) {
+  const Geometry g = geometry(q, k, v, table, q_start, origin, causal, fire, key_position);
   const Tokens tokens = token_values(g, query_values, key_values);
   TORCH_CHECK(grad_out.stride(3) == 1 && lse.is_contiguous() && row_terms.is_contiguous(),
               "offset_bias_backward: layouts");
@@ -286,16 +341,19 @@ std::vector<torch::Tensor> offset_bias_backward(torch::Tensor grad_out, torch::T
   const bool with_tokens = tokens.queries != nullptr;
   auto grad_query_values = torch::zeros({with_tokens ? g.batch : 0, g.heads, g.queries}, doubles);
   auto grad_key_values = torch::zeros({with_tokens ? g.batch : 0, g.heads, g.keys}, doubles);
+  auto grad_fire = torch::zeros({fire.has_value() ? g.batch : 0, g.heads, fire.has_value() ? fire->size(1) : 0},
+                                q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "offset_bias_backward", [&] {
-    backward_tiles<scalar_t>(grad_out, q, k, v, lse, row_terms, table, tokens, grad_q, grad_k, grad_v, grad_table,
-                             want_table, with_tokens ? grad_query_values.data_ptr<double>() : nullptr,
-                             with_tokens ? grad_key_values.data_ptr<double>() : nullptr, g,
-                             static_cast<scalar_t>(scale));
+    backward_tiles<scalar_t>(grad_out, q, k, v, lse, row_terms, table, tokens, fire, grad_q, grad_k, grad_v,
+                             grad_table, want_table, with_tokens ? grad_query_values.data_ptr<double>() : nullptr,
+                             with_tokens ? grad_key_values.data_ptr<double>() : nullptr,
+                             grad_fire.data_ptr<scalar_t>(), g, static_cast<scalar_t>(scale));
   });
-  return {grad_q, grad_k, grad_v, grad_table, grad_query_values, grad_key_values};
+  return {grad_q, grad_k, grad_v, grad_table, grad_query_values, grad_key_values, grad_fire.sum(0)};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("offset_bias_forward", &offset_bias_forward, "attention with a (head, offset) bias table: out, lse");
-  m.def("offset_bias_backward", &offset_bias_backward, "its backward: dq, dk, dv, per-batch dtable");
+  m.def("offset_bias_backward", &offset_bias_backward, "its backward: dq, dk, dv, per-batch dtable, token and "
+        "FIRE gradients");
 }
