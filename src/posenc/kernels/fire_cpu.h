@@ -76,13 +76,9 @@ struct Row {
       for (int64_t col = ahead; col < valid; ++col) psi_by_c[col] = by_c[col - d0];
     }
     if (valid == 0) return;
-    T least = x[0], greatest = x[0];
-    for (int64_t col = 1; col < valid; ++col) {
-      least = std::min(least, x[col]);
-      greatest = std::max(greatest, x[col]);
-    }
-    low = head.segment(least);
-    high = head.segment(greatest);
+    // x grows with the distance |d0 − col|: least where the key is nearest the query, greatest at an end
+    low = head.segment(x[std::clamp<int64_t>(d0, 0, valid - 1)]);
+    high = head.segment(std::max(x[0], x[valid - 1]));
   }
 
   // bias[col] = slopes[s]·x + intercepts[s], s the column's segment: from the least segment on, each key inside
@@ -100,14 +96,39 @@ struct Row {
   }
 
   // Adds Σ ds and Σ ds·x per segment to grad_row (its slopes at count + s, intercepts at 2·count + s) and this
-  // row's Σ ds·∂bias/∂c and Σ ds·∂bias/∂L to grad_row's last two entries. Reuses bias for each column's slope.
+  // row's Σ ds·∂bias/∂c and Σ ds·∂bias/∂L to grad_row's last two entries.
   void add_gradients(const Head<T>& head, const T* ds, int64_t valid, int64_t query_position, T* grad_row) {
+    T along = 0, by_c = 0;  // Σ ds·slope·x and Σ ds·slope·∂ψ(|d|)/∂c, each column with its segment's slope
+    if (low == high) {  // one segment, one pass: most tiles away from the diagonal
+      T sum = 0, weighted = 0, pulled_by_c = 0;
+#pragma omp simd reduction(+ : sum, weighted, pulled_by_c)
+      for (int64_t col = 0; col < valid; ++col) {
+        sum += ds[col];
+        weighted += ds[col] * x[col];
+        pulled_by_c += ds[col] * psi_by_c[col];
+      }
+      grad_row[head.count + low] += weighted;
+      grad_row[2 * head.count + low] += sum;
+      along = head.slopes[low] * weighted;
+      by_c = head.slopes[low] * pulled_by_c;
+    } else {
+      add_segment_sums(head, ds, valid, grad_row, along, by_c);
+    }
+    const T grown = normalizer / (1 + head.c * normalizer) * inverse;  // ∂ log(ψ(max(i, L)) + ε) / ∂c
+    const T position = static_cast<T>(query_position);
+    const T chosen = head.threshold > position ? T(1) : head.threshold == position ? T(0.5) : T(0);  // as torch's max
+    grad_row[3 * head.count] += by_c * inverse - along * grown;
+    grad_row[3 * head.count + 1] -= along * chosen * head.c / (1 + head.c * normalizer) * inverse;
+  }
+
+  // add_gradients' sums over several segments; reuses bias for each column's slope.
+  void add_segment_sums(const Head<T>& head, const T* ds, int64_t valid, T* grad_row, T& along, T& by_c) {
+    constexpr T infinity = std::numeric_limits<T>::infinity();
     T* slope_of = bias.data();
     const T first_slope = head.slopes[low];
 #pragma omp simd
     for (int64_t col = 0; col < valid; ++col) slope_of[col] = first_slope;
     for (int64_t s = low; s <= high; ++s) {  // the columns of segment s: past keys low .. s − 1, not past key s
-      constexpr T infinity = std::numeric_limits<T>::infinity();
       const T below = s > low ? head.keys[s - 1] : -infinity, above = s < high ? head.keys[s] : infinity;
       const T slope = head.slopes[s];
       T sum = 0, weighted = 0;
@@ -121,18 +142,15 @@ struct Row {
       grad_row[head.count + s] += weighted;
       grad_row[2 * head.count + s] += sum;
     }
-    T along = 0, by_c = 0;  // Σ ds·slope·x and Σ ds·slope·∂ψ(|d|)/∂c
-#pragma omp simd reduction(+ : along, by_c)
+    T pulled_along = 0, pulled_by_c = 0;
+#pragma omp simd reduction(+ : pulled_along, pulled_by_c)
     for (int64_t col = 0; col < valid; ++col) {
       const T pulled = ds[col] * slope_of[col];  // ds · ∂bias/∂x
-      along += pulled * x[col];
-      by_c += pulled * psi_by_c[col];
+      pulled_along += pulled * x[col];
+      pulled_by_c += pulled * psi_by_c[col];
     }
-    const T grown = normalizer / (1 + head.c * normalizer) * inverse;  // ∂ log(ψ(max(i, L)) + ε) / ∂c
-    const T position = static_cast<T>(query_position);
-    const T chosen = head.threshold > position ? T(1) : head.threshold == position ? T(0.5) : T(0);  // as torch's max
-    grad_row[3 * head.count] += by_c * inverse - along * grown;
-    grad_row[3 * head.count + 1] -= along * chosen * head.c / (1 + head.c * normalizer) * inverse;
+    along = pulled_along;
+    by_c = pulled_by_c;
   }
 };
 
