@@ -84,6 +84,16 @@ struct Rows {
   T* at(int64_t b, int64_t h) const { return data + b * batch_stride + h * head_stride; }
 };
 
+// The largest of s[0..n), −inf for none: written so that GCC vectorizes it (std::max in the loop it leaves scalar,
+// a chain of dependent compares as long as the row).
+template <typename T>
+T largest(const T* s, int64_t n) {
+  T top = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : top)
+  for (int64_t j = 0; j < n; ++j) top = s[j] > top ? s[j] : top;
+  return top;
+}
+
 // Each row r of a rows × stride tile softmaxed in place over its first allowed(r) entries, the rest zeroed;
 // lse[r] gets the row's log-sum-exp (the backward's ``probabilities``).
 template <typename T, typename Allowed>
@@ -91,8 +101,7 @@ void softmax_rows(T* tile, int64_t rows, int64_t stride, Allowed allowed, T* lse
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t n = allowed(r);
     T* s = tile + r * stride;
-    T top = -std::numeric_limits<T>::infinity();
-    for (int64_t j = 0; j < n; ++j) top = std::max(top, s[j]);
+    const T top = largest(s, n);
     T sum = 0;
 #pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < n; ++j) {

@@ -140,9 +140,7 @@ void forward_tiles(const torch::Tensor& q, const torch::Tensor& k, const torch::
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t valid = g.allowed(q0, r, k0, cols);
           T* s = scores.data() + r * KEY_TILE;
-          T tile_max = lowest<T>();
-          for (int64_t c = 0; c < valid; ++c) tile_max = std::max(tile_max, s[c]);
-          const T new_max = std::max(row_max[r], tile_max);
+          const T new_max = std::max(row_max[r], largest(s, valid));
           T sum = 0;
           if (valid > 0) {
 #pragma omp simd reduction(+ : sum)
