@@ -124,3 +124,18 @@ def failure_text(stderr: str, chars: int = 3000) -> str:
     lines = [line for line in stderr.replace("\r", "\n").splitlines()
              if line.strip() and "it/s]" not in line and "s/it]" not in line]
     return "\n".join(lines)[-chars:]
+
+
+def saved_step_bytes(encodings, length: int = 512) -> dict[str, int]:
+    """Bytes autograd keeps for the backward of a training step of the tiny LM per encoding, 2 sequences of
+    ``length`` tokens, each model built from the same seed: what a kernel's "keeps what NoPE keeps" tests compare."""
+    from posenc.bench.training import saved_activation_bytes
+    from posenc.lm.model import LanguageModel, ModelConfig
+
+    tokens = torch.randint(0, 256, (2, length + 1))
+    sizes = {}
+    for encoding in encodings:
+        torch.manual_seed(0)
+        sizes[encoding] = saved_activation_bytes(LanguageModel(ModelConfig(encoding=encoding, max_positions=length)),
+                                                 tokens)
+    return sizes

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 import posenc
 from posenc.kernels import band, offset_lookup
 from posenc.verify import tolerance
+from tests.helpers import saved_step_bytes
 from tests.kernels.test_channels import assert_all_close, outputs_and_grads
 
 
@@ -169,13 +170,5 @@ def test_no_batch_sized_score_tensor_is_kept_for_the_backward():
 def test_a_training_step_keeps_what_nope_keeps(spy):
     """Bytes autograd keeps for the backward, 2 sequences of 512 tokens: within 1% of NoPE's, whichever kernel
     serves (the output the kernel keeps is the one it returns, the value floor added in place)."""
-    from posenc.bench.training import saved_activation_bytes
-    from posenc.lm.model import LanguageModel, ModelConfig
-
-    tokens = torch.randint(0, 256, (2, 513))
-    sizes = {}
-    for encoding in ("none", "shaw"):
-        torch.manual_seed(0)
-        sizes[encoding] = saved_activation_bytes(LanguageModel(ModelConfig(encoding=encoding, max_positions=512)),
-                                                 tokens)
+    sizes = saved_step_bytes(("none", "shaw"))
     assert spy and sizes["shaw"] <= 1.01 * sizes["none"], sizes

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import posenc
 from posenc.kernels import dispatch, offset_bias
 from posenc.verify import tolerance
-from tests.helpers import kernel_calls, make_encoding
+from tests.helpers import kernel_calls, make_encoding, saved_step_bytes
 from tests.kernels.test_channels import CASES, assert_all_close, outputs_and_grads, tensors
 
 pytestmark = pytest.mark.skipif(offset_bias.extension() is None, reason="no C++ toolchain to build the kernel")
@@ -181,14 +181,6 @@ def test_low_precision_within_verify_tolerance(dtype, spy):
 def test_a_training_step_past_the_threshold_keeps_what_nope_keeps(monkeypatch):
     """2 sequences of 600 tokens, past FIRE's initial L = 512: bytes autograd keeps within 2% of NoPE's, where a
     mask would keep a (B, H, T, T) bias."""
-    from posenc.bench.training import saved_activation_bytes
-    from posenc.lm.model import LanguageModel, ModelConfig
-
     monkeypatch.setenv(dispatch.FORCE_VARIABLE, "segments")
-    tokens = torch.randint(0, 256, (2, 601))
-    sizes = {}
-    for encoding in ("none", "fire"):
-        torch.manual_seed(0)
-        sizes[encoding] = saved_activation_bytes(LanguageModel(ModelConfig(encoding=encoding, max_positions=600)),
-                                                 tokens)
+    sizes = saved_step_bytes(("none", "fire"), length=600)
     assert sizes["fire"] <= 1.02 * sizes["none"], sizes

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import posenc
 from posenc.kernels import gated_counts
 from posenc.verify import tolerance
-from tests.helpers import kernel_calls, make_encoding
+from tests.helpers import kernel_calls, make_encoding, saved_step_bytes
 from tests.kernels.test_channels import CASES, assert_all_close, outputs_and_grads, tensors
 
 pytestmark = pytest.mark.skipif(gated_counts.extension() is None, reason="no C++ toolchain to build the kernel")
@@ -144,15 +144,7 @@ def test_low_precision_equals_eager_at_that_precision(dtype, spy):
 def test_a_training_step_keeps_what_nope_keeps():
     """Bytes autograd keeps for the backward, 2 sequences of 512 tokens: within 5% of NoPE's (the eager form kept
     about a dozen (B, H, T, T) tensors: 11.5× NoPE's)."""
-    from posenc.bench.training import saved_activation_bytes
-    from posenc.lm.model import LanguageModel, ModelConfig
-
-    tokens = torch.randint(0, 256, (2, 513))
-    sizes = {}
-    for encoding in ("none", "cope"):
-        torch.manual_seed(0)
-        sizes[encoding] = saved_activation_bytes(LanguageModel(ModelConfig(encoding=encoding, max_positions=512)),
-                                                 tokens)
+    sizes = saved_step_bytes(("none", "cope"))
     assert sizes["cope"] <= 1.05 * sizes["none"], sizes
 
 

@@ -14,7 +14,7 @@ import posenc
 from posenc import storage
 from posenc.kernels import dispatch, offset_bias
 from posenc.verify import tolerance
-from tests.helpers import kernel_calls, make_encoding
+from tests.helpers import kernel_calls, make_encoding, saved_step_bytes
 from tests.kernels.test_channels import CASES, assert_all_close, outputs_and_grads, tensors
 
 pytestmark = pytest.mark.skipif(offset_bias.extension() is None, reason="no C++ toolchain to build the kernel")
@@ -233,16 +233,8 @@ def test_token_values_keep_their_digits_far_from_zero_in_float32():
 def test_a_training_step_keeps_what_nope_keeps(name, monkeypatch):
     """Bytes autograd keeps for the backward, 2 sequences of 512 tokens: the bias is a table of offsets, so within
     5% of NoPE's (only the (H, N) table and one log-sum-exp per row beside q, k, v and the output)."""
-    from posenc.bench.training import saved_activation_bytes
-    from posenc.lm.model import LanguageModel, ModelConfig
-
     monkeypatch.setenv(dispatch.FORCE_VARIABLE, "table")
-    tokens = torch.randint(0, 256, (2, 513))
-    sizes = {}
-    for encoding in ("none", name):
-        torch.manual_seed(0)
-        sizes[encoding] = saved_activation_bytes(LanguageModel(ModelConfig(encoding=encoding, max_positions=512)),
-                                                 tokens)
+    sizes = saved_step_bytes(("none", name))
     assert sizes[name] <= 1.05 * sizes["none"], sizes
 
 

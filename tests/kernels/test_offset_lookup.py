@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posenc.kernels import dispatch, offset_lookup
-from tests.helpers import kernel_calls, make_encoding
+from tests.helpers import kernel_calls, make_encoding, saved_step_bytes
 from tests.kernels.test_channels import CASES, assert_all_close, outputs_and_grads, tensors
 
 pytestmark = pytest.mark.skipif(offset_lookup.extension() is None, reason="no C++ toolchain to build the kernel")
@@ -178,16 +178,8 @@ def test_low_precision_errs_no_more_than_eager(dtype, spy):
 def test_a_training_step_keeps_what_nope_keeps(monkeypatch):
     """Bytes autograd keeps for the backward, 2 sequences of 512 tokens: within 5% of NoPE's (the lookup queries
     and one (H, T, Dh) table beside q, k, v and the output)."""
-    from posenc.bench.training import saved_activation_bytes
-    from posenc.lm.model import LanguageModel, ModelConfig
-
     monkeypatch.setenv(dispatch.FORCE_VARIABLE, "lookups")
-    tokens = torch.randint(0, 256, (2, 513))
-    sizes = {}
-    for encoding in ("none", "transformer_xl"):
-        torch.manual_seed(0)
-        sizes[encoding] = saved_activation_bytes(LanguageModel(ModelConfig(encoding=encoding, max_positions=512)),
-                                                 tokens)
+    sizes = saved_step_bytes(("none", "transformer_xl"))
     assert sizes["transformer_xl"] <= 1.05 * sizes["none"], sizes
 
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import posenc
 from posenc.attention import choose_backend
 from posenc.kernels import sticks
-from tests.helpers import kernel_calls
+from tests.helpers import kernel_calls, saved_step_bytes
 from tests.kernels.test_channels import CASES, assert_all_close, outputs_and_grads, tensors
 from tests.helpers import seeded_randn as randn
 
@@ -122,15 +122,7 @@ def test_other_calls_compute_as_eager_does(case, spy):
 def test_a_training_step_keeps_what_nope_keeps():
     """Bytes autograd keeps for the backward, 2 sequences of 512 tokens: within 5% of NoPE's (eager kept several
     (B, H, T, T) tensors: 6.6× NoPE's)."""
-    from posenc.bench.training import saved_activation_bytes
-    from posenc.lm.model import LanguageModel, ModelConfig
-
-    tokens = torch.randint(0, 256, (2, 513))
-    sizes = {}
-    for encoding in ("none", "stick-breaking"):
-        torch.manual_seed(0)
-        sizes[encoding] = saved_activation_bytes(LanguageModel(ModelConfig(encoding=encoding, max_positions=512)),
-                                                 tokens)
+    sizes = saved_step_bytes(("none", "stick-breaking"))
     assert sizes["stick-breaking"] <= 1.05 * sizes["none"], sizes
 
 
