@@ -15,8 +15,8 @@ Backends (every one agrees with ``eager``; the tests say so for every encoding):
     ``kernels.blockwise`` (query blocks, hand-written backward), where SDPA would fall back to its math path or pad
     v. A value-side term is served only where it has a band form (Shaw at integer offsets): causal attention at the
     model's own positions runs as attention plus K diagonals (inside ``kernels.offset_lookup``'s tiles on CPU, KV-cache
-    steps too; ``kernels.band`` where those do not serve), other calls (a mask, explicit positions) compute as
-    eager does.
+    steps too; ``kernels.band`` where those do not serve, and there no KV-cache step), other calls (bidirectional,
+    a mask, explicit positions) compute as eager does.
   - ``flex``: FlexAttention; the bias is a ``score_mod`` and the masks a block mask, so no H×Tq×Tk tensor is built;
     serves the input, rotation and bias doors. It is compiled on CUDA (``POSENC_FLEX_COMPILE=1`` compiles on CPU
     too, with the system compiler; ``0`` never compiles); it has no backward pass on CPU.

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
-from posenc.kernels import blockwise, dispatch
+from posenc.kernels import blockwise, dispatch, gated_counts, offset_bias
 from posenc.verify import tolerance
 from posenc.kernels import band
 from tests.kernels.test_channels import CASES, assert_all_close, outputs_and_grads, tensors
@@ -152,9 +152,10 @@ def spy(monkeypatch):
     return kernel_calls(monkeypatch, blockwise, "blockwise_attention", "mask")
 
 
-# calls at a model's own positions that run in an encoding's own kernel: CoPE's causal ones (test_gated_counts),
-# every one of FIRE's (its segments inside the offset-bias tiles, test_fire_cpu)
-OWN_KERNEL_CASES = {"cope": {"causal", "kv-cache step"}, "fire": {"causal", "bidirectional", "kv-cache step"}}
+# calls at a model's own positions that run in an encoding's own C++ kernel where it builds: CoPE's causal ones
+# (test_gated_counts), every one of FIRE's (its segments inside the offset-bias tiles, test_fire_cpu)
+OWN_KERNEL_CASES = {"cope": {"causal", "kv-cache step"} if gated_counts.extension() else set(),
+                    "fire": {"causal", "bidirectional", "kv-cache step"} if offset_bias.extension() else set()}
 
 
 @pytest.mark.parametrize(("key", "case"), [(key, case) for key in LEARNED for case in CASES

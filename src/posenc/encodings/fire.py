@@ -77,9 +77,10 @@ class FIRE(PositionalEncoding):
         keys exact for x of that dtype), which the C++ tiles (``kernels.offset_bias``) and the Triton tiles read per
         pair at any position, the query's included."""
         first, second = self.mlp[0], self.mlp[2]
-        keys, slopes, intercepts = relu_segments(first.weight[:, 0], first.bias, second.weight, second.bias, dtype)
+        weights = (first.weight[:, 0], first.bias, second.weight, second.bias)  # in dtype, as score_bias: never bf16
+        keys, slopes, intercepts = relu_segments(*(w.to(dtype) for w in weights), dtype)
         heads, count = slopes.shape  # (H, P)
-        scalars = torch.stack([self.log_scale.abs(), (self.threshold * INIT_THRESHOLD).abs()])  # c, L
+        scalars = torch.stack([self.log_scale.to(dtype).abs(), (self.threshold.to(dtype) * INIT_THRESHOLD).abs()])
         parts = [keys.expand(heads, count), slopes, intercepts, scalars.expand(heads, 2)]
         return torch.cat([part.to(dtype) for part in parts], 1)
 

@@ -7,7 +7,8 @@ materialized again with its gradient; ``kernels.blockwise`` keeps it to query bl
 block's bias and its gradient. Here the bias is a per-head table of N offsets, read from cache inside each
 query/key tile with an online softmax (the flash-attention scheme), and the backward sums the bias gradient
 per offset, which autograd then carries through ``bias_at`` into the encoding's parameters. What autograd
-keeps is q, k, v, the output and one log-sum-exp per row, as for NoPE.
+keeps is q, k, v, the output and one log-sum-exp per row, as for NoPE (and the table, FIRE's segments or FoX's
+token values: one row per head, token or segment).
 
 Positions: queries at s + Tk − Tq .. s + Tk − 1 and keys at s .. s + Tk − 1 (a training step, a prefill, a
 KV-cache step), causal or not. Computed in float32 (float64 for float64 inputs); BLAS does the products.

@@ -62,7 +62,6 @@ struct Tokens {
   }
 };
 
-// scores (rows × cols, row stride KEY_TILE) = scale·q_tile·k_tileᵀ + bias, for the allowed columns of each row
 // FIRE's bias for the tiles of one head, or none: its segments and distance tables (shared) and a row's scratch.
 template <typename T>
 struct FireTiles {
@@ -82,6 +81,7 @@ std::vector<posenc_fire::Head<T>> fire_heads(const c10::optional<torch::Tensor>&
   return heads;
 }
 
+// scores (rows × cols, row stride KEY_TILE) = scale·q_tile·k_tileᵀ + bias, for the allowed columns of each row
 template <typename T>
 void tile_logits(T* scores, const T* q_rows, int64_t q_stride, const T* k_rows, int64_t k_stride, int64_t rows,
                  int64_t cols, int64_t q0, int64_t k0, const T* table_row, TokenValues values, FireTiles<T> fire,

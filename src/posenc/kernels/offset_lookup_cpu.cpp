@@ -123,7 +123,7 @@ void backward_tiles(const torch::Tensor& grad_out, const torch::Tensor& c, const
   const Rows<T> dO(grad_out), C(c), L(l), K(k), V(v), dC(grad_c), dL(grad_l), dK(grad_k), dV(grad_v);
   const T* tables = table.data_ptr<T>();
   const T* lse_data = lse.data_ptr<T>();
-  const T* row_term_data = row_terms.data_ptr<T>();  // (B, H, Tq): Σ_d dout·out
+  const T* row_term_data = row_terms.data_ptr<T>();  // (B, H, Tq): Σ_d dout·(out − value_floor)
   T* grad_tables = grad_table.data_ptr<T>();       // (B, H, N, Dh): each (b, h) task owns its table
   const int64_t reach_max = std::min(g.entries, g.keys);
   at::parallel_for(0, g.batch * g.heads, 1, [&](int64_t begin, int64_t end) {
@@ -223,7 +223,7 @@ std::vector<torch::Tensor> offset_lookup_forward(torch::Tensor c, torch::Tensor 
 }
 
 // Returns (dc, dl, dk, dv, dtable, dvalues), the tables' gradients shaped like them (dvalues empty without
-// values). row_terms: (B, H, Tq) contiguous, Σ_d dout·out.
+// values). row_terms: (B, H, Tq) contiguous, Σ_d dout·(out − value_floor): Σ_j p_ij·dP_ij.
 std::vector<torch::Tensor> offset_lookup_backward(torch::Tensor grad_out, torch::Tensor c, torch::Tensor l,
                                                   torch::Tensor k, torch::Tensor v, torch::Tensor table,
                                                   std::optional<torch::Tensor> values, torch::Tensor lse,
