@@ -1,9 +1,10 @@
 import json
 
+import pytest
 import torch
 
 from posenc.cli import main
-from posenc.kernels import band
+from posenc.kernels import band, offset_lookup
 from posenc.verify import check_gradients, check_sinusoid_shift, run_checks, tolerance
 
 
@@ -26,16 +27,23 @@ def test_verify_passes_in_float64_and_covers_every_claim():
         "t5", "shaw", "transformer_xl", "kerple", "fire", "cope"}
 
 
-def test_gradient_check_catches_a_wrong_backward(monkeypatch):
-    """A band kernel whose value band gets no gradient: Shaw's row fails, the others still pass."""
-    original = band._BandAttention.backward
+@pytest.mark.parametrize("kernel", ["lookups", "band"])
+def test_gradient_check_catches_a_wrong_backward(kernel, monkeypatch):
+    """A Shaw kernel whose value band gets no gradient (the C++ lookup tiles, or the band of diagonals where they do
+    not serve): Shaw's row fails, the others still pass."""
+    if kernel == "lookups" and offset_lookup.extension() is None:
+        pytest.skip("no C++ toolchain to build the lookup kernel")
+    if kernel == "band":
+        monkeypatch.setattr(offset_lookup, "serves", lambda q: False)
+    function = offset_lookup._OffsetLookupAttention if kernel == "lookups" else band._BandAttention
+    original = function.backward
 
-    def without_value_band(ctx, grad_out):
+    def without_value_band(ctx, grad_out):  # input 4 is the value band in both (None for Transformer-XL's lookups)
         grads = list(original(ctx, grad_out))
-        grads[4] = torch.zeros_like(grads[4])
+        grads[4] = None if grads[4] is None else torch.zeros_like(grads[4])
         return tuple(grads)
 
-    monkeypatch.setattr(band._BandAttention, "backward", staticmethod(without_value_band))
+    monkeypatch.setattr(function, "backward", staticmethod(without_value_band))
     rows = {row.encoding: row for row in check_gradients(torch.device("cpu"), torch.float32)}
     assert not rows["shaw"].passed and rows["shaw"].error > 1e-2
     assert all(row.passed for name, row in rows.items() if name != "shaw")

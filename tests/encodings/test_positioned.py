@@ -265,12 +265,14 @@ def test_no_one_encoding_kernel_trait_is_a_flag_on_the_base_class():
     """The kernels that serve one kind of encoding say what they read as a Protocol in their own module; the base
     class carries none of it, so NoPE is served by none of them and each built-in by exactly its own."""
     from posenc.encodings.cope import CoPE
+    from posenc.encodings.fire import FIRE
     from posenc.encodings.relative import Shaw, TransformerXL
     from posenc.encodings.stick_breaking import StickBreaking
-    from posenc.kernels import band, gated_counts, offset_lookup, sticks
+    from posenc.kernels import band, gated_counts, offset_bias, offset_lookup, sticks
 
     served = {band.Banded: Shaw(HEAD_DIM, HEADS), gated_counts.GatedCounts: CoPE(HEAD_DIM),
-              offset_lookup.OffsetLookups: TransformerXL(HEAD_DIM, HEADS), sticks.BreaksSticks: StickBreaking()}
+              offset_lookup.OffsetLookups: TransformerXL(HEAD_DIM, HEADS), sticks.BreaksSticks: StickBreaking(),
+              offset_bias.DistanceSegments: FIRE(HEADS)}
     for trait, own in served.items():
         assert [isinstance(e, trait) for e in served.values()] == [e is own for e in served.values()], trait
         assert not isinstance(NoPE(), trait)
@@ -280,7 +282,7 @@ def test_no_one_encoding_kernel_trait_is_a_flag_on_the_base_class():
     # a module's parameters or buffers: each member must be found that way on the encoding it serves
     members = {band.Banded: ("has_band_form", "band_parts"), gated_counts.GatedCounts: ("gated_counts_parts",),
                offset_lookup.OffsetLookups: ("offset_lookup_table", "query_shifts"),
-               sticks.BreaksSticks: ("stick_breaking_current",)}
+               sticks.BreaksSticks: ("stick_breaking_current",), offset_bias.DistanceSegments: ("distance_segments",)}
     for trait, names in members.items():
         for name in names:
             inspect.getattr_static(served[trait], name)
