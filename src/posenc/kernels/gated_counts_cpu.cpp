@@ -48,23 +48,21 @@ struct Tile {
     per_row.resize(QUERY_TILE * g.positions);
   }
 
-  // dots = q·kᵀ, per_row = q·eᵀ, then gates, counts and the logits (written over dots) of the tile
+  // dots = q·kᵀ, the gates and counts, per_row = q·eᵀ over the table rows the counts reach, then the logits
+  // (written over dots) of the tile
   void logits(int64_t tile_q0, const T* q_rows, int64_t q_stride, const T* k_rows, int64_t k_stride, const T* table) {
     q0 = tile_q0;
     rows = std::min(QUERY_TILE, g.queries - q0);
     key_end = g.allowed(q0 + rows - 1);
-    used = g.rows_used(key_end);
     gemm(TransposeType::Transpose, TransposeType::NoTranspose, key_end, rows, g.width, T(1), k_rows, k_stride,
          q_rows, q_stride, T(0), dots.data(), key_end);
-    gemm(TransposeType::Transpose, TransposeType::NoTranspose, used, rows, g.width, T(1), table, g.width, q_rows,
-         q_stride, T(0), per_row.data(), used);
     const T last = T(g.positions - 1);
+    T reached = 0;  // the tile's largest count: a row's first key's, which counts every gate of the row
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t n = g.allowed(q0 + r);
-      T* s = dots.data() + r * key_end;
+      const T* s = dots.data() + r * key_end;
       T* gate = gates.data() + r * key_end;
       T* count = counts.data() + r * key_end;
-      const T* e = per_row.data() + r * used;
 #pragma omp simd
       for (int64_t j = 0; j < n; ++j) gate[j] = T(1) / (T(1) + exp_of(-gate_scale * s[j]));
       double running = 0;  // in double, as torch's cumsum accumulates a float on CPU
@@ -72,6 +70,17 @@ struct Tile {
         running += gate[j];
         count[j] = static_cast<T>(running);
       }
+      if (n > 0) reached = std::max(reached, count[0]);
+    }
+    // rows 0..⌈min(reached, P − 1)⌉: with gates well below 1 (what CoPE learns) far fewer than the keys
+    used = std::min(g.rows_used(key_end), static_cast<int64_t>(std::ceil(std::min(reached, last))) + 1);
+    gemm(TransposeType::Transpose, TransposeType::NoTranspose, used, rows, g.width, T(1), table, g.width, q_rows,
+         q_stride, T(0), per_row.data(), used);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t n = g.allowed(q0 + r);
+      T* s = dots.data() + r * key_end;
+      const T* count = counts.data() + r * key_end;
+      const T* e = per_row.data() + r * used;
       for (int64_t j = 0; j < n; ++j) {
         const T p = std::min(count[j], last);
         const T below = std::floor(p);
