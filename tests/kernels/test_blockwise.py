@@ -18,7 +18,7 @@ import posenc
 from posenc.kernels import blockwise, dispatch, gated_counts, offset_bias
 from posenc.verify import tolerance
 from posenc.kernels import band
-from tests.kernels.test_channels import CASES, assert_all_close, outputs_and_grads, tensors
+from tests.kernels.test_channels import CASES, assert_all_close, at_dtype, outputs_and_grads, tensors
 from tests.helpers import kernel_calls, make_encoding
 
 
@@ -181,11 +181,7 @@ def test_attention_low_precision_within_verify_tolerance(key, dtype, spy):
     enc = make_encoding(key, heads=4)
     q, k, v = tensors(q_len=q_len, k_len=k_len)
     expected = outputs_and_grads(enc, q, k, v, "eager", **kwargs)
-    low = make_encoding(key, heads=4)
-    low.load_state_dict(enc.state_dict())
-    low = low.to(dtype)
-    q, k, v = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
-    got = outputs_and_grads(low, q, k, v, "sdpa", **kwargs)
+    got = outputs_and_grads(*at_dtype(enc, q, k, v, dtype), "sdpa", **kwargs)
     assert spy
     assert_all_close(got, expected, atol=tolerance(dtype, 4))
 

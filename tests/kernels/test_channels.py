@@ -4,6 +4,8 @@ The reference is the eager backend in float64 (the bias, or the content-position
 materialized); ``channels`` forces the channel form at every length, as it serves on CUDA.
 """
 
+import copy
+
 import pytest
 import torch
 
@@ -76,6 +78,12 @@ def outputs_and_grads(enc, q, k, v, backend, **kwargs):
     upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64).to(out.dtype)
     inputs = [q, k, v, *enc.parameters()]
     return [out, *torch.autograd.grad(out, inputs, upstream)]
+
+
+def at_dtype(enc, q, k, v, dtype):
+    """A copy of the encoding and fresh leaf copies of q, k, v, all rounded to ``dtype``: the same call at a lower
+    precision, for a verify-tolerance comparison with the float64 one."""
+    return (copy.deepcopy(enc).to(dtype), *(t.detach().to(dtype).requires_grad_() for t in (q, k, v)))
 
 
 def assert_all_close(got, expected, atol):

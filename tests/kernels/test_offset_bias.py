@@ -15,7 +15,7 @@ from posenc import storage
 from posenc.kernels import dispatch, offset_bias
 from posenc.verify import tolerance
 from tests.helpers import kernel_calls, make_encoding, saved_step_bytes
-from tests.kernels.test_channels import CASES, assert_all_close, outputs_and_grads, tensors
+from tests.kernels.test_channels import CASES, assert_all_close, at_dtype, outputs_and_grads, tensors
 
 pytestmark = pytest.mark.skipif(offset_bias.extension() is None, reason="no C++ toolchain to build the kernel")
 
@@ -177,10 +177,7 @@ def test_low_precision_within_verify_tolerance(dtype, spy):
     enc = make_encoding("kerple_log", heads=4)
     q, k, v = tensors(q_len=70, k_len=70)
     expected = outputs_and_grads(enc, q, k, v, "eager")
-    low = make_encoding("kerple_log", heads=4)
-    low.load_state_dict(enc.state_dict())
-    q, k, v = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
-    got = outputs_and_grads(low.to(dtype), q, k, v, "sdpa")
+    got = outputs_and_grads(*at_dtype(enc, q, k, v, dtype), "sdpa")
     assert spy and got[0].dtype == dtype
     assert_all_close(got, expected, atol=tolerance(dtype, 4))
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from posenc.kernels import dispatch, offset_lookup
 from tests.helpers import kernel_calls, make_encoding, saved_step_bytes
-from tests.kernels.test_channels import CASES, assert_all_close, outputs_and_grads, tensors
+from tests.kernels.test_channels import CASES, assert_all_close, at_dtype, outputs_and_grads, tensors
 
 pytestmark = pytest.mark.skipif(offset_lookup.extension() is None, reason="no C++ toolchain to build the kernel")
 
@@ -164,10 +164,8 @@ def test_low_precision_errs_no_more_than_eager(dtype, spy):
     enc = make_encoding("transformer_xl", heads=4)
     q, k, v = tensors(q_len=70, k_len=70)
     exact = [t.detach() for t in outputs_and_grads(enc, q, k, v, "eager")]
-    low = make_encoding("transformer_xl", heads=4)
-    low.load_state_dict(enc.state_dict())
-    q, k, v = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
-    got = outputs_and_grads(low.to(dtype), q, k, v, "sdpa")
+    low, q, k, v = at_dtype(enc, q, k, v, dtype)
+    got = outputs_and_grads(low, q, k, v, "sdpa")
     eager = outputs_and_grads(low, q, k, v, "eager")
     assert spy and got[0].dtype == dtype
     for ours, theirs, truth in zip(got, eager, exact, strict=True):
