@@ -20,9 +20,9 @@ CHECK = textwrap.dedent(
     import torch
     from posenc.kernels.lookups_triton import lookup_attention
 
-    def reference(q, k, v, table, values, content_shift, lookup_shift, scale):
-        '''softmax(scale·((q + u)·k_j + (q + v)·table[i − j]))·v (+ Σ_j p_ij values[i − j]), causal, queries the
-        last Tq keys, offsets past the table adding nothing, pair by pair.'''
+    def reference(q, k, v, table, values, value_floor, content_shift, lookup_shift, scale):
+        '''softmax(scale·((q + u)·k_j + (q + v)·table[i − j]))·v (+ Σ_j p_ij values[i − j] + value_floor), causal,
+        queries the last Tq keys, offsets past the table adding nothing, pair by pair.'''
         heads, q_len, k_len, rows = q.shape[1], q.shape[2], k.shape[2], table.shape[1]
         k, v = (x.repeat_interleave(heads // x.shape[1], 1) for x in (k, v))
         offset = torch.arange(k_len - q_len, k_len)[:, None] - torch.arange(k_len)[None, :]  # (Tq, Tk)
@@ -35,7 +35,7 @@ CHECK = textwrap.dedent(
         if values is not None:
             value_rows = values.expand(heads, -1, -1)[:, offset.clamp(0, rows - 1)] * in_table  # (H, Tq, Tk, Dv)
             out = out + torch.einsum("bhqk,hqkd->bhqd", weights, value_rows)
-        return out
+        return out if value_floor is None else out + value_floor
 
     torch.manual_seed(0)
     cases = 0
@@ -50,7 +50,8 @@ CHECK = textwrap.dedent(
             v = torch.randn(batch, kv_heads, k_len, value_width)
             table_heads = 1 if shared else heads
             table = torch.randn(table_heads, rows, width)
-            terms = {"values": torch.randn(table_heads, rows, value_width)} if band else {
+            terms = {"values": torch.randn(table_heads, rows, value_width),
+                     "value_floor": torch.randn(value_width)} if band else {
                 "content_shift": torch.randn(heads, width), "lookup_shift": torch.randn(heads, width)}
             exact = [x.to(dtype).double().requires_grad_() for x in (q, k, v)] + [
                 x.double().requires_grad_() for x in (table, *terms.values())]
@@ -58,8 +59,8 @@ CHECK = textwrap.dedent(
                                                                          for x in (table, *terms.values())]
             zeros = torch.zeros(heads, width, dtype=torch.float64)
             named = dict(zip(terms, exact[4:]))
-            expected = reference(*exact[:4], named.get("values"), named.get("content_shift", zeros),
-                                 named.get("lookup_shift", zeros), 0.3)
+            expected = reference(*exact[:4], named.get("values"), named.get("value_floor"),
+                                 named.get("content_shift", zeros), named.get("lookup_shift", zeros), 0.3)
             got = lookup_attention(*fast[:4], **dict(zip(terms, fast[4:])), scale=0.3)
             assert got.dtype == dtype and got.shape == expected.shape
             upstream = torch.randn_like(expected)
@@ -68,7 +69,8 @@ CHECK = textwrap.dedent(
             names = ("out", "dq", "dk", "dv", "dtable", *("d" + name for name in terms))
             for name, a, b in zip(names, (got, *grads), (expected.detach(), *wanted)):
                 assert a.dtype == (dtype if name in names[:4] else torch.float32), name
-                error = float((a.detach().double() - b).abs().max() / b.abs().max().clamp_min(1e-12))
+                # one token's gradients of q and k are exactly 0 (a softmax over one key): held to 1e-2·tolerance
+                error = float((a.detach().double() - b).abs().max() / b.abs().max().clamp_min(1e-2))
                 assert error < tolerance, (name, error, dtype, tuple(q.shape), tuple(k.shape), rows)
             cases += 1
     assert cases == 24
@@ -114,10 +116,32 @@ ROUTED = textwrap.dedent(
 )
 
 
+KEEPS = textwrap.dedent(
+    """
+    import torch
+    from posenc.bench.training import saved_activation_bytes
+    from posenc.kernels import forms, lookups_triton
+    from posenc.lm.model import LanguageModel, ModelConfig
+
+    forms.triton_lookups = lambda q: True  # as on a GPU that offers the kernel
+    calls = []
+    kernel = lookups_triton.lookup_attention
+    lookups_triton.lookup_attention = lambda *a, **kw: calls.append(1) or kernel(*a, **kw)
+    tokens = torch.randint(0, 256, (2, 65))
+    sizes = {}
+    for name in ("none", "shaw"):
+        torch.manual_seed(0)
+        sizes[name] = saved_activation_bytes(LanguageModel(ModelConfig(encoding=name, max_positions=64)), tokens)
+    assert calls and sizes["shaw"] <= 1.01 * sizes["none"], (calls, sizes)
+    print("ok")
+    """
+)
+
+
 def test_lookup_tiles_equal_float64_values_and_gradients():
     """Transformer-XL's table over every offset with both shifts, and Shaw's band (a few rows, one for every head
     or one per head, with value rows), so that tiles past the band skip it (18 rows at 40 tokens puts a tile's least
-    offset at N − 1: the last tile that reads the band); grouped-query heads, a KV-cache step
+    offset at N − 1: the last tile that reads the band) and its value floor; grouped-query heads, a KV-cache step
     (Tq < Tk), head and value widths that are no power of two, one token; the gradients of q, k, v and every table
     and shift; float32 to 1e-5 of the reference's largest magnitude, bfloat16 to 3e-2, float16 to 5e-3."""
     assert run_interpreted(CHECK).strip().endswith("ok")
@@ -128,6 +152,13 @@ def test_attention_runs_transformer_xl_and_shaw_in_the_tiles_where_a_gpu_offers_
     band form run in the tiles, and the output and the gradients of q, k, v and every parameter of the encoding
     (through the table, the shifts, the band and its floor) equal float64 eager to 1e-5."""
     assert run_interpreted(ROUTED, POSENC_FORMS_CACHE=str(tmp_path / "forms.json")).strip().endswith("ok")
+
+
+def test_shaw_in_the_tiles_keeps_what_nope_keeps(tmp_path):
+    """A training step of the tiny LM with Shaw's band in the tiles keeps for the backward within 1% of NoPE's bytes:
+    the floor is added inside the kernel, so the output it keeps is the one it returns (outside, a second copy per
+    layer kept 6% more)."""
+    assert run_interpreted(KEEPS, POSENC_FORMS_CACHE=str(tmp_path / "forms.json")).strip().endswith("ok")
 
 
 def test_a_gpu_is_offered_the_kernel_only_once_checked_there_or_asked(monkeypatch):
@@ -154,6 +185,9 @@ def test_the_kernel_refuses_shapes_it_cannot_serve_in_one_line():
         lookup_attention(q, k, k, torch.zeros(2, 3, 7), content_shift=shift, lookup_shift=shift, scale=1.0)
     with pytest.raises(ValueError, match="lookup_shift must be"):
         lookup_attention(q, k, k, torch.zeros(2, 4, 8), content_shift=shift, lookup_shift=shift[:1], scale=1.0)
+    with pytest.raises(ValueError, match=r"value_floor must be \(Dv,\) = \(8,\)"):
+        lookup_attention(q, k, k, torch.zeros(1, 3, 8), values=torch.zeros(1, 3, 8), value_floor=torch.zeros(7),
+                         scale=1.0)
     with pytest.raises(ValueError, match="Tq <= Tk"):
         lookup_attention(torch.zeros(1, 2, 5, 8), k, k, torch.zeros(2, 5, 8), content_shift=shift,
                          lookup_shift=shift, scale=1.0)

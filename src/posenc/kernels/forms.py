@@ -276,8 +276,8 @@ def _band_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
     if not lookups_serve(q):  # inside a torch.compile graph, no C++ build, a GPU where Triton is not checked
         return band.band_attention(q, k, v, key_band, value_band, value_floor, scale=scale)
     if triton_lookups(q):  # the band as a table of K offsets (one for every head) inside the Triton tiles
-        out = lookups_triton().lookup_attention(q, k, v, key_band[None], values=value_band[None], scale=scale)
-        return out + value_floor.to(out.dtype)
+        return lookups_triton().lookup_attention(q, k, v, key_band[None], values=value_band[None],
+                                                 value_floor=value_floor, scale=scale)
     k, v = repeat_kv_heads(k, q.shape[1]), repeat_kv_heads(v, q.shape[1])  # the same inside the C++ tiles
     return offset_lookup.offset_lookup_attention(q, k, v, key_band[None], values=value_band[None],
                                                  value_floor=value_floor, scale=scale)

@@ -3,14 +3,14 @@ TRITON_INTERPRET=1): Transformer-XL's position terms (the GPU's counterpart of `
 key and value rows (of ``band``).
 
 The logit of query i and key j is ``scale·(c_i·k_j + l_i·table[h, i − j])``, with c = q + content_shift and
-l = q + lookup_shift per head (Transformer-XL's u and v; the table's row d is W_R r_d; Shaw: no shifts, and a
-table of K rows, past which offsets add nothing); with value rows, each output also gains
-``Σ_j p_ij values[h, i − j]``. A tile of BLOCK queries and BLOCK keys spans 2·BLOCK − 1 offsets, from ``base`` =
-its least offset: the program multiplies its l by those table rows, as two (BLOCK, BLOCK) products (the window's
-lower and upper half), and gathers each pair's entry at window index i − j + BLOCK − 1 (the paper's "relative
-shift" is that index); value rows go the other way, the weights scattered into the window by the same index.
-Tiles whose offsets all lie past the table are plain attention. Nothing of size Tq × Tk exists; memory is linear
-in T.
+l = q + lookup_shift per head (Transformer-XL's u and v; the table's row d is W_R r_d; Shaw: no shifts, and a table
+of K rows, past which offsets add nothing); with value rows, each output also gains ``Σ_j p_ij values[h, i − j]``
+and a floor (Shaw's value past the band) added as it is stored. A tile of BLOCK queries and BLOCK keys spans
+2·BLOCK − 1 offsets, from ``base`` = its least offset: the program multiplies its l by those table rows, as two
+(BLOCK, BLOCK) products (the window's lower and upper half), and gathers each pair's entry at window index
+i − j + BLOCK − 1 (the paper's "relative shift" is that index); value rows go the other way, the weights scattered
+into the window by the same index. Tiles whose offsets all lie past the table are plain attention. Nothing of size
+Tq × Tk exists; memory is linear in T.
 
 The backward walks each query tile's key tiles as the forward does. ds (the gradient of the logits over scale)
 gives dc = ds·k; dk and dv are added atomically in float32, per key/value head, so grouped-query heads need no
@@ -47,9 +47,10 @@ def offered(q: Tensor) -> bool:
 
 
 def lookup_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, *, content_shift: Tensor | None = None,
-                     lookup_shift: Tensor | None = None, values: Tensor | None = None, scale: float) -> Tensor:
-    """Causal ``softmax(scale·(c_i·k_j + l_i·table[h, i − j]))·v`` (plus ``Σ_j p_ij values[h, i − j]``), queries at
-    the last Tq key positions; offsets past the table's last row add nothing.
+                     lookup_shift: Tensor | None = None, values: Tensor | None = None,
+                     value_floor: Tensor | None = None, scale: float) -> Tensor:
+    """Causal ``softmax(scale·(c_i·k_j + l_i·table[h, i − j]))·v`` (plus ``Σ_j p_ij values[h, i − j]`` and
+    ``value_floor``), queries at the last Tq key positions; offsets past the table's last row add nothing.
 
     Args:
         q: (B, H, Tq, Dh); k: (B, Hkv, Tk, Dh); v: (B, Hkv, Tk, Dv), Tq ≤ Tk, H a multiple of Hkv; float16,
@@ -58,6 +59,8 @@ def lookup_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, *, content_
         content_shift, lookup_shift: (H, Dh) float, added to q for the content and lookup products; None for 0.
         values: (H or 1, N, Dv) float or None: row d is added to the output of every pair at offset d, times the
             pair's weight (Shaw's value band).
+        value_floor: (Dv,) float or None: added to every output inside the tiles (Shaw's value for the offsets past
+            its band), so no second copy of the output is kept for the backward.
         scale: the logit scale.
     Returns:
         (B, H, Tq, Dv) in q's dtype; gradients reach q, k, v and every table and shift given (products in q's
@@ -74,7 +77,9 @@ def lookup_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, *, content_
     for name, shift in (("content_shift", content_shift), ("lookup_shift", lookup_shift)):
         if shift is not None and shift.shape != (heads, width):
             raise ValueError(f"{name} must be (H, Dh) = ({heads}, {width}), got {tuple(shift.shape)}")
-    return _LookupAttention.apply(q, k, v, table, values, content_shift, lookup_shift, float(scale))
+    if value_floor is not None and value_floor.shape != v.shape[-1:]:
+        raise ValueError(f"value_floor must be (Dv,) = ({v.shape[-1]},), got {tuple(value_floor.shape)}")
+    return _LookupAttention.apply(q, k, v, table, values, value_floor, content_shift, lookup_shift, float(scale))
 
 
 @triton.jit
@@ -194,11 +199,11 @@ def _forward_span(acc, m_i, sums, content, lookup, K, V, s_kt, s_vt, TABLE, s_tn
 
 
 @triton.jit
-def _forward(Q, K, V, TABLE, VALUES, SHIFTS, OUT, LSE, s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb, s_vh, s_vt, s_th,
+def _forward(Q, K, V, TABLE, VALUES, FLOOR, SHIFTS, OUT, LSE, s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb, s_vh, s_vt, s_th,
              s_tn, s_vth, s_vn, s_ob, s_oh, s_ot, heads, group, q_len, k_len, n_entries, scale_log2,
              HEAD_DIM: tl.constexpr, VALUE_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
              BLOCK: tl.constexpr, HAS_VALUES: tl.constexpr, DOT: tl.constexpr):
-    """OUT (B, H, Tq, Dv) and LSE (B·H, Tq), each row's base-2 log-sum-exp."""
+    """OUT (B, H, Tq, Dv), FLOOR (Dv,) added, and LSE (B·H, Tq), each row's base-2 log-sum-exp."""
     b, h, start_m, rows, q_pos, offs_d, offs_dv, content, lookup, tiles = _query_tile(
         Q, SHIFTS, s_qb, s_qh, s_qt, heads, q_len, k_len, HEAD_DIM, BLOCK_D, BLOCK_DV, BLOCK)
     K_, V_ = K + b * s_kb + (h // group) * s_kh, V + b * s_vb + (h // group) * s_vh
@@ -216,9 +221,11 @@ def _forward(Q, K, V, TABLE, VALUES, SHIFTS, OUT, LSE, s_qb, s_qh, s_qt, s_kb, s
         n_entries, base_0, scale_log2, offs_d, offs_dv, first_near, tiles, HEAD_DIM, VALUE_DIM, BLOCK, True,
         HAS_VALUES, DOT)
     in_queries = rows < q_len
-    out = acc / tl.where(in_queries, sums, 1.0)[:, None]
+    in_values = offs_dv < VALUE_DIM
+    floor = tl.load(FLOOR + offs_dv, mask=in_values, other=0.0)
+    out = acc / tl.where(in_queries, sums, 1.0)[:, None] + floor[None, :]
     tl.store(OUT + b * s_ob + h * s_oh + along(rows, s_ot)[:, None] + offs_dv[None, :], out.to(OUT.dtype.element_ty),
-             mask=in_queries[:, None] & (offs_dv[None, :] < VALUE_DIM))
+             mask=in_queries[:, None] & in_values[None, :])
     tl.store(LSE + (b * heads + h) * q_len + rows, m_i + tl.math.log2(tl.where(in_queries, sums, 1.0)),
              mask=in_queries)
 
@@ -330,11 +337,13 @@ def _rows(table: Tensor) -> tuple[int, int]:
 
 class _LookupAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, table, values, content_shift, lookup_shift, scale):
+    def forward(ctx, q, k, v, table, values, value_floor, content_shift, lookup_shift, scale):
         q, k, v = (last_unit(x) for x in (q, k, v))
         has_values = values is not None
         table_ = table.to(torch.float32).contiguous()
         values_ = values.to(torch.float32).contiguous() if has_values else table_  # a stand-in, never read
+        floor = (q.new_zeros(v.shape[-1], dtype=torch.float32) if value_floor is None
+                 else value_floor.to(torch.float32).contiguous())
         batch, heads, q_len, width = q.shape
         shifts = q.new_zeros(2, heads, width, dtype=torch.float32)  # (2, H, Dh): content, lookup
         for row, shift in enumerate((content_shift, lookup_shift)):
@@ -344,20 +353,22 @@ class _LookupAttention(torch.autograd.Function):
         lse = torch.empty(batch * heads, q_len, device=q.device, dtype=torch.float32)
         sizes = _sizes(q, v, has_values)
         _forward[(triton.cdiv(q_len, sizes["BLOCK"]) * batch * heads,)](
-            q, k, v, table_, values_, shifts, out, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+            q, k, v, table_, values_, floor, shifts, out, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
             *_rows(table_), *_rows(values_), *out.stride()[:3], heads, heads // k.shape[1], q_len, k.shape[2],
             table_.shape[1], scale * LOG2E, **sizes)
-        ctx.save_for_backward(q, k, v, table_, values_, shifts, out, lse)
+        ctx.save_for_backward(q, k, v, table_, values_, floor, shifts, out, lse)
         ctx.scale, ctx.has_values = scale, has_values
-        ctx.dtypes = tuple(None if x is None else x.dtype for x in (table, values, content_shift, lookup_shift))
+        ctx.dtypes = tuple(None if x is None else x.dtype
+                           for x in (table, values, value_floor, content_shift, lookup_shift))
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, table, values, shifts, out, lse = ctx.saved_tensors
+        q, k, v, table, values, floor, shifts, out, lse = ctx.saved_tensors
         grad_out = last_unit(grad_out.to(q.dtype))
         batch, heads, q_len, _ = q.shape
-        delta = (grad_out.float() * out.float()).sum(-1).contiguous()  # (B, H, Tq): Σ_d dout·out
+        # (B, H, Tq): Σ_d dout·(out − floor), the floor being no weighted term
+        delta = (grad_out.float() * (out.float() - floor)).sum(-1).contiguous()
         dq = torch.empty_like(q)
         dk, dv = (torch.zeros(x.shape, device=x.device, dtype=torch.float32) for x in (k, v))
         d_table, d_values, d_shifts = torch.zeros_like(table), torch.zeros_like(values), torch.zeros_like(shifts)
@@ -367,6 +378,7 @@ class _LookupAttention(torch.autograd.Function):
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *_rows(table), *_rows(values), *grad_out.stride()[:3],
             *dq.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], heads, heads // k.shape[1], q_len, k.shape[2],
             table.shape[1], ctx.scale, ctx.scale * LOG2E, **sizes)
-        grads = (d_table, d_values, d_shifts[0], d_shifts[1])
+        d_floor = grad_out.float().sum((0, 1, 2))  # (Dv,)
+        grads = (d_table, d_values, d_floor, d_shifts[0], d_shifts[1])
         return (dq, dk.to(k.dtype), dv.to(v.dtype),
                 *(None if dtype is None else g.to(dtype) for g, dtype in zip(grads, ctx.dtypes)), None)
