@@ -40,15 +40,16 @@ def problems(draw):
                 width=draw(st.sampled_from([4, 8, 16])), value_width=draw(st.sampled_from([4, 6, 16])),
                 positions=draw(st.sampled_from([2, 5, 17, 200])), sharp=draw(st.sampled_from([0.3, 1.0, 12.0])),
                 scale=draw(st.sampled_from([0.25, 1.0])), strided=draw(st.booleans()),
-                seed=draw(st.integers(0, 2**16)))
+                zeroed=draw(st.booleans()), seed=draw(st.integers(0, 2**16)))
 
 
 @settings(max_examples=50, deadline=None)
 @given(problems())
 def test_equals_eager_cope_in_float64(p):
     """Across query tiles (32 rows), KV-cache steps (Tq < Tk), tables shorter than the counts (clamped: P = 2, 5)
-    and longer, token-major layouts, and gates saturated to exactly 1 (``sharp``: counts land on integers, where
-    the lookup's gradient is one-sided)."""
+    and longer, token-major layouts, gates saturated to exactly 1 (``sharp``: counts land on integers, where
+    the lookup's gradient is one-sided), and queries of zeros (``zeroed``: gates of exactly ½, whose gradient is
+    not 0, so every other count is an integer where the lookup passes the gates nothing)."""
     generator = torch.Generator().manual_seed(p["seed"])
 
     def randn(*shape):
@@ -60,6 +61,8 @@ def test_equals_eager_cope_in_float64(p):
         return randn(p["batch"], p["heads"], length, width)
 
     q, k = laid_out(p["q_len"], p["width"]) * p["sharp"], laid_out(p["k_len"], p["width"]) * p["sharp"]
+    if p["zeroed"]:
+        q[:, :, ::3] = 0.0
     v = laid_out(p["k_len"], p["value_width"])
     table = randn(p["positions"], p["width"])
     upstream = randn(p["batch"], p["heads"], p["q_len"], p["value_width"])

@@ -24,6 +24,7 @@ namespace {
 using namespace posenc_tiles;
 
 constexpr int64_t QUERY_TILE = 32;
+constexpr int64_t CHAINS = 4;  // rows whose serial sums run interleaved
 
 struct Geometry {
   int64_t batch, heads, queries, keys, width, value_width, positions;
@@ -31,6 +32,22 @@ struct Geometry {
   int64_t allowed(int64_t i) const { return std::min(keys, start() + i + 1); }  // keys 0..allowed-1
   // table rows a tile can reach: counts never pass the number of keys a query sees
   int64_t rows_used(int64_t key_end) const { return std::min(positions, key_end + 1); }
+};
+
+// A count's place in the table: rows below = ⌊p⌋ and above = ⌈p⌉ of p = min(count, last), and p − ⌊p⌋. Counts
+// are sums of gates, never negative, so truncation is the floor. Written without std::floor, std::ceil, std::min
+// and 64-bit indices, any of which keeps GCC from vectorizing a loop over it (its gathers then take 32-bit indices).
+template <typename T>
+struct Between {
+  int32_t below, above;
+  T fraction;
+  Between(T count, T last) {
+    const T p = count < last ? count : last;
+    below = static_cast<int32_t>(p);
+    const T floor = static_cast<T>(below);
+    above = below + (p > floor ? 1 : 0);
+    fraction = p - floor;
+  }
 };
 
 // One query tile's numbers, recomputed identically by forward and backward.
@@ -57,20 +74,17 @@ struct Tile {
     gemm(TransposeType::Transpose, TransposeType::NoTranspose, key_end, rows, g.width, T(1), k_rows, k_stride,
          q_rows, q_stride, T(0), dots.data(), key_end);
     const T last = T(g.positions - 1);
-    T reached = 0;  // the tile's largest count: a row's first key's, which counts every gate of the row
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t n = g.allowed(q0 + r);
       const T* s = dots.data() + r * key_end;
       T* gate = gates.data() + r * key_end;
-      T* count = counts.data() + r * key_end;
 #pragma omp simd
       for (int64_t j = 0; j < n; ++j) gate[j] = T(1) / (T(1) + exp_of(-gate_scale * s[j]));
-      double running = 0;  // in double, as torch's cumsum accumulates a float on CPU
-      for (int64_t j = n - 1; j >= 0; --j) {
-        running += gate[j];
-        count[j] = static_cast<T>(running);
-      }
-      if (n > 0) reached = std::max(reached, count[0]);
+    }
+    for (int64_t r = 0; r < rows; r += CHAINS) count_rows(r, std::min(CHAINS, rows - r));
+    T reached = 0;  // the tile's largest count: a row's first key's, which counts every gate of the row
+    for (int64_t r = 0; r < rows; ++r) {
+      if (g.allowed(q0 + r) > 0) reached = std::max(reached, counts[r * key_end]);
     }
     // rows 0..⌈min(reached, P − 1)⌉: with gates well below 1 (what CoPE learns) far fewer than the keys
     used = std::min(g.rows_used(key_end), static_cast<int64_t>(std::ceil(std::min(reached, last))) + 1);
@@ -81,11 +95,35 @@ struct Tile {
       T* s = dots.data() + r * key_end;
       const T* count = counts.data() + r * key_end;
       const T* e = per_row.data() + r * used;
+#pragma omp simd
       for (int64_t j = 0; j < n; ++j) {
-        const T p = std::min(count[j], last);
-        const T below = std::floor(p);
-        const T lo = e[static_cast<int64_t>(below)], hi = e[static_cast<int64_t>(std::ceil(p))];
-        s[j] = s[j] * scale + lerp(lo, hi, p - below);
+        const Between<T> at(count[j], last);
+        s[j] = s[j] * scale + lerp(e[at.below], e[at.above], at.fraction);
+      }
+    }
+  }
+
+  // counts[r][j] = Σ_{t=j..n_r−1} gates[r][t] for the rows first..first+chains−1: in double and in that order, as
+  // torch's cumsum of the flipped gates accumulates a float on CPU. A row's sum is a chain of dependent additions;
+  // CHAINS rows at a time, their chains interleaved, keep the adder busy.
+  void count_rows(int64_t first, int64_t chains) {
+    double running[CHAINS] = {};
+    int64_t shared = g.keys;  // the keys every row of the group sees
+    for (int64_t c = 0; c < chains; ++c) shared = std::min(shared, g.allowed(q0 + first + c));
+    for (int64_t c = 0; c < chains; ++c) {  // each row's keys past the shared ones, alone
+      const T* gate = gates.data() + (first + c) * key_end;
+      T* count = counts.data() + (first + c) * key_end;
+      for (int64_t j = g.allowed(q0 + first + c) - 1; j >= shared; --j) {
+        running[c] += gate[j];
+        count[j] = static_cast<T>(running[c]);
+      }
+    }
+    const T* gate = gates.data() + first * key_end;
+    T* count = counts.data() + first * key_end;
+    for (int64_t j = shared - 1; j >= 0; --j) {
+      for (int64_t c = 0; c < chains; ++c) {
+        running[c] += gate[c * key_end + j];
+        count[c * key_end + j] = static_cast<T>(running[c]);
       }
     }
   }
@@ -129,7 +167,7 @@ void backward_tiles(const torch::Tensor& grad_out, const torch::Tensor& q, const
   const T last = T(g.positions - 1);
   at::parallel_for(0, g.batch * g.heads, 1, [&](int64_t begin, int64_t end) {
     Tile<T> tile(g, scale, gate_scale);
-    std::vector<T> grad_logits(QUERY_TILE * g.keys), grad_per_row(QUERY_TILE * g.positions);
+    std::vector<T> grad_logits(QUERY_TILE * g.keys), grad_per_row(QUERY_TILE * g.positions), passed_row(g.keys);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t h = task % g.heads, b = task / g.heads;
       for (int64_t q0 = 0; q0 < g.queries; q0 += QUERY_TILE) {
@@ -154,19 +192,32 @@ void backward_tiles(const torch::Tensor& grad_out, const torch::Tensor& q, const
           const T* count = tile.counts.data() + r * keys;
           const T* e = tile.per_row.data() + r * used;
           T* de = grad_per_row.data() + r * used;
-          T* dl = grad_logits.data() + r * keys;  // dP, then the gradient of the dots q·k
+          T* dl = grad_logits.data() + r * keys;  // dP, then ∂loss/∂logit, then the gradient of the dots q·k
+          T* passed = passed_row.data();
           const T term = terms[r];
-          double carried = 0;  // Σ_{t ≤ j} ∂loss/∂p_it: the gradient of gate j (in every count p_it with t ≤ j)
+          // Three loops, so that the two with no chain from key to key vectorize. ∂loss/∂logit (over dP), and what
+          // each count passes to its gates: nothing where it lands on a row, ⌊p⌋ = ⌈p⌉, as torch's lookups pass
+          // nothing there, so nothing past the clamp either ...
+#pragma omp simd
           for (int64_t j = 0; j < n; ++j) {
-            const T d_logit = p[j] * (dl[j] - term);
-            const T clamped = std::min(count[j], last);
-            const T below = std::floor(clamped), above = std::ceil(clamped), w = clamped - below;
-            const int64_t lo = static_cast<int64_t>(below), hi = static_cast<int64_t>(above);
-            de[lo] += d_logit * (T(1) - w);
-            de[hi] += d_logit * w;
-            // the clamp passes the gradient up to and including its bound, as torch's does
-            if (count[j] <= last) carried += d_logit * (e[hi] - e[lo]);
-            dl[j] = d_logit * scale + static_cast<T>(carried) * gate[j] * (T(1) - gate[j]) * gate_scale;
+            dl[j] = p[j] * (dl[j] - term);
+            const Between<T> at(count[j], last);
+            passed[j] = dl[j] * (e[at.above] - e[at.below]);
+          }
+          // ... the table's gradient, and the gradient of gate j, Σ_{t ≤ j} passed_t (every count p_it with t ≤ j
+          // holds the gate), summed in double in key order ...
+          double carried = 0;
+          for (int64_t j = 0; j < n; ++j) {
+            const Between<T> at(count[j], last);
+            de[at.below] += dl[j] * (T(1) - at.fraction);
+            de[at.above] += dl[j] * at.fraction;
+            carried += passed[j];
+            passed[j] = static_cast<T>(carried);
+          }
+          // ... and the gradient of the dots q·k
+#pragma omp simd
+          for (int64_t j = 0; j < n; ++j) {
+            dl[j] = dl[j] * scale + passed[j] * gate[j] * (T(1) - gate[j]) * gate_scale;
           }
           std::fill(dl + n, dl + keys, T(0));
         }
