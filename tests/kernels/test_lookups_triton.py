@@ -181,7 +181,7 @@ def test_the_kernel_refuses_shapes_it_cannot_serve_in_one_line():
 
     q, k = torch.zeros(1, 2, 4, 8), torch.zeros(1, 2, 4, 8)
     shift = torch.zeros(2, 8)
-    with pytest.raises(ValueError, match=r"table must be \(H or 1, N >= 1, Dh\)"):
+    with pytest.raises(ValueError, match=r"table must be \(H or 1, N ≥ 1, Dh\)"):
         lookup_attention(q, k, k, torch.zeros(2, 3, 7), content_shift=shift, lookup_shift=shift, scale=1.0)
     with pytest.raises(ValueError, match="lookup_shift must be"):
         lookup_attention(q, k, k, torch.zeros(2, 4, 8), content_shift=shift, lookup_shift=shift[:1], scale=1.0)

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .offset_lookup import check_lookup_terms
 from .tiles_terms import along, dot, program_tile
 from .tiles_triton import (LOG2E, check_own_positions, fits_shared_memory, last_unit, offered_once_checked,
                            product_kind)
@@ -57,8 +58,8 @@ def lookup_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, *, content_
             bfloat16 or float32.
         table: (H or 1, N, Dh) float: row d is the vector of offset d (Transformer-XL: N ≥ Tk; Shaw's band: N = K).
         content_shift, lookup_shift: (H, Dh) float, added to q for the content and lookup products; None for 0.
-        values: (H or 1, N, Dv) float or None: row d is added to the output of every pair at offset d, times the
-            pair's weight (Shaw's value band).
+        values: (like the table, N, Dv) float or None: row d is added to the output of every pair at offset d,
+            times the pair's weight (Shaw's value band).
         value_floor: (Dv,) float or None: added to every output inside the tiles (Shaw's value for the offsets past
             its band), so no second copy of the output is kept for the backward.
         scale: the logit scale.
@@ -67,18 +68,7 @@ def lookup_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, *, content_
         dtype, accumulated in float32).
     """
     check_own_positions(q, k, v)
-    heads, width = q.shape[1], q.shape[-1]
-    if table.dim() != 3 or table.shape[0] not in (1, heads) or table.shape[1] < 1 or table.shape[2] != width:
-        raise ValueError(f"table must be (H or 1, N >= 1, Dh) = ({heads}, N, {width}), got {tuple(table.shape)}")
-    if values is not None and (values.dim() != 3 or values.shape[0] not in (1, heads) or (
-            values.shape[1] != table.shape[1]) or values.shape[2] != v.shape[-1]):
-        raise ValueError(f"values must be (H or 1, N, Dv) = ({heads}, {table.shape[1]}, {v.shape[-1]}), "
-                         f"got {tuple(values.shape)}")
-    for name, shift in (("content_shift", content_shift), ("lookup_shift", lookup_shift)):
-        if shift is not None and shift.shape != (heads, width):
-            raise ValueError(f"{name} must be (H, Dh) = ({heads}, {width}), got {tuple(shift.shape)}")
-    if value_floor is not None and value_floor.shape != v.shape[-1:]:
-        raise ValueError(f"value_floor must be (Dv,) = ({v.shape[-1]},), got {tuple(value_floor.shape)}")
+    check_lookup_terms(q, v, table, values, value_floor, content_shift, lookup_shift)
     return _LookupAttention.apply(q, k, v, table, values, value_floor, content_shift, lookup_shift, float(scale))
 
 

@@ -65,10 +65,19 @@ def offset_lookup_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, *, c
         (B, H, Tq, Dv) in q's dtype, laid out token-major as SDPA returns it; gradients reach every tensor given.
         The shifted queries are formed again in the backward rather than kept.
     """
-    heads, width = q.shape[1], q.shape[3]
+    heads = q.shape[1]
     if k.shape[1] != heads or v.shape[1] != heads or q.shape[2] > k.shape[2]:
         raise ValueError(f"q, k and v need equal heads and Tq ≤ Tk, got q {tuple(q.shape)}, k {tuple(k.shape)}, "
                          f"v {tuple(v.shape)}")
+    check_lookup_terms(q, v, table, values, value_floor, content_shift, lookup_shift)
+    return _OffsetLookupAttention.apply(q, k, v, table, values, value_floor, content_shift, lookup_shift, scale)
+
+
+def check_lookup_terms(q: Tensor, v: Tensor, table: Tensor, values: Tensor | None, value_floor: Tensor | None,
+                       content_shift: Tensor | None, lookup_shift: Tensor | None) -> None:
+    """Raises ValueError, naming the argument and the shape it needs, where the position terms of an offset-lookup
+    attention (this module's, or ``lookups_triton``'s on a GPU) do not fit q (B, H, Tq, Dh) and v (B, Hkv, Tk, Dv)."""
+    heads, width = q.shape[1], q.shape[3]
     if table.dim() != 3 or table.shape[0] not in (1, heads) or table.shape[1] < 1 or table.shape[2] != width:
         raise ValueError(f"table must be (H or 1, N ≥ 1, Dh) = ({heads}, N, {width}), got {tuple(table.shape)}")
     if values is not None and values.shape != table.shape[:2] + v.shape[-1:]:
@@ -79,7 +88,6 @@ def offset_lookup_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, *, c
     for name, shift in (("content_shift", content_shift), ("lookup_shift", lookup_shift)):
         if shift is not None and shift.shape != (heads, width):
             raise ValueError(f"{name} must be (H, Dh) = ({heads}, {width}), got {tuple(shift.shape)}")
-    return _OffsetLookupAttention.apply(q, k, v, table, values, value_floor, content_shift, lookup_shift, scale)
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
