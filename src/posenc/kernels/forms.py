@@ -178,12 +178,16 @@ def _counts_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
 
 def _lookup_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
     table, content_shift, lookup_shift = at.offset_lookup_parts(k.shape[2], math_dtype(q.dtype))  # never bf16
-    if triton_lookups(q):  # a GPU: the Triton tiles, which read grouped k and v heads as they are
-        return lookups_triton().lookup_attention(q, k, v, table, content_shift=content_shift,
-                                                 lookup_shift=lookup_shift, scale=scale)
+    return _in_lookup_tiles(q, k, v, table, content_shift=content_shift, lookup_shift=lookup_shift, scale=scale)
+
+
+def _in_lookup_tiles(q: Tensor, k: Tensor, v: Tensor, table: Tensor, **terms) -> Tensor:
+    """Offset-lookup attention (``offset_lookup_attention``'s arguments): on a GPU inside the Triton tiles, which
+    read grouped k and v heads as they are; on CPU inside the C++ tiles."""
+    if triton_lookups(q):
+        return lookups_triton().lookup_attention(q, k, v, table, **terms)
     k, v = repeat_kv_heads(k, q.shape[1]), repeat_kv_heads(v, q.shape[1])
-    return offset_lookup.offset_lookup_attention(q, k, v, table, content_shift=content_shift,
-                                                 lookup_shift=lookup_shift, scale=scale)
+    return offset_lookup.offset_lookup_attention(q, k, v, table, **terms)
 
 
 def _channel_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
@@ -275,12 +279,8 @@ def _band_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
     key_band, value_band, value_floor = at.encoding.band_parts(math_dtype(q.dtype))
     if not lookups_serve(q):  # inside a torch.compile graph, no C++ build, a GPU where Triton is not checked
         return band.band_attention(q, k, v, key_band, value_band, value_floor, scale=scale)
-    if triton_lookups(q):  # the band as a table of K offsets (one for every head) inside the Triton tiles
-        return lookups_triton().lookup_attention(q, k, v, key_band[None], values=value_band[None],
-                                                 value_floor=value_floor, scale=scale)
-    k, v = repeat_kv_heads(k, q.shape[1]), repeat_kv_heads(v, q.shape[1])  # the same inside the C++ tiles
-    return offset_lookup.offset_lookup_attention(q, k, v, key_band[None], values=value_band[None],
-                                                 value_floor=value_floor, scale=scale)
+    # the band as a table of K offsets, one for every head
+    return _in_lookup_tiles(q, k, v, key_band[None], values=value_band[None], value_floor=value_floor, scale=scale)
 
 
 def _own_positions(q, at, causal, mask, plain_causal) -> bool:
