@@ -14,6 +14,8 @@ import argparse
 
 import torch
 
+from posenc import checks
+
 TILE = 64
 
 
@@ -34,6 +36,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--length", type=int, default=16384)
     args = parser.parse_args()
+    try:
+        checks.positive_int("--length", args.length, minimum=TILE)
+    except ValueError as error:
+        parser.error(str(error))
     torch.manual_seed(0)
     for spread in (1.0, 0.05):
         rows = window_rows(args.length, 64, spread)

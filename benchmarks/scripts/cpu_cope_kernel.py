@@ -17,6 +17,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from posenc import checks
 from posenc.bench.machine import describe, one_line
 from posenc.kernels import gated_counts
 
@@ -26,6 +27,11 @@ def main() -> None:
     parser.add_argument("--spread", type=float, default=1.0, help="the standard deviation of q and k's entries")
     parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args()
+    try:
+        checks.positive_float("--spread", args.spread)
+        checks.positive_int("--rounds", args.rounds, minimum=2)  # quartiles need two
+    except ValueError as error:
+        parser.error(str(error))
     extension = gated_counts.extension()
     if extension is None:
         raise SystemExit("CoPE's kernel could not be built here")

@@ -1,0 +1,39 @@
+"""The CPU benchmark scripts (``benchmarks/scripts/cpu_cope_kernel.py``, ``cope_tile_window.py``) as a user runs
+them: a short run prints what the record quotes, and bad flags get one line and exit 2, not a traceback."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "benchmarks" / "scripts"
+
+
+def run(script: str, *arguments: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPTS / script), *arguments], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_the_window_script_bounds_a_tile_by_its_gates():
+    """At 256 tokens: with gates near ½ a tile's counts move by about 32 across its 64 keys and about 32 across its 64
+    rows, so its window stays within 66 table rows; with gates spread it is wider, never past the keys' count."""
+    result = run("cope_tile_window.py", "--length", "256")
+    assert result.returncode == 0, result.stderr
+    widths = {float(spread): (float(median), float(largest)) for spread, median, largest in re.findall(
+        r"spread ([\d.]+): table rows per key tile, median (\d+), 90th percentile \d+, largest (\d+)", result.stdout)}
+    assert set(widths) == {1.0, 0.05}, result.stdout
+    assert 33 <= widths[0.05][0] <= widths[0.05][1] <= 66
+    assert widths[0.05][1] <= widths[1.0][1] <= 256 + 1
+
+
+@pytest.mark.parametrize("script, arguments, message", [
+    ("cope_tile_window.py", ("--length", "10"), "--length must be an integer >= 64, got 10"),
+    ("cpu_cope_kernel.py", ("--rounds", "0"), "--rounds must be an integer >= 2, got 0"),
+    ("cpu_cope_kernel.py", ("--spread", "-1"), "--spread must be a number > 0.0, got -1.0"),
+])
+def test_bad_flags_get_one_line(script, arguments, message):
+    result = run(script, *arguments)
+    assert result.returncode == 2 and message in result.stderr.splitlines()[-1], result.stderr
+    assert "Traceback" not in result.stderr
