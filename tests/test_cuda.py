@@ -389,11 +389,12 @@ def test_lookups_in_triton_tiles_at_the_gpus_tile_sizes_equal_float64(monkeypatc
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 2e-5), (torch.bfloat16, 5e-2)])
-@pytest.mark.parametrize("rows", [16, 64])
+@pytest.mark.parametrize("rows", [16, 64, 1100])
 def test_cope_in_triton_tiles_at_the_gpus_tile_sizes_equals_float64(monkeypatch, dtype, tolerance, rows):
-    """``counts_triton`` (64 × 64 tiles) over 1,000 queries of a 1,100-key cache, through
+    """``counts_triton`` (64 × 64 tiles, windows of 64 table rows) over 1,000 queries of a 1,100-key cache, through
     ``attention(backend="auto")`` with the kernel offered (POSENC_COUNTS_TRITON=1): values and the gradients of q,
-    k, v and the embeddings against float64 eager on the CPU; 16 rows fill every count within a tile or two."""
+    k, v and the embeddings against float64 eager on the CPU; 16 rows fill every count within a tile or two, 1,100
+    (one per key, as the tiny LM builds CoPE) never fill."""
     import posenc
     from posenc.kernels import counts_triton
 

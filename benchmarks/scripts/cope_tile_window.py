@@ -1,7 +1,7 @@
 """How many consecutive table rows one CoPE tile reads: for the last 64 queries of T tokens, and each key tile of 64,
-⌈largest count⌉ − ⌊smallest count⌋ + 1 over the tile's allowed pairs. A Triton tile that computes q·eᵀ over such a
-window, rather than over the whole table, serves tables of any size (``counts_triton`` holds all P rows per query
-tile, so it serves P ≤ 128; the tiny LM and the long table build CoPE with one row per token).
+⌈largest count⌉ − ⌊smallest count⌋ + 1 over the tile's allowed pairs. ``counts_triton`` computes q·eᵀ over windows
+of 64 of those rows, skipping windows that no pair reads, rather than over the whole table (the tiny LM and the long
+table build CoPE with one row per token): this says how many rows a tile reads, so about how many windows.
 
     python benchmarks/scripts/cope_tile_window.py [--length 16384]
 

@@ -88,10 +88,10 @@ def test_a_gpu_offers_cope_its_triton_counts_alone_once_they_are_offered(monkeyp
 
     q = torch.empty(1, 2, 16, 4, device="meta")
     at = posenc.build("cope", head_dim=4).at(*own_positions(16, 16), contiguous=True)
-    monkeypatch.setattr(counts_triton, "offered", lambda q, rows: True)
+    monkeypatch.setattr(counts_triton, "offered", lambda q: True)
     assert forms.score_forms(q, at, True, None, True) == {"counts": forms._counts_form}
     assert forms.score_forms(q, at, False, None, False) == {"mask": forms._mask_form}
-    monkeypatch.setattr(counts_triton, "offered", lambda q, rows: False)
+    monkeypatch.setattr(counts_triton, "offered", lambda q: False)
     assert forms.score_forms(q, at, True, None, True) == {"mask": forms._mask_form}
 
 

@@ -1,23 +1,27 @@
 """CoPE's attention inside Triton tiles, forward and backward (CUDA; CPU tensors under TRITON_INTERPRET=1): the
-GPU's counterpart of ``gated_counts``.
+GPU's counterpart of ``gated_counts``, for a table of any size.
 
-The logit of query i and key j is ``scale·q_i·k_j + lerp(Z_i[⌊p⌋], Z_i[⌈p⌉], p − ⌊p⌋)``, with Z = q·eᵀ (a row of
-P numbers per query) and CoPE's count ``p_ij = min(Σ_{t=j..i} σ(gate_scale·q_i·k_t), P − 1)``. Each query tile
-computes its Z once and walks its key tiles from the diagonal back to key 0, carrying per row the gates counted so
-far; inside a tile a reverse cumulative sum gives each key its count. Once every row's count has reached P − 1 the
-earlier keys all read Z_i[P − 1]: those tiles are plain attention plus one number per row, with no gates.
+The logit of query i and key j is ``scale·q_i·k_j + lerp(Z_i[⌊p⌋], Z_i[⌈p⌉], p − ⌊p⌋)``, with Z_i[c] = q_i·e_c and
+CoPE's count ``p_ij = min(Σ_{t=j..i} σ(gate_scale·q_i·k_t), P − 1)``. Each query tile walks its key tiles from the
+diagonal back to key 0, carrying per row the gates counted so far; inside a tile a reverse cumulative sum gives each
+key its count. The pairs of a tile read a few table rows, not all P: the tile computes Z over windows of W
+consecutive rows, from the smallest ⌊p⌋ its allowed pairs read to the largest ⌈p⌉, skipping a window no pair reads
+(each row's counts within a tile span at most W + 1 rows; rows with different gates drift apart). So Z never holds
+more than (W, W) numbers and P is unbounded (one row per token: the tiny LM's CoPE). Once every row's count has
+reached P − 1 the earlier keys all read Z_i[P − 1], computed once: those tiles are plain attention plus one number
+per row, with no gates.
 
 The backward walks twice. The first walk, over the counting tiles only, sums per row dP_ij = ds_ij·(Z_i[⌈p⌉] −
 Z_i[⌊p⌋]) (zero where the count is clamped). The second takes each gate's gradient from it, Σ_{j≤t} dP_ij = that
-total − the sum over the later keys, which the walk carries; reduces ds onto Z's columns (two per pair, by
-⌊p⌋ and ⌈p⌉); and adds dk and dv atomically in float32, per key/value head. dq gains dZ·e and the table dZᵀ·q once
-per program. Z, the counts and the gates are float32 whatever q's dtype, and so is the output the backward reads
-(D_i = dO_i·out_i): from a bf16 output, bf16 gradients of q and k moved by 4e-2 of their largest magnitude, 6e-3
-from a float32 one.
+total − the sum over the later keys, which the walk carries; reduces ds onto each window's columns (two per pair, by
+⌊p⌋ and ⌈p⌉), which adds dZ·e to dq and dZᵀ·q to the table's gradient (atomically, float32); and adds dk and dv
+atomically in float32, per key/value head. The counts and gates are float32 whatever q's dtype, and so is Z (its
+products in q's dtype, as q·kᵀ's are) and the output the backward reads (D_i = dO_i·out_i): from a bf16 output, bf16
+gradients of q and k moved by 4e-2 of their largest magnitude, 6e-3 from a float32 one.
 
 Positions: queries at Tk − Tq .. Tk − 1 and keys at 0 .. Tk − 1 (a training step, a prefill, a KV-cache step),
 causal. Shapes: B batch, H query heads, Hkv key/value heads, Tq/Tk query/key lengths, Dh head width, Dv value
-width, P table rows.
+width, P table rows, W the window (the tile's size).
 """
 
 from __future__ import annotations
@@ -36,11 +40,10 @@ from .tiles_triton import (LOG2E, check_own_positions, fits_shared_memory, last_
 CHECKED_ON_GPU = False
 
 
-def offered(q: Tensor, rows: int) -> bool:
-    """Whether ``forms`` offers this kernel for q (``tiles_triton.offered_once_checked``) and CoPE's table of
-    ``rows`` positions: at head widths whose tiles fit (``tiles_triton.fits_shared_memory``), and up to 128 rows
-    (256 did not fit)."""
-    return fits_shared_memory(q) and rows <= 128 and offered_once_checked(q, CHECKED_ON_GPU, "POSENC_COUNTS_TRITON")
+def offered(q: Tensor) -> bool:
+    """Whether ``forms`` offers this kernel for q (``tiles_triton.offered_once_checked``): at head widths whose
+    tiles fit (``tiles_triton.fits_shared_memory``), with a table of any size."""
+    return fits_shared_memory(q) and offered_once_checked(q, CHECKED_ON_GPU, "POSENC_COUNTS_TRITON")
 
 
 def counts_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, *, scale: float, gate_scale: float) -> Tensor:
@@ -63,20 +66,19 @@ def counts_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, *, scale: f
 
 @triton.jit
 def _query_tile(Q, TABLE, s_qb, s_qh, s_qt, heads, q_len, k_len, n_rows, HEAD_DIM: tl.constexpr,
-                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK: tl.constexpr):
-    """This program's query tile: (b, h, its rows, their key positions, offs_d, offs_dv, q (BLOCK, BLOCK_D), Z
-    (BLOCK, BLOCK_P) float32, the table's rows (BLOCK_P, BLOCK_D) float32, the number of key tiles up to its last
-    query's position)."""
+                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK: tl.constexpr):
+    """This program's query tile: (b, h, its rows, their key positions, offs_d, offs_dv, q (BLOCK, BLOCK_D), the
+    table's last row e[P − 1] (BLOCK_D,) float32 and Z[P − 1] (BLOCK,) float32, the number of key tiles up to its
+    last query's position)."""
     start_m, b, h = program_tile(q_len, heads, BLOCK)
     rows = start_m + tl.arange(0, BLOCK)
-    offs_d, offs_dv, offs_p = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV), tl.arange(0, BLOCK_P)
+    offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
     q = tl.load(Q + b * s_qb + h * s_qh + along(rows, s_qt)[:, None] + offs_d[None, :],
                 mask=(rows < q_len)[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    table = tl.load(TABLE + offs_p[:, None] * HEAD_DIM + offs_d[None, :],
-                    mask=(offs_p[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    per_row = tl.dot(q.to(tl.float32), tl.trans(table), input_precision="ieee")  # Z, never in q's dtype
+    last_row = tl.load(TABLE + (n_rows - 1) * HEAD_DIM + offs_d, mask=offs_d < HEAD_DIM, other=0.0)
+    at_last = tl.sum(q.to(tl.float32) * last_row[None, :], 1)
     tiles = tl.cdiv(tl.minimum(start_m + BLOCK + (k_len - q_len), k_len), BLOCK)
-    return b, h, rows, rows + (k_len - q_len), offs_d, offs_dv, offs_p, q, per_row, table, tiles
+    return b, h, rows, rows + (k_len - q_len), offs_d, offs_dv, q, last_row, at_last, tiles
 
 
 @triton.jit
@@ -102,37 +104,102 @@ def _key_tile(q, start_n, K, V, s_kt, s_vt, rows, q_pos, q_len, k_len, offs_d, o
 
 
 @triton.jit
-def _counted_logits(products, allowed, per_row, counted, n_rows, scale_log2, gate_scale):
-    """A counting tile's base-2 logits (−inf where not allowed), gates, ⌊p⌋ and ⌈p⌉ (int32), p − ⌊p⌋, whether p
-    was below P − 1, and Z[⌈p⌉] − Z[⌊p⌋]."""
+def _tile_counts(products, allowed, counted, n_rows, gate_scale):
+    """A counting tile's gates, ⌊p⌋ and ⌈p⌉ (int32), p − ⌊p⌋ and whether p was below P − 1; and the window
+    bounds: the smallest ⌊p⌋ and the largest ⌈p⌉ of its allowed pairs."""
     gates = tl.where(allowed, tl.sigmoid(products * gate_scale), 0.0)
     counts = counted[:, None] + tl.cumsum(gates, axis=1, reverse=True)
     below_top = counts < n_rows - 1
     counts = tl.minimum(counts, n_rows - 1.0)
     floor = tl.floor(counts)
     low, high = floor.to(tl.int32), tl.ceil(counts).to(tl.int32)
-    fraction = counts - floor
-    at_low = tl.gather(per_row, low, 1)
-    rise = tl.gather(per_row, high, 1) - at_low
-    s = tl.where(allowed, products * scale_log2 + (at_low + fraction * rise) * 1.4426950408889634, float("-inf"))
-    return s, gates, low, high, fraction, below_top, rise
+    return gates, low, high, counts - floor, below_top, tl.min(tl.where(allowed, low, n_rows)), tl.max(
+        tl.where(allowed, high, -1))
 
 
 @triton.jit
-def _filled_logits(products, allowed, per_row, offs_p, n_rows, scale_log2):
+def _window_rows(TABLE, start, n_rows, offs_w, offs_d, HEAD_DIM: tl.constexpr):
+    """The table's rows start .. start + W − 1 (W, BLOCK_D), zero past P, and whether each is within P."""
+    index = start + offs_w
+    inside = index < n_rows
+    return tl.load(TABLE + index[:, None] * HEAD_DIM + offs_d[None, :],
+                   mask=inside[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0), inside
+
+
+@triton.jit
+def _products_with_rows(q, window, DOT: tl.constexpr):
+    """q·windowᵀ (BLOCK, W) float32, keeping the table's float32 digits: exact products for float32 q; for 16-bit q
+    on the tensor cores, the rows split into a high and a low part in q's dtype, two products (rounding the rows to
+    bf16 moved the bf16 gradients of q by 3% of their largest magnitude)."""
+    if DOT == 1:
+        return dot(q, tl.trans(window), DOT)
+    high = window.to(q.dtype)
+    return dot(q, tl.trans(high), DOT) + dot(q, tl.trans((window - high.to(tl.float32)).to(q.dtype)), DOT)
+
+
+@triton.jit
+def _read_by(low, high, allowed, start, BLOCK_W: tl.constexpr):
+    """Whether some allowed pair reads a table row in start .. start + W − 1."""
+    return tl.max(tl.where(allowed & (high >= start) & (low < start + BLOCK_W), 1, 0)) > 0
+
+
+@triton.jit
+def _looked_up(q, TABLE, low, high, allowed, first, last, n_rows, offs_w, offs_d, HEAD_DIM: tl.constexpr,
+               BLOCK_W: tl.constexpr, DOT: tl.constexpr):
+    """Z[⌊p⌋] and Z[⌈p⌉] − Z[⌊p⌋] of each allowed pair (BLOCK, BLOCK) float32, Z over the windows the pairs read."""
+    at_low = tl.zeros(low.shape, tl.float32)
+    at_high = tl.zeros(low.shape, tl.float32)
+    for start in range(first, last + 1, BLOCK_W):
+        if _read_by(low, high, allowed, start, BLOCK_W):
+            window, _ = _window_rows(TABLE, start, n_rows, offs_w, offs_d, HEAD_DIM)
+            z = _products_with_rows(q, window, DOT)
+            low_here = (low >= start) & (low < start + BLOCK_W)
+            high_here = (high >= start) & (high < start + BLOCK_W)
+            at_low = tl.where(low_here, tl.gather(z, tl.where(low_here, low - start, 0), 1), at_low)
+            at_high = tl.where(high_here, tl.gather(z, tl.where(high_here, high - start, 0), 1), at_high)
+    return at_low, at_high - at_low
+
+
+@triton.jit
+def _counted_logits(products, allowed, at_low, fraction, rise, scale_log2):
+    """A counting tile's base-2 logits, −inf where not allowed."""
+    return tl.where(allowed, products * scale_log2 + (at_low + fraction * rise) * 1.4426950408889634, float("-inf"))
+
+
+@triton.jit
+def _filled_logits(products, allowed, at_last, scale_log2):
     """A tile past the counting: base-2 logits with every pair at Z[P − 1]."""
-    last = tl.sum(tl.where(offs_p[None, :] == n_rows - 1, per_row, 0.0), 1)
-    return tl.where(allowed, products * scale_log2 + last[:, None] * 1.4426950408889634, float("-inf"))
+    return tl.where(allowed, products * scale_log2 + at_last[:, None] * 1.4426950408889634, float("-inf"))
+
+
+@triton.jit
+def _to_table(dq, ds, low, high, fraction, allowed, first, last, q, TABLE, DTABLE, n_rows, offs_w, offs_d,
+              HEAD_DIM: tl.constexpr, BLOCK_W: tl.constexpr, DOT: tl.constexpr):
+    """dq + dZ·e, and DTABLE += dZᵀ·q (float32, atomically), where dZ is ds reduced onto each window's columns:
+    (1 − frac)·ds at ⌊p⌋ and frac·ds at ⌈p⌉ (a masked pair's ds is 0)."""
+    for start in range(first, last + 1, BLOCK_W):
+        if _read_by(low, high, allowed, start, BLOCK_W):
+            d_window = tl.zeros((ds.shape[0], BLOCK_W), tl.float32)
+            for column in range(tl.maximum(first, start), tl.minimum(last, start + BLOCK_W - 1) + 1):
+                share = tl.where(low == column, 1.0 - fraction, 0.0) + tl.where(high == column, fraction, 0.0)
+                d_window += tl.where(offs_w[None, :] == column - start, tl.sum(ds * share, 1)[:, None], 0.0)
+            window, inside = _window_rows(TABLE, start, n_rows, offs_w, offs_d, HEAD_DIM)
+            dq += dot(d_window.to(q.dtype), window.to(q.dtype), DOT)
+            tl.atomic_add(DTABLE + (start + offs_w)[:, None] * HEAD_DIM + offs_d[None, :],
+                          dot(tl.trans(d_window.to(q.dtype)), q, DOT),
+                          mask=inside[:, None] & (offs_d[None, :] < HEAD_DIM))
+    return dq
 
 
 @triton.jit
 def _forward(Q, K, V, TABLE, OUT, LSE, s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb, s_vh, s_vt, s_ob, s_oh, s_ot,
              heads, group, q_len, k_len, n_rows, scale_log2, gate_scale, HEAD_DIM: tl.constexpr,
-             VALUE_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_P: tl.constexpr,
-             BLOCK: tl.constexpr, DOT: tl.constexpr):
+             VALUE_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK: tl.constexpr,
+             DOT: tl.constexpr):
     """OUT (B, H, Tq, Dv) and LSE (B·H, Tq), each row's base-2 log-sum-exp."""
-    b, h, rows, q_pos, offs_d, offs_dv, offs_p, q, per_row, _, tiles = _query_tile(
-        Q, TABLE, s_qb, s_qh, s_qt, heads, q_len, k_len, n_rows, HEAD_DIM, BLOCK_D, BLOCK_DV, BLOCK_P, BLOCK)
+    b, h, rows, q_pos, offs_d, offs_dv, q, last_row, at_last, tiles = _query_tile(
+        Q, TABLE, s_qb, s_qh, s_qt, heads, q_len, k_len, n_rows, HEAD_DIM, BLOCK_D, BLOCK_DV, BLOCK)
+    offs_w = tl.arange(0, BLOCK)
     K_, V_ = K + b * s_kb + (h // group) * s_kh, V + b * s_vb + (h // group) * s_vh
     m_i = tl.full([BLOCK], float("-inf"), tl.float32)
     sums = tl.zeros([BLOCK], tl.float32)
@@ -143,11 +210,14 @@ def _forward(Q, K, V, TABLE, OUT, LSE, s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb,
             q, (tiles - 1 - back) * BLOCK, K_, V_, s_kt, s_vt, rows, q_pos, q_len, k_len, offs_d, offs_dv, HEAD_DIM,
             VALUE_DIM, BLOCK, DOT)
         if _counting(counted, rows, q_len, n_rows):
-            s, gates, low, high, fraction, below_top, rise = _counted_logits(products, allowed, per_row, counted,
-                                                                             n_rows, scale_log2, gate_scale)
+            gates, low, high, fraction, below_top, first, last = _tile_counts(products, allowed, counted, n_rows,
+                                                                              gate_scale)
+            at_low, rise = _looked_up(q, TABLE, low, high, allowed, first, last, n_rows, offs_w, offs_d, HEAD_DIM,
+                                      BLOCK, DOT)
+            s = _counted_logits(products, allowed, at_low, fraction, rise, scale_log2)
             counted += tl.sum(gates, 1)
         else:
-            s = _filled_logits(products, allowed, per_row, offs_p, n_rows, scale_log2)
+            s = _filled_logits(products, allowed, at_last, scale_log2)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # padding rows past Tq see no key
         p = tl.math.exp2(s - m_safe[:, None])
@@ -174,11 +244,12 @@ def _softmax_grads(s, grad, v_tile, lse, delta, DOT: tl.constexpr):
 def _backward(Q, K, V, TABLE, DO, LSE, DELTA, DQ, DK, DV, DTABLE, s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb, s_vh, s_vt,
               s_dob, s_doh, s_dot, s_dqb, s_dqh, s_dqt, s_dkb, s_dkh, s_dkt, s_dvb, s_dvh, s_dvt,
               heads, group, q_len, k_len, n_rows, scale, scale_log2, gate_scale, HEAD_DIM: tl.constexpr,
-              VALUE_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_P: tl.constexpr,
-              BLOCK: tl.constexpr, DOT: tl.constexpr):
+              VALUE_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK: tl.constexpr,
+              DOT: tl.constexpr):
     """DQ (B, H, Tq, Dh) in q's dtype; DK, DV and DTABLE (P, Dh) float32, added to."""
-    b, h, rows, q_pos, offs_d, offs_dv, offs_p, q, per_row, table, tiles = _query_tile(
-        Q, TABLE, s_qb, s_qh, s_qt, heads, q_len, k_len, n_rows, HEAD_DIM, BLOCK_D, BLOCK_DV, BLOCK_P, BLOCK)
+    b, h, rows, q_pos, offs_d, offs_dv, q, last_row, at_last, tiles = _query_tile(
+        Q, TABLE, s_qb, s_qh, s_qt, heads, q_len, k_len, n_rows, HEAD_DIM, BLOCK_D, BLOCK_DV, BLOCK)
+    offs_w = tl.arange(0, BLOCK)
     in_queries = rows < q_len
     grad = tl.load(DO + b * s_dob + h * s_doh + along(rows, s_dot)[:, None] + offs_dv[None, :],
                    mask=in_queries[:, None] & (offs_dv[None, :] < VALUE_DIM), other=0.0)
@@ -195,14 +266,17 @@ def _backward(Q, K, V, TABLE, DO, LSE, DELTA, DQ, DK, DV, DTABLE, s_qb, s_qh, s_
             cols, in_keys, k_tile, v_tile, allowed, products = _key_tile(
                 q, (tiles - 1 - back) * BLOCK, K_, V_, s_kt, s_vt, rows, q_pos, q_len, k_len, offs_d, offs_dv,
                 HEAD_DIM, VALUE_DIM, BLOCK, DOT)
-            s, gates, low, high, fraction, below_top, rise = _counted_logits(products, allowed, per_row, counted,
-                                                                             n_rows, scale_log2, gate_scale)
-            _, ds = _softmax_grads(s, grad, v_tile, lse, delta, DOT)
+            gates, low, high, fraction, below_top, first, last = _tile_counts(products, allowed, counted, n_rows,
+                                                                              gate_scale)
+            at_low, rise = _looked_up(q, TABLE, low, high, allowed, first, last, n_rows, offs_w, offs_d, HEAD_DIM,
+                                      BLOCK, DOT)
+            _, ds = _softmax_grads(_counted_logits(products, allowed, at_low, fraction, rise, scale_log2), grad,
+                                   v_tile, lse, delta, DOT)
             total += tl.sum(tl.where(below_top, ds * rise, 0.0), 1)
             counted += tl.sum(gates, 1)
     # second walk: every gradient
     dq = tl.zeros([BLOCK, BLOCK_D], tl.float32)
-    d_per_row = tl.zeros([BLOCK, BLOCK_P], tl.float32)
+    d_last = tl.zeros([BLOCK], tl.float32)  # Σ ds over the pairs at Z[P − 1] past the counting
     counted = tl.zeros([BLOCK], tl.float32)
     later = tl.zeros([BLOCK], tl.float32)  # Σ dP over the keys after this tile
     for back in range(0, tiles):
@@ -210,24 +284,24 @@ def _backward(Q, K, V, TABLE, DO, LSE, DELTA, DQ, DK, DV, DTABLE, s_qb, s_qh, s_
             q, (tiles - 1 - back) * BLOCK, K_, V_, s_kt, s_vt, rows, q_pos, q_len, k_len, offs_d, offs_dv, HEAD_DIM,
             VALUE_DIM, BLOCK, DOT)
         if _counting(counted, rows, q_len, n_rows):
-            s, gates, low, high, fraction, below_top, rise = _counted_logits(products, allowed, per_row, counted,
-                                                                             n_rows, scale_log2, gate_scale)
-            p, ds = _softmax_grads(s, grad, v_tile, lse, delta, DOT)
+            gates, low, high, fraction, below_top, first, last = _tile_counts(products, allowed, counted, n_rows,
+                                                                              gate_scale)
+            at_low, rise = _looked_up(q, TABLE, low, high, allowed, first, last, n_rows, offs_w, offs_d, HEAD_DIM,
+                                      BLOCK, DOT)
+            p, ds = _softmax_grads(_counted_logits(products, allowed, at_low, fraction, rise, scale_log2), grad,
+                                   v_tile, lse, delta, DOT)
             d_count = tl.where(below_top, ds * rise, 0.0)  # dP_ij
             after = later[:, None] + tl.cumsum(d_count, axis=1, reverse=True) - d_count  # Σ_{j > t} dP_ij
             d_gates = tl.where(allowed, (total[:, None] - after) * gates * (1.0 - gates) * gate_scale, 0.0)
             d_logits = ds * scale + d_gates  # both reach q and k through q·k
-            # ds onto Z's columns ⌊p⌋ and ⌈p⌉, over the columns the allowed pairs read (a masked pair counts 0, and
-            # its ds is 0: on the diagonal they would start the loop at column 0)
-            for column in range(tl.min(tl.where(allowed, low, n_rows - 1)), tl.max(tl.where(allowed, high, 0)) + 1):
-                share = tl.where(low == column, 1.0 - fraction, 0.0) + tl.where(high == column, fraction, 0.0)
-                d_per_row += tl.where(offs_p[None, :] == column, tl.sum(ds * share, 1)[:, None], 0.0)
+            dq = _to_table(dq, ds, low, high, fraction, allowed, first, last, q, TABLE, DTABLE, n_rows, offs_w,
+                           offs_d, HEAD_DIM, BLOCK, DOT)
             later += tl.sum(d_count, 1)
             counted += tl.sum(gates, 1)
         else:
-            p, ds = _softmax_grads(_filled_logits(products, allowed, per_row, offs_p, n_rows, scale_log2), grad,
-                                   v_tile, lse, delta, DOT)
-            d_per_row += tl.where(offs_p[None, :] == n_rows - 1, tl.sum(ds, 1)[:, None], 0.0)
+            p, ds = _softmax_grads(_filled_logits(products, allowed, at_last, scale_log2), grad, v_tile, lse, delta,
+                                   DOT)
+            d_last += tl.sum(ds, 1)
             d_logits = ds * scale
         dq += dot(d_logits.to(k_tile.dtype), k_tile, DOT)
         key_rows = in_keys[:, None]
@@ -235,21 +309,21 @@ def _backward(Q, K, V, TABLE, DO, LSE, DELTA, DQ, DK, DV, DTABLE, s_qb, s_qh, s_
                       mask=key_rows & (offs_d[None, :] < HEAD_DIM))
         tl.atomic_add(DV_ + along(cols, s_dvt)[:, None] + offs_dv[None, :], dot(tl.trans(p.to(grad.dtype)), grad, DOT),
                       mask=key_rows & (offs_dv[None, :] < VALUE_DIM))
-    dq += tl.dot(d_per_row, table, input_precision="ieee")
-    tl.atomic_add(DTABLE + offs_p[:, None] * HEAD_DIM + offs_d[None, :],
-                  tl.dot(tl.trans(d_per_row), q.to(tl.float32), input_precision="ieee"),
-                  mask=(offs_p[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM))
+    dq += d_last[:, None] * last_row[None, :]
+    tl.atomic_add(DTABLE + (n_rows - 1) * HEAD_DIM + offs_d, tl.sum(d_last[:, None] * q.to(tl.float32), 0),
+                  mask=offs_d < HEAD_DIM)
     tl.store(DQ + b * s_dqb + h * s_dqh + along(rows, s_dqt)[:, None] + offs_d[None, :], dq.to(DQ.dtype.element_ty),
              mask=in_queries[:, None] & (offs_d[None, :] < HEAD_DIM))
 
 
-def _sizes(q: Tensor, v: Tensor, rows: int) -> dict:
-    """Compile-time sizes: 16 × 16 tiles under the interpreter, so a test at a few dozen tokens crosses tiles; on a
-    GPU 64 × 64 with 4 warps, the tiles' backward size (``tiles_triton._blocks``), not yet timed for this kernel."""
+def _sizes(q: Tensor, v: Tensor) -> dict:
+    """Compile-time sizes: 16 × 16 tiles and windows under the interpreter, so a test at a few dozen tokens crosses
+    tiles and windows; on a GPU 64 × 64 with 4 warps, the tiles' backward size (``tiles_triton._blocks``), not yet
+    timed for this kernel."""
     block, warps = (16, 1) if q.device.type == "cpu" else (64, 4)
     return dict(HEAD_DIM=q.shape[-1], VALUE_DIM=v.shape[-1], BLOCK_D=max(16, triton.next_power_of_2(q.shape[-1])),
-                BLOCK_DV=max(16, triton.next_power_of_2(v.shape[-1])), BLOCK_P=max(16, triton.next_power_of_2(rows)),
-                BLOCK=block, DOT=product_kind(q), num_warps=warps)
+                BLOCK_DV=max(16, triton.next_power_of_2(v.shape[-1])), BLOCK=block, DOT=product_kind(q),
+                num_warps=warps)
 
 
 class _CountsAttention(torch.autograd.Function):
@@ -260,7 +334,7 @@ class _CountsAttention(torch.autograd.Function):
         batch, heads, q_len, _ = q.shape
         out = q.new_empty(batch, q_len, heads, v.shape[-1], dtype=torch.float32).transpose(1, 2)
         lse = torch.empty(batch * heads, q_len, device=q.device, dtype=torch.float32)
-        sizes = _sizes(q, v, table_.shape[0])
+        sizes = _sizes(q, v)
         _forward[(triton.cdiv(q_len, sizes["BLOCK"]) * batch * heads,)](
             q, k, v, table_, out, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], heads,
             heads // k.shape[1], q_len, k.shape[2], table_.shape[0], scale * LOG2E, gate_scale, **sizes)
@@ -278,7 +352,7 @@ class _CountsAttention(torch.autograd.Function):
         dq = torch.empty_like(q)
         dk, dv = (torch.zeros(x.shape, device=x.device, dtype=torch.float32) for x in (k, v))
         d_table = torch.zeros_like(table)
-        sizes = _sizes(q, v, table.shape[0])
+        sizes = _sizes(q, v)
         _backward[(triton.cdiv(q_len, sizes["BLOCK"]) * batch * heads,)](
             q, k, v, table, grad_out, lse, delta, dq, dk, dv, d_table, *q.stride()[:3], *k.stride()[:3],
             *v.stride()[:3], *grad_out.stride()[:3], *dq.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], heads,

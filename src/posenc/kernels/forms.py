@@ -170,7 +170,7 @@ def _segments_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
 
 def _counts_form(q, k, v, at, causal, mask, scale, plain_causal) -> Tensor:
     table, gate_scale = at.counts_table()
-    if triton_counts(q, at):  # a GPU: the Triton tiles, which read grouped k and v heads as they are
+    if triton_counts(q):  # a GPU: the Triton tiles, which read grouped k and v heads as they are
         return counts_triton().counts_attention(q, k, v, table, scale=scale, gate_scale=gate_scale)
     k, v = repeat_kv_heads(k, q.shape[1]), repeat_kv_heads(v, q.shape[1])
     return gated_counts.gated_counts_attention(q, k, v, table, scale=scale, gate_scale=gate_scale)
@@ -239,11 +239,11 @@ def triton_lookups(q: Tensor) -> bool:
     return q.device.type != "cpu" and triton_available() and lookups_triton().offered(q)
 
 
-def triton_counts(q: Tensor, at) -> bool:
+def triton_counts(q: Tensor) -> bool:
     """Whether ``counts_triton`` runs CoPE for q: on a GPU, once checked there (``counts_triton.offered``)."""
     if q.device.type == "cpu" or not triton_available():
         return False
-    return counts_triton().offered(q, at.encoding.gated_counts_parts()[0].shape[0])
+    return counts_triton().offered(q)
 
 
 def counts_triton():
@@ -301,7 +301,7 @@ LOOKUPS = Form("lookups", _lookup_form,
                lambda q, *call: _own_positions(q, *call) and lookups_serve(q))
 COUNTS = Form("counts", _counts_form,
               lambda e: e.has_relative_logits and not e.has_bias and isinstance(e, gated_counts.GatedCounts),
-              lambda q, at, *call: _own_positions(q, at, *call) and (gated_counts.serves(q) or triton_counts(q, at)),
+              lambda q, at, *call: _own_positions(q, at, *call) and (gated_counts.serves(q) or triton_counts(q)),
               spares_mask=lambda e: True)
 CHANNELS = Form("channels", _channel_form, lambda e: e.has_score_channels,
                 lambda q, at, *rest: at.channels_exact(q.dtype), spares_mask=lambda e: e.has_relative_logits)
