@@ -18,14 +18,18 @@ def run(script: str, *arguments: str) -> subprocess.CompletedProcess:
 
 def test_the_window_script_bounds_a_tile_by_its_gates():
     """At 256 tokens: with gates near ½ a tile's counts move by about 32 across its 64 keys and about 32 across its 64
-    rows, so its window stays within 66 table rows; with gates spread it is wider, never past the keys' count."""
+    rows, so its window stays within 66 table rows (two windows of 64 at most); with gates spread it is wider, never
+    past the keys' count; rows that lean apart read the most windows."""
     result = run("cope_tile_window.py", "--length", "256")
     assert result.returncode == 0, result.stderr
-    widths = {float(spread): (float(median), float(largest)) for spread, median, largest in re.findall(
-        r"spread ([\d.]+): table rows per key tile, median (\d+), 90th percentile \d+, largest (\d+)", result.stdout)}
-    assert set(widths) == {1.0, 0.05}, result.stdout
-    assert 33 <= widths[0.05][0] <= widths[0.05][1] <= 66
-    assert widths[0.05][1] <= widths[1.0][1] <= 256 + 1
+    found = {name: tuple(float(x) for x in numbers) for name, *numbers in re.findall(
+        r"T = 256, ([^:]+): table rows per key tile, median (\d+), 90th percentile \d+, largest (\d+); windows of 64 "
+        r"computed per key tile, median \d+, largest (\d+), mean ([\d.]+)", result.stdout)}
+    assert set(found) == {"q and k spread 1.0", "q and k spread 0.05", "leaning"}, result.stdout
+    near_half, spread, leaning = found["q and k spread 0.05"], found["q and k spread 1.0"], found["leaning"]
+    assert 33 <= near_half[0] <= near_half[1] <= 66 and near_half[2] <= 2
+    assert near_half[1] <= spread[1] <= 256 + 1
+    assert 1 <= spread[3] <= spread[2] <= 5 and leaning[3] > spread[3]
 
 
 @pytest.mark.parametrize("script, arguments, message", [
