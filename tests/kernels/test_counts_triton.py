@@ -2,10 +2,11 @@
 lookups), forward and backward, under TRITON_INTERPRET=1 on CPU tensors; and when ``forms`` offers it.
 
 The interpreter is switched on when Triton is imported, so the checks run in a child process. Its tiles and table
-windows are 16 × 16, so the shapes here (up to 64 keys) cross tiles, windows, the diagonal and ragged edges; tables
+windows are 16 × 16, so the shapes here (up to 70 keys) cross tiles, windows, the diagonal and ragged edges; tables
 of 3 and 6 rows fill every row's count within a tile or two, so the tiles past them run without gates, tables of 64
-rows never fill, and in one case rows whose gates differ drift apart until a tile's pairs read table rows with a
-window between them that no pair reads (which the kernel skips).
+rows never fill (one in a KV-cache step), and in two cases rows whose gates differ drift apart until a tile's pairs
+read table rows with more than a window's rows between them that no pair reads (which the kernel jumps); with 40
+rows, some rows of a tile are clamped at P − 1 while others still count.
 """
 
 import importlib.util
@@ -37,42 +38,45 @@ CHECK = textwrap.dedent(
         logits = scale * q @ k.transpose(-1, -2) + cope.relative_logits(q, k, q_pos, k_pos, allowed)
         return logits.masked_fill(~allowed, float("-inf")).softmax(-1) @ v, cope.gate_scale
 
-    def skipped_windows(q, k, gate_scale, window=16):
-        '''How many (query tile, key tile, window of 16 table rows) the kernel skips: within the tile's table rows
-        (its pairs' smallest ⌊p⌋ to largest ⌈p⌉, windows from the smallest), windows that no pair reads.'''
+    def jumped_rows(q, k, gate_scale, rows, window=16):
+        '''How many table rows the kernel's windows jump over, summed over (query tile, key tile): walking windows
+        of 16 rows from the tile's smallest ⌊p⌋, each from the next row some allowed pair reads.'''
         q_len, k_len = q.shape[-2], k.shape[-2]
         gates = torch.sigmoid(q @ k.transpose(-1, -2) * gate_scale)[0, 0]
         allowed = torch.arange(k_len)[None, :] <= torch.arange(k_len - q_len, k_len)[:, None]
-        counts = (gates * allowed).flip(-1).cumsum(-1).flip(-1)
-        skipped = 0
-        for rows in range(0, q_len, window):
-            for keys in range(0, k_len, window):
-                inside = allowed[rows:rows + window, keys:keys + window]
-                tile = counts[rows:rows + window, keys:keys + window][inside]
-                if tile.numel():
-                    read = set(tile.floor().long().tolist()) | set(tile.ceil().long().tolist())
-                    first, last = min(read), max(read)
-                    skipped += sum(not read & set(range(s, s + window)) for s in range(first, last + 1, window))
-        return skipped
+        counts = (gates * allowed).flip(-1).cumsum(-1).flip(-1).clamp(max=rows - 1)
+        jumped = 0
+        for first_row in range(0, q_len, window):
+            for first_key in range(0, k_len, window):
+                inside = allowed[first_row:first_row + window, first_key:first_key + window]
+                tile = counts[first_row:first_row + window, first_key:first_key + window][inside]
+                read = sorted(set(tile.floor().long().tolist()) | set(tile.ceil().long().tolist()))
+                start = read[0] if read else None
+                while start is not None:
+                    following = next((row for row in read if row >= start + window), None)
+                    jumped += 0 if following is None else following - (start + window)
+                    start = following
+        return jumped
 
+    # per case: (B, H, Hkv, Tq, Tk, Dh, Dv, P, whether rows drift apart)
+    CASES = ((2, 2, 1, 37, 37, 8, 8, 3, False), (1, 2, 2, 5, 40, 16, 12, 6, False),
+             (1, 1, 1, 48, 48, 12, 20, 64, False), (1, 1, 1, 33, 33, 16, 16, 2, False), (1, 1, 1, 1, 1, 4, 4, 4, False),
+             (1, 1, 1, 64, 64, 16, 16, 64, True), (1, 1, 1, 64, 64, 16, 16, 40, True),
+             (1, 4, 2, 20, 70, 16, 16, 64, False))
     # the table's gradient is a small difference of each row's sums, and bf16 rounds the weights before they meet v
-    # (as SDPA and eager do): at two rows it moves by 7e-2 of its largest magnitude
-    TABLE_BF16 = 1.5e-1
+    # (as SDPA and eager do): at two rows it moves by 1.7e-2 of its largest magnitude, elsewhere by 8e-3 at most
+    TABLE_BF16 = {2: 5e-2}
     torch.manual_seed(0)
     cases = 0
     for dtype, tolerance in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2), (torch.float16, 5e-3)):
-        for batch, heads, kv_heads, q_len, k_len, width, value_width, rows in (
-                (2, 2, 1, 37, 37, 8, 8, 3), (1, 2, 2, 5, 40, 16, 12, 6), (1, 1, 1, 48, 48, 12, 20, 64),
-                (1, 1, 1, 33, 33, 16, 16, 2), (1, 1, 1, 1, 1, 4, 4, 4), (1, 1, 1, 64, 64, 16, 16, 64)):
+        for batch, heads, kv_heads, q_len, k_len, width, value_width, rows, drifting in CASES:
             q = torch.randn(batch, heads, q_len, width) * 2
             k = torch.randn(batch, kv_heads, k_len, width) * 2
-            drifting = rows == k_len == 64
             if drifting:  # keys share a direction that every other query opposes: gates near 1 and near 0 by turns,
-                # so neighbouring rows' counts drift apart; float32 sums of gates near 1 err by 1.5e-5 there (the
-                # kernel that held the whole table did too)
-                leaning = torch.where(torch.arange(64) % 2 == 0, 1.0, -1.0)[:, None]
-                q, k = torch.randn(1, 1, 64, width) + leaning, torch.randn(1, 1, 64, width) + 1.5
-                assert skipped_windows(q, k, width ** -0.5) > 0
+                # so neighbouring rows' counts drift apart
+                leaning = torch.where(torch.arange(q_len) % 2 == 0, 1.0, -1.0)[:, None]
+                q, k = torch.randn(1, 1, q_len, width) + leaning, torch.randn(1, 1, k_len, width) + 1.5
+                assert jumped_rows(q, k, width ** -0.5, rows) >= 16  # at least a window of rows no pair reads
             else:
                 k[:, :, k_len // 2:] = 0.0  # gates of exactly ½ there: every other count an integer, no gradient
             v = torch.randn(batch, kv_heads, k_len, value_width)
@@ -87,12 +91,13 @@ CHECK = textwrap.dedent(
             grads = torch.autograd.grad(got, fast, upstream.to(dtype))
             for name, a, b in zip(("out", "dq", "dk", "dv", "dtable"), (got, *grads), (expected.detach(), *wanted)):
                 error = float((a.detach().double() - b).abs().max() / b.abs().max().clamp_min(1e-12))
-                allowed = tolerance * (3 if drifting else 1)
+                # float32 sums of 64 gates or more err by up to 2e-5 (the kernel that held the whole table too)
+                allowed = tolerance * (3 if k_len >= 64 else 1)
                 if (name, dtype) == ("dtable", torch.bfloat16):
-                    allowed = TABLE_BF16
+                    allowed = TABLE_BF16.get(rows, 1e-2)
                 assert error < allowed, (name, error, dtype, tuple(q.shape), tuple(k.shape), rows)
             cases += 1
-    assert cases == 18
+    assert cases == 3 * len(CASES)
     print("ok")
     """
 )
@@ -122,6 +127,21 @@ DIGITS = textwrap.dedent(
             got = counts_attention(q_, k_, v_, table, scale=0.3, gate_scale=cope.gate_scale)
             error = float((got.double() - expected).abs().max() / expected.abs().max())
             assert error < tolerance, (dtype, error)
+    table_errors = []  # the table's gradient from bf16 q, with dZ (float32) split as the table's rows are
+    for trial in range(10):
+        q, k, v = (torch.randn(1, 2, 40, 16).bfloat16() for _ in range(3))
+        table = torch.randn(40, 16)
+        exact = [x.double() for x in (q, k, v)] + [table.double().requires_grad_()]
+        cope.embeddings = exact[3]
+        logits = 0.3 * exact[0] @ exact[1].transpose(-1, -2) + cope.relative_logits(*exact[:2], q_pos, k_pos, allowed)
+        expected = logits.masked_fill(~allowed, float("-inf")).softmax(-1) @ exact[2]
+        upstream = torch.randn_like(expected)
+        wanted, = torch.autograd.grad(expected, exact[3], upstream)
+        fast = table.clone().requires_grad_()
+        got, = torch.autograd.grad(counts_attention(q, k, v, fast, scale=0.3, gate_scale=cope.gate_scale), fast,
+                                   upstream.bfloat16())
+        table_errors.append(float((got.double() - wanted).abs().max() / wanted.abs().max()))
+    assert sorted(table_errors)[4] < 3.6e-3, table_errors  # one draw's error varies by 2×: their median
     print("ok")
     """
 )
@@ -163,17 +183,18 @@ ROUTED = textwrap.dedent(
 
 
 def test_cope_tiles_equal_float64_values_and_gradients():
-    """Tables that fill every count early (so later tiles skip the gates) and one that never fills, grouped-query
-    heads, a KV-cache step (Tq < Tk), widths that are no power of two, one token; the gradients of q, k, v and the
-    table; float32 to 1e-5 of the reference's largest magnitude, bfloat16 to 3e-2 (the table's gradient to 1.5e-1),
-    float16 to 5e-3."""
+    """Tables that fill every count early (so later tiles skip the gates) and ones that never fill, rows that drift
+    apart, grouped-query heads, KV-cache steps (Tq < Tk), widths that are no power of two, one token; the gradients
+    of q, k, v and the table; float32 to 1e-5 of the reference's largest magnitude (3e-5 past 64 keys), bfloat16 to
+    3e-2 (the table's gradient to 1e-2, at two rows 5e-2), float16 to 5e-3."""
     assert run_interpreted(CHECK).strip().endswith("ok")
 
 
 def test_a_large_table_keeps_its_float32_digits_in_16_bit_tiles():
     """Z = q·e from 16-bit q and a float32 table with entries near ±30: bfloat16 outputs within 6e-3 of float64's
     largest magnitude, float16 within 8e-4 (1.9–2.4e-3 and 2.2–2.9e-4 seen); with the table's rows rounded to q's
-    dtype they erred by 1.2–2.3e-2 and 1.8–2.3e-3."""
+    dtype they erred by 1.2–2.3e-2 and 1.8–2.3e-3. The table's gradient from bfloat16: the median error of 10 draws
+    within 3.6e-3 (2.6–2.7e-3 seen; with dZ rounded to bfloat16, 4.4–5.0e-3)."""
     assert run_interpreted(DIGITS).strip().endswith("ok")
 
 

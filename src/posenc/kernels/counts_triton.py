@@ -5,19 +5,20 @@ The logit of query i and key j is ``scale·q_i·k_j + lerp(Z_i[⌊p⌋], Z_i[⌈
 CoPE's count ``p_ij = min(Σ_{t=j..i} σ(gate_scale·q_i·k_t), P − 1)``. Each query tile walks its key tiles from the
 diagonal back to key 0, carrying per row the gates counted so far; inside a tile a reverse cumulative sum gives each
 key its count. The pairs of a tile read a few table rows, not all P: the tile computes Z over windows of W
-consecutive rows, from the smallest ⌊p⌋ its allowed pairs read to the largest ⌈p⌉, skipping a window no pair reads
-(each row's counts within a tile span at most W + 1 rows; rows with different gates drift apart). So Z never holds
-more than (W, W) numbers and P is unbounded (one row per token: the tiny LM's CoPE). Once every row's count has
-reached P − 1 the earlier keys all read Z_i[P − 1], computed once: those tiles are plain attention plus one number
-per row, with no gates.
+consecutive rows, from the smallest ⌊p⌋ its allowed pairs read to the largest ⌈p⌉, each window from the next row
+some pair reads (each row's counts within a tile span at most W + 2 rows; rows whose gates differ drift apart,
+leaving rows between them that no pair reads). So Z never holds more than (W, W) numbers and P is unbounded (one
+row per token: the tiny LM's CoPE). Once every row's count has reached P − 1 the earlier keys all read Z_i[P − 1],
+computed once: those tiles are plain attention plus one number per row, with no gates.
 
 The backward walks twice. The first walk, over the counting tiles only, sums per row dP_ij = ds_ij·(Z_i[⌈p⌉] −
 Z_i[⌊p⌋]) (zero where the count is clamped). The second takes each gate's gradient from it, Σ_{j≤t} dP_ij = that
 total − the sum over the later keys, which the walk carries; reduces ds onto each window's columns (two per pair, by
 ⌊p⌋ and ⌈p⌉), which adds dZ·e to dq and dZᵀ·q to the table's gradient (atomically, float32); and adds dk and dv
-atomically in float32, per key/value head. The counts and gates are float32 whatever q's dtype, and so is Z (its
-products in q's dtype, as q·kᵀ's are) and the output the backward reads (D_i = dO_i·out_i): from a bf16 output, bf16
-gradients of q and k moved by 4e-2 of their largest magnitude, 6e-3 from a float32 one.
+atomically in float32, per key/value head. The counts and gates are float32 whatever q's dtype, and so are Z and dZ
+(their products keep the table's float32 digits, ``_wide_dot``) and the output the backward reads (D_i =
+dO_i·out_i): from a bf16 output, bf16 gradients of q and k moved by 4e-2 of their largest magnitude, 6e-3 from a
+float32 one.
 
 Positions: queries at Tk − Tq .. Tk − 1 and keys at 0 .. Tk − 1 (a training step, a prefill, a KV-cache step),
 causal. Shapes: B batch, H query heads, Hkv key/value heads, Tq/Tk query/key lengths, Dh head width, Dv value
@@ -127,36 +128,44 @@ def _window_rows(TABLE, start, n_rows, offs_w, offs_d, HEAD_DIM: tl.constexpr):
 
 
 @triton.jit
-def _products_with_rows(q, window, DOT: tl.constexpr):
-    """q·windowᵀ (BLOCK, W) float32, keeping the table's float32 digits: exact products for float32 q; for 16-bit q
-    on the tensor cores, the rows split into a high and a low part in q's dtype, two products (rounding the rows to
-    bf16 moved the bf16 gradients of q by 3% of their largest magnitude)."""
+def _wide_dot(a, b, dtype, DOT: tl.constexpr):
+    """a @ b in float32 keeping a float32 operand's digits: exact float32 products where q is float32 (IEEE);
+    on 16-bit tensor cores each float32 operand split into a high and a low part in ``dtype`` (q's), three products
+    at most, about 16 bits kept. Rounding the table's rows to bf16 instead moved bf16 outputs by 1.2–2.3e-2 of their
+    largest magnitude; rounding dZ tripled the table's gradient's error. Entries past fp16's range overflow in fp16."""
     if DOT == 1:
-        return dot(q, tl.trans(window), DOT)
-    high = window.to(q.dtype)
-    return dot(q, tl.trans(high), DOT) + dot(q, tl.trans((window - high.to(tl.float32)).to(q.dtype)), DOT)
+        return dot(a, b, DOT)
+    a_high, b_high = a.to(dtype), b.to(dtype)
+    product = dot(a_high, b_high, DOT)
+    if a.dtype == tl.float32:
+        product += dot((a - a_high.to(tl.float32)).to(dtype), b_high, DOT)
+    if b.dtype == tl.float32:
+        product += dot(a_high, (b - b_high.to(tl.float32)).to(dtype), DOT)
+    return product
 
 
 @triton.jit
-def _read_by(low, high, allowed, start, BLOCK_W: tl.constexpr):
-    """Whether some allowed pair reads a table row in start .. start + W − 1."""
-    return tl.max(tl.where(allowed & (high >= start) & (low < start + BLOCK_W), 1, 0)) > 0
+def _next_read(low, high, allowed, after):
+    """The smallest table row ≥ ``after`` that an allowed pair reads (its ⌊p⌋ or ⌈p⌉); 2^31 − 1 if none does."""
+    return tl.min(tl.where(allowed & (high >= after), tl.where(low >= after, low, high), 2147483647))
 
 
 @triton.jit
 def _looked_up(q, TABLE, low, high, allowed, first, last, n_rows, offs_w, offs_d, HEAD_DIM: tl.constexpr,
                BLOCK_W: tl.constexpr, DOT: tl.constexpr):
-    """Z[⌊p⌋] and Z[⌈p⌉] − Z[⌊p⌋] of each allowed pair (BLOCK, BLOCK) float32, Z over the windows the pairs read."""
+    """Z[⌊p⌋] and Z[⌈p⌉] − Z[⌊p⌋] of each allowed pair (BLOCK, BLOCK) float32, Z over windows of W rows, each from
+    the next row some pair reads."""
     at_low = tl.zeros(low.shape, tl.float32)
     at_high = tl.zeros(low.shape, tl.float32)
-    for start in range(first, last + 1, BLOCK_W):
-        if _read_by(low, high, allowed, start, BLOCK_W):
-            window, _ = _window_rows(TABLE, start, n_rows, offs_w, offs_d, HEAD_DIM)
-            z = _products_with_rows(q, window, DOT)
-            low_here = (low >= start) & (low < start + BLOCK_W)
-            high_here = (high >= start) & (high < start + BLOCK_W)
-            at_low = tl.where(low_here, tl.gather(z, tl.where(low_here, low - start, 0), 1), at_low)
-            at_high = tl.where(high_here, tl.gather(z, tl.where(high_here, high - start, 0), 1), at_high)
+    start = first
+    while start <= last:
+        window, _ = _window_rows(TABLE, start, n_rows, offs_w, offs_d, HEAD_DIM)
+        z = _wide_dot(q, tl.trans(window), q.dtype, DOT)  # (BLOCK, W)
+        low_here = (low >= start) & (low < start + BLOCK_W)
+        high_here = (high >= start) & (high < start + BLOCK_W)
+        at_low = tl.where(low_here, tl.gather(z, tl.where(low_here, low - start, 0), 1), at_low)
+        at_high = tl.where(high_here, tl.gather(z, tl.where(high_here, high - start, 0), 1), at_high)
+        start = _next_read(low, high, allowed, start + BLOCK_W)
     return at_low, at_high - at_low
 
 
@@ -175,19 +184,20 @@ def _filled_logits(products, allowed, at_last, scale_log2):
 @triton.jit
 def _to_table(dq, ds, low, high, fraction, allowed, first, last, q, TABLE, DTABLE, n_rows, offs_w, offs_d,
               HEAD_DIM: tl.constexpr, BLOCK_W: tl.constexpr, DOT: tl.constexpr):
-    """dq + dZ·e, and DTABLE += dZᵀ·q (float32, atomically), where dZ is ds reduced onto each window's columns:
-    (1 − frac)·ds at ⌊p⌋ and frac·ds at ⌈p⌉ (a masked pair's ds is 0)."""
-    for start in range(first, last + 1, BLOCK_W):
-        if _read_by(low, high, allowed, start, BLOCK_W):
-            d_window = tl.zeros((ds.shape[0], BLOCK_W), tl.float32)
-            for column in range(tl.maximum(first, start), tl.minimum(last, start + BLOCK_W - 1) + 1):
-                share = tl.where(low == column, 1.0 - fraction, 0.0) + tl.where(high == column, fraction, 0.0)
-                d_window += tl.where(offs_w[None, :] == column - start, tl.sum(ds * share, 1)[:, None], 0.0)
-            window, inside = _window_rows(TABLE, start, n_rows, offs_w, offs_d, HEAD_DIM)
-            dq += dot(d_window.to(q.dtype), window.to(q.dtype), DOT)
-            tl.atomic_add(DTABLE + (start + offs_w)[:, None] * HEAD_DIM + offs_d[None, :],
-                          dot(tl.trans(d_window.to(q.dtype)), q, DOT),
-                          mask=inside[:, None] & (offs_d[None, :] < HEAD_DIM))
+    """dq + dZ·e, and DTABLE += dZᵀ·q (float32, atomically), where dZ is ds reduced onto the columns of the windows
+    ``_looked_up`` read: (1 − frac)·ds at ⌊p⌋ and frac·ds at ⌈p⌉ (a masked pair's ds is 0)."""
+    start = first
+    while start <= last:
+        d_window = tl.zeros((ds.shape[0], BLOCK_W), tl.float32)
+        for column in range(start, tl.minimum(last, start + BLOCK_W - 1) + 1):
+            share = tl.where(low == column, 1.0 - fraction, 0.0) + tl.where(high == column, fraction, 0.0)
+            d_window += tl.where(offs_w[None, :] == column - start, tl.sum(ds * share, 1)[:, None], 0.0)
+        window, inside = _window_rows(TABLE, start, n_rows, offs_w, offs_d, HEAD_DIM)
+        dq += _wide_dot(d_window, window, q.dtype, DOT)
+        tl.atomic_add(DTABLE + (start + offs_w)[:, None] * HEAD_DIM + offs_d[None, :],
+                      _wide_dot(tl.trans(d_window), q, q.dtype, DOT),
+                      mask=inside[:, None] & (offs_d[None, :] < HEAD_DIM))
+        start = _next_read(low, high, allowed, start + BLOCK_W)
     return dq
 
 
