@@ -1,6 +1,6 @@
 """How many consecutive table rows one CoPE tile reads, and how many windows of them ``counts_triton`` computes: for
 the last 64 queries of T tokens and each key tile of 64, ⌈largest count⌉ − ⌊smallest count⌋ + 1 over the tile's
-allowed pairs, and the windows of 64 of those rows (from the smallest) that some pair reads. Each window costs the
+allowed pairs, and the windows of 64 rows it computes, each from the next row some pair reads. Each window costs the
 tile one q·eᵀ product (two in bf16), so the windows are what CoPE's Triton tiles pay for a table of any size.
 
     python benchmarks/scripts/cope_tile_window.py [--length 16384]
@@ -31,10 +31,14 @@ def tile_reads(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     rows, windows = [], []
     for start in range(0, length, TILE):
         tile = counts[:, start:start + TILE][allowed[:, start:start + TILE]]
-        read = torch.cat([tile.floor(), tile.ceil()]).long()
-        first = int(read.min())
-        rows.append(float(read.max() - first + 1))
-        windows.append(float(((read - first) // TILE).unique().numel()))
+        read = torch.cat([tile.floor(), tile.ceil()]).long().unique()  # sorted
+        rows.append(float(read[-1] - read[0] + 1))
+        computed, start = 0, int(read[0])
+        while start >= 0:  # as the kernel walks them: each window from the next row some pair reads
+            computed += 1
+            later = read[read >= start + TILE]
+            start = int(later[0]) if later.numel() else -1
+        windows.append(float(computed))
     return torch.tensor(rows), torch.tensor(windows)
 
 
