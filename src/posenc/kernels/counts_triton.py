@@ -1,5 +1,5 @@
-"""CoPE's attention inside Triton tiles, forward and backward (CUDA; CPU tensors under TRITON_INTERPRET=1): the
-GPU's counterpart of ``gated_counts``, for a table of any size.
+"""CoPE's attention inside Triton tiles, forward and backward (CUDA; CPU tensors under TRITON_INTERPRET=1): the GPU's
+counterpart of ``gated_counts``, for a table of any size.
 
 The logit of query i and key j is ``scale·q_i·k_j + lerp(Z_i[⌊p⌋], Z_i[⌈p⌉], p − ⌊p⌋)``, with Z_i[c] = q_i·e_c and
 CoPE's count ``p_ij = min(Σ_{t=j..i} σ(gate_scale·q_i·k_t), P − 1)``. Each query tile walks its key tiles from the
@@ -7,22 +7,22 @@ diagonal back to key 0, carrying per row the gates counted so far; inside a tile
 key its count. The pairs of a tile read a few table rows, not all P: the tile computes Z over windows of W
 consecutive rows, from the smallest ⌊p⌋ its allowed pairs read to the largest ⌈p⌉, each window from the next row
 some pair reads (each row's counts within a tile span at most W + 2 rows; rows whose gates differ drift apart,
-leaving rows between them that no pair reads). So Z never holds more than (W, W) numbers and P is unbounded (one
-row per token: the tiny LM's CoPE). Once every row's count has reached P − 1 the earlier keys all read Z_i[P − 1],
+leaving rows between them that no pair reads). So Z never holds more than (W, W) numbers and P is unbounded (one row
+per token: the tiny LM's CoPE). Once every row's count has reached P − 1 the earlier keys all read Z_i[P − 1],
 computed once: those tiles are plain attention plus one number per row, with no gates.
 
 The backward walks twice. The first walk, over the counting tiles only, sums per row dP_ij = ds_ij·(Z_i[⌈p⌉] −
 Z_i[⌊p⌋]) (zero where the count is clamped). The second takes each gate's gradient from it, Σ_{j≤t} dP_ij = that
 total − the sum over the later keys, which the walk carries; reduces ds onto each window's columns (two per pair, by
-⌊p⌋ and ⌈p⌉), which adds dZ·e to dq and dZᵀ·q to the table's gradient (atomically, float32); and adds dk and dv
-atomically in float32, per key/value head. The counts and gates are float32 whatever q's dtype, and so are Z and dZ
-(their products keep the table's float32 digits, ``_wide_dot``) and the output the backward reads (D_i =
-dO_i·out_i): from a bf16 output, bf16 gradients of q and k moved by 4e-2 of their largest magnitude, 6e-3 from a
-float32 one.
+⌊p⌋ and ⌈p⌉, found by binary search over the keys, whose counts never rise: ``count_windows_triton``), which adds
+dZ·e to dq and dZᵀ·q to the table's gradient (atomically, float32); and adds dk and dv atomically in float32, per
+key/value head. The counts and gates are float32 whatever q's dtype, and so are Z and dZ (their products keep the
+table's float32 digits, ``count_windows_triton``) and the output the backward reads (D_i = dO_i·out_i): from a bf16
+output, bf16 gradients of q and k moved by 4e-2 of their largest magnitude, 6e-3 from a float32 one.
 
 Positions: queries at Tk − Tq .. Tk − 1 and keys at 0 .. Tk − 1 (a training step, a prefill, a KV-cache step),
-causal. Shapes: B batch, H query heads, Hkv key/value heads, Tq/Tk query/key lengths, Dh head width, Dv value
-width, P table rows, W the window (the tile's size).
+causal. Shapes: B batch, H query heads, Hkv key/value heads, Tq/Tk query/key lengths, Dh head width, Dv value width,
+P table rows, W the window (the tile's size).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .count_windows_triton import looked_up, to_table
 from .tiles_terms import along, dot, program_tile
 from .tiles_triton import (LOG2E, check_own_positions, fits_shared_memory, last_unit, offered_once_checked,
                            product_kind)
@@ -105,68 +106,26 @@ def _key_tile(q, start_n, K, V, s_kt, s_vt, rows, q_pos, q_len, k_len, offs_d, o
 
 
 @triton.jit
-def _tile_counts(products, allowed, counted, n_rows, gate_scale):
+def _larger(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _tile_counts(products, allowed, counted, n_rows, gate_scale, ORDERED: tl.constexpr):
     """A counting tile's gates, ⌊p⌋ and ⌈p⌉ (int32), p − ⌊p⌋ and whether p was below P − 1; and the window
-    bounds: the smallest ⌊p⌋ and the largest ⌈p⌉ of its allowed pairs."""
+    bounds: the smallest ⌊p⌋ and the largest ⌈p⌉ of its allowed pairs. ``ORDERED``: counts never rise along the
+    keys (each sums the gates from its key on), which a GPU's parallel sums can break by a rounding; the table's
+    gradient (``count_windows_triton``) searches them, so there each count is raised to the largest at a later key."""
     gates = tl.where(allowed, tl.sigmoid(products * gate_scale), 0.0)
     counts = counted[:, None] + tl.cumsum(gates, axis=1, reverse=True)
+    if ORDERED:
+        counts = tl.associative_scan(counts, 1, _larger, reverse=True)
     below_top = counts < n_rows - 1
     counts = tl.minimum(counts, n_rows - 1.0)
     floor = tl.floor(counts)
     low, high = floor.to(tl.int32), tl.ceil(counts).to(tl.int32)
     return gates, low, high, counts - floor, below_top, tl.min(tl.where(allowed, low, n_rows)), tl.max(
         tl.where(allowed, high, -1))
-
-
-@triton.jit
-def _window_rows(TABLE, start, n_rows, offs_w, offs_d, HEAD_DIM: tl.constexpr):
-    """The table's rows start .. start + W − 1 (W, BLOCK_D), zero past P, and whether each is within P."""
-    index = start + offs_w
-    inside = index < n_rows
-    return tl.load(TABLE + index[:, None] * HEAD_DIM + offs_d[None, :],
-                   mask=inside[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0), inside
-
-
-@triton.jit
-def _wide_dot(a, b, dtype, DOT: tl.constexpr):
-    """a @ b in float32 keeping a float32 operand's digits: exact float32 products where q is float32 (IEEE);
-    on 16-bit tensor cores each float32 operand split into a high and a low part in ``dtype`` (q's), three products
-    at most, about 16 bits kept. Rounding the table's rows to bf16 instead moved bf16 outputs by 1.2–2.3e-2 of their
-    largest magnitude; rounding dZ tripled the table's gradient's error. Entries past fp16's range overflow in fp16."""
-    if DOT == 1:
-        return dot(a, b, DOT)
-    a_high, b_high = a.to(dtype), b.to(dtype)
-    product = dot(a_high, b_high, DOT)
-    if a.dtype == tl.float32:
-        product += dot((a - a_high.to(tl.float32)).to(dtype), b_high, DOT)
-    if b.dtype == tl.float32:
-        product += dot(a_high, (b - b_high.to(tl.float32)).to(dtype), DOT)
-    return product
-
-
-@triton.jit
-def _next_read(low, high, allowed, after):
-    """The smallest table row ≥ ``after`` that an allowed pair reads (its ⌊p⌋ or ⌈p⌉); 2^31 − 1 if none does."""
-    return tl.min(tl.where(allowed & (high >= after), tl.where(low >= after, low, high), 2147483647))
-
-
-@triton.jit
-def _looked_up(q, TABLE, low, high, allowed, first, last, n_rows, offs_w, offs_d, HEAD_DIM: tl.constexpr,
-               BLOCK_W: tl.constexpr, DOT: tl.constexpr):
-    """Z[⌊p⌋] and Z[⌈p⌉] − Z[⌊p⌋] of each allowed pair (BLOCK, BLOCK) float32, Z over windows of W rows, each from
-    the next row some pair reads."""
-    at_low = tl.zeros(low.shape, tl.float32)
-    at_high = tl.zeros(low.shape, tl.float32)
-    start = first
-    while start <= last:
-        window, _ = _window_rows(TABLE, start, n_rows, offs_w, offs_d, HEAD_DIM)
-        z = _wide_dot(q, tl.trans(window), q.dtype, DOT)  # (BLOCK, W)
-        low_here = (low >= start) & (low < start + BLOCK_W)
-        high_here = (high >= start) & (high < start + BLOCK_W)
-        at_low = tl.where(low_here, tl.gather(z, tl.where(low_here, low - start, 0), 1), at_low)
-        at_high = tl.where(high_here, tl.gather(z, tl.where(high_here, high - start, 0), 1), at_high)
-        start = _next_read(low, high, allowed, start + BLOCK_W)
-    return at_low, at_high - at_low
 
 
 @triton.jit
@@ -179,26 +138,6 @@ def _counted_logits(products, allowed, at_low, fraction, rise, scale_log2):
 def _filled_logits(products, allowed, at_last, scale_log2):
     """A tile past the counting: base-2 logits with every pair at Z[P − 1]."""
     return tl.where(allowed, products * scale_log2 + at_last[:, None] * 1.4426950408889634, float("-inf"))
-
-
-@triton.jit
-def _to_table(dq, ds, low, high, fraction, allowed, first, last, q, TABLE, DTABLE, n_rows, offs_w, offs_d,
-              HEAD_DIM: tl.constexpr, BLOCK_W: tl.constexpr, DOT: tl.constexpr):
-    """dq + dZ·e, and DTABLE += dZᵀ·q (float32, atomically), where dZ is ds reduced onto the columns of the windows
-    ``_looked_up`` read: (1 − frac)·ds at ⌊p⌋ and frac·ds at ⌈p⌉ (a masked pair's ds is 0)."""
-    start = first
-    while start <= last:
-        d_window = tl.zeros((ds.shape[0], BLOCK_W), tl.float32)
-        for column in range(start, tl.minimum(last, start + BLOCK_W - 1) + 1):
-            share = tl.where(low == column, 1.0 - fraction, 0.0) + tl.where(high == column, fraction, 0.0)
-            d_window += tl.where(offs_w[None, :] == column - start, tl.sum(ds * share, 1)[:, None], 0.0)
-        window, inside = _window_rows(TABLE, start, n_rows, offs_w, offs_d, HEAD_DIM)
-        dq += _wide_dot(d_window, window, q.dtype, DOT)
-        tl.atomic_add(DTABLE + (start + offs_w)[:, None] * HEAD_DIM + offs_d[None, :],
-                      _wide_dot(tl.trans(d_window), q, q.dtype, DOT),
-                      mask=inside[:, None] & (offs_d[None, :] < HEAD_DIM))
-        start = _next_read(low, high, allowed, start + BLOCK_W)
-    return dq
 
 
 @triton.jit
@@ -221,9 +160,9 @@ def _forward(Q, K, V, TABLE, OUT, LSE, s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb,
             VALUE_DIM, BLOCK, DOT)
         if _counting(counted, rows, q_len, n_rows):
             gates, low, high, fraction, below_top, first, last = _tile_counts(products, allowed, counted, n_rows,
-                                                                              gate_scale)
-            at_low, rise = _looked_up(q, TABLE, low, high, allowed, first, last, n_rows, offs_w, offs_d, HEAD_DIM,
-                                      BLOCK, DOT)
+                                                                              gate_scale, False)
+            at_low, rise = looked_up(q, TABLE, low, high, allowed, first, last, n_rows, offs_w, offs_d, HEAD_DIM,
+                                     BLOCK, DOT)
             s = _counted_logits(products, allowed, at_low, fraction, rise, scale_log2)
             counted += tl.sum(gates, 1)
         else:
@@ -255,7 +194,7 @@ def _backward(Q, K, V, TABLE, DO, LSE, DELTA, DQ, DK, DV, DTABLE, s_qb, s_qh, s_
               s_dob, s_doh, s_dot, s_dqb, s_dqh, s_dqt, s_dkb, s_dkh, s_dkt, s_dvb, s_dvh, s_dvt,
               heads, group, q_len, k_len, n_rows, scale, scale_log2, gate_scale, HEAD_DIM: tl.constexpr,
               VALUE_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK: tl.constexpr,
-              DOT: tl.constexpr):
+              DOT: tl.constexpr, LOG_BLOCK: tl.constexpr):
     """DQ (B, H, Tq, Dh) in q's dtype; DK, DV and DTABLE (P, Dh) float32, added to."""
     b, h, rows, q_pos, offs_d, offs_dv, q, last_row, at_last, tiles = _query_tile(
         Q, TABLE, s_qb, s_qh, s_qt, heads, q_len, k_len, n_rows, HEAD_DIM, BLOCK_D, BLOCK_DV, BLOCK)
@@ -277,9 +216,9 @@ def _backward(Q, K, V, TABLE, DO, LSE, DELTA, DQ, DK, DV, DTABLE, s_qb, s_qh, s_
                 q, (tiles - 1 - back) * BLOCK, K_, V_, s_kt, s_vt, rows, q_pos, q_len, k_len, offs_d, offs_dv,
                 HEAD_DIM, VALUE_DIM, BLOCK, DOT)
             gates, low, high, fraction, below_top, first, last = _tile_counts(products, allowed, counted, n_rows,
-                                                                              gate_scale)
-            at_low, rise = _looked_up(q, TABLE, low, high, allowed, first, last, n_rows, offs_w, offs_d, HEAD_DIM,
-                                      BLOCK, DOT)
+                                                                              gate_scale, False)
+            at_low, rise = looked_up(q, TABLE, low, high, allowed, first, last, n_rows, offs_w, offs_d, HEAD_DIM,
+                                     BLOCK, DOT)
             _, ds = _softmax_grads(_counted_logits(products, allowed, at_low, fraction, rise, scale_log2), grad,
                                    v_tile, lse, delta, DOT)
             total += tl.sum(tl.where(below_top, ds * rise, 0.0), 1)
@@ -295,17 +234,17 @@ def _backward(Q, K, V, TABLE, DO, LSE, DELTA, DQ, DK, DV, DTABLE, s_qb, s_qh, s_
             VALUE_DIM, BLOCK, DOT)
         if _counting(counted, rows, q_len, n_rows):
             gates, low, high, fraction, below_top, first, last = _tile_counts(products, allowed, counted, n_rows,
-                                                                              gate_scale)
-            at_low, rise = _looked_up(q, TABLE, low, high, allowed, first, last, n_rows, offs_w, offs_d, HEAD_DIM,
-                                      BLOCK, DOT)
+                                                                              gate_scale, True)
+            at_low, rise = looked_up(q, TABLE, low, high, allowed, first, last, n_rows, offs_w, offs_d, HEAD_DIM,
+                                     BLOCK, DOT)
             p, ds = _softmax_grads(_counted_logits(products, allowed, at_low, fraction, rise, scale_log2), grad,
                                    v_tile, lse, delta, DOT)
             d_count = tl.where(below_top, ds * rise, 0.0)  # dP_ij
             after = later[:, None] + tl.cumsum(d_count, axis=1, reverse=True) - d_count  # Σ_{j > t} dP_ij
             d_gates = tl.where(allowed, (total[:, None] - after) * gates * (1.0 - gates) * gate_scale, 0.0)
             d_logits = ds * scale + d_gates  # both reach q and k through q·k
-            dq = _to_table(dq, ds, low, high, fraction, allowed, first, last, q, TABLE, DTABLE, n_rows, offs_w,
-                           offs_d, HEAD_DIM, BLOCK, DOT)
+            dq = to_table(dq, ds, low, high, fraction, allowed, first, last, q, TABLE, DTABLE, n_rows, offs_w, offs_d,
+                          HEAD_DIM, BLOCK, LOG_BLOCK, DOT)
             later += tl.sum(d_count, 1)
             counted += tl.sum(gates, 1)
         else:
@@ -366,5 +305,6 @@ class _CountsAttention(torch.autograd.Function):
         _backward[(triton.cdiv(q_len, sizes["BLOCK"]) * batch * heads,)](
             q, k, v, table, grad_out, lse, delta, dq, dk, dv, d_table, *q.stride()[:3], *k.stride()[:3],
             *v.stride()[:3], *grad_out.stride()[:3], *dq.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], heads,
-            heads // k.shape[1], q_len, k.shape[2], table.shape[0], scale, scale * LOG2E, gate_scale, **sizes)
+            heads // k.shape[1], q_len, k.shape[2], table.shape[0], scale, scale * LOG2E, gate_scale,
+            LOG_BLOCK=sizes["BLOCK"].bit_length() - 1, **sizes)
         return dq, dk.to(k.dtype), dv.to(v.dtype), d_table.to(ctx.table_dtype), None, None
