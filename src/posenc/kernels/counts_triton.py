@@ -115,7 +115,8 @@ def _tile_counts(products, allowed, counted, n_rows, gate_scale, ORDERED: tl.con
     """A counting tile's gates, ⌊p⌋ and ⌈p⌉ (int32), p − ⌊p⌋ and whether p was below P − 1; and the window
     bounds: the smallest ⌊p⌋ and the largest ⌈p⌉ of its allowed pairs. ``ORDERED``: counts never rise along the
     keys (each sums the gates from its key on), which a GPU's parallel sums can break by a rounding; the table's
-    gradient (``count_windows_triton``) searches them, so there each count is raised to the largest at a later key."""
+    gradient (``count_windows_triton``) searches them, so in the backward each count is raised to the largest at a
+    later key."""
     gates = tl.where(allowed, tl.sigmoid(products * gate_scale), 0.0)
     counts = counted[:, None] + tl.cumsum(gates, axis=1, reverse=True)
     if ORDERED:
@@ -190,6 +191,19 @@ def _softmax_grads(s, grad, v_tile, lse, delta, DOT: tl.constexpr):
 
 
 @triton.jit
+def _counting_grads(q, products, allowed, counted, TABLE, grad, v_tile, lse, delta, n_rows, offs_w, offs_d,
+                    scale_log2, gate_scale, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, DOT: tl.constexpr):
+    """A counting tile in either walk of the backward, its counts in order (``_tile_counts``): (gates, ⌊p⌋, ⌈p⌉,
+    p − ⌊p⌋, whether p < P − 1, the window bounds, Z[⌈p⌉] − Z[⌊p⌋], the softmax weights, ds)."""
+    gates, low, high, fraction, below_top, first, last = _tile_counts(products, allowed, counted, n_rows, gate_scale,
+                                                                      True)
+    at_low, rise = looked_up(q, TABLE, low, high, allowed, first, last, n_rows, offs_w, offs_d, HEAD_DIM, BLOCK, DOT)
+    p, ds = _softmax_grads(_counted_logits(products, allowed, at_low, fraction, rise, scale_log2), grad, v_tile, lse,
+                           delta, DOT)
+    return gates, low, high, fraction, below_top, first, last, rise, p, ds
+
+
+@triton.jit
 def _backward(Q, K, V, TABLE, DO, LSE, DELTA, DQ, DK, DV, DTABLE, s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb, s_vh, s_vt,
               s_dob, s_doh, s_dot, s_dqb, s_dqh, s_dqt, s_dkb, s_dkh, s_dkt, s_dvb, s_dvh, s_dvt,
               heads, group, q_len, k_len, n_rows, scale, scale_log2, gate_scale, HEAD_DIM: tl.constexpr,
@@ -215,12 +229,9 @@ def _backward(Q, K, V, TABLE, DO, LSE, DELTA, DQ, DK, DV, DTABLE, s_qb, s_qh, s_
             cols, in_keys, k_tile, v_tile, allowed, products = _key_tile(
                 q, (tiles - 1 - back) * BLOCK, K_, V_, s_kt, s_vt, rows, q_pos, q_len, k_len, offs_d, offs_dv,
                 HEAD_DIM, VALUE_DIM, BLOCK, DOT)
-            gates, low, high, fraction, below_top, first, last = _tile_counts(products, allowed, counted, n_rows,
-                                                                              gate_scale, False)
-            at_low, rise = looked_up(q, TABLE, low, high, allowed, first, last, n_rows, offs_w, offs_d, HEAD_DIM,
-                                     BLOCK, DOT)
-            _, ds = _softmax_grads(_counted_logits(products, allowed, at_low, fraction, rise, scale_log2), grad,
-                                   v_tile, lse, delta, DOT)
+            gates, _, _, _, below_top, _, _, rise, _, ds = _counting_grads(
+                q, products, allowed, counted, TABLE, grad, v_tile, lse, delta, n_rows, offs_w, offs_d, scale_log2,
+                gate_scale, HEAD_DIM, BLOCK, DOT)
             total += tl.sum(tl.where(below_top, ds * rise, 0.0), 1)
             counted += tl.sum(gates, 1)
     # second walk: every gradient
@@ -233,12 +244,9 @@ def _backward(Q, K, V, TABLE, DO, LSE, DELTA, DQ, DK, DV, DTABLE, s_qb, s_qh, s_
             q, (tiles - 1 - back) * BLOCK, K_, V_, s_kt, s_vt, rows, q_pos, q_len, k_len, offs_d, offs_dv, HEAD_DIM,
             VALUE_DIM, BLOCK, DOT)
         if _counting(counted, rows, q_len, n_rows):
-            gates, low, high, fraction, below_top, first, last = _tile_counts(products, allowed, counted, n_rows,
-                                                                              gate_scale, True)
-            at_low, rise = looked_up(q, TABLE, low, high, allowed, first, last, n_rows, offs_w, offs_d, HEAD_DIM,
-                                     BLOCK, DOT)
-            p, ds = _softmax_grads(_counted_logits(products, allowed, at_low, fraction, rise, scale_log2), grad,
-                                   v_tile, lse, delta, DOT)
+            gates, low, high, fraction, below_top, first, last, rise, p, ds = _counting_grads(
+                q, products, allowed, counted, TABLE, grad, v_tile, lse, delta, n_rows, offs_w, offs_d, scale_log2,
+                gate_scale, HEAD_DIM, BLOCK, DOT)
             d_count = tl.where(below_top, ds * rise, 0.0)  # dP_ij
             after = later[:, None] + tl.cumsum(d_count, axis=1, reverse=True) - d_count  # Σ_{j > t} dP_ij
             d_gates = tl.where(allowed, (total[:, None] - after) * gates * (1.0 - gates) * gate_scale, 0.0)
