@@ -241,9 +241,7 @@ def triton_lookups(q: Tensor) -> bool:
 
 def triton_counts(q: Tensor) -> bool:
     """Whether ``counts_triton`` runs CoPE for q: on a GPU, once checked there (``counts_triton.offered``)."""
-    if q.device.type == "cpu" or not triton_available():
-        return False
-    return counts_triton().offered(q)
+    return q.device.type != "cpu" and triton_available() and counts_triton().offered(q)
 
 
 def counts_triton():
