@@ -42,3 +42,20 @@ def test_every_kernel_not_yet_run_on_a_gpu_compiles_for_sm90_within_its_shared_m
                                                                             counts_triton)
                 if not module.CHECKED_ON_GPU for name in ("_forward", "_backward")}
     assert expected <= {r["name"] for r in results}
+    assert all(0 < r["registers"] <= 255 and r["stack"] >= 0 for r in results), results
+    recorded = json.loads(launches.read_text())
+    assert all({"Q", "K", "V"} <= set(launch["divisible"]) for launch in recorded), "q, k, v are 16-byte aligned"
+
+
+def test_launches_are_specialized_as_a_gpus_jit_specializes_them():
+    """Compiled without the JIT's specialization, CoPE's kernels passed where the GPU's Triton 3.6 fails on them:
+    its pipeliner breaks once k's rows are known to be 16-byte aligned."""
+    import torch
+
+    from tests.kernels.triton_targets import specialized
+
+    assert specialized(1) == ("constexpr", None)  # an int of 1 is made a constant
+    assert specialized(48) == ("i32", "D") and specialized(40) == ("i32", None)
+    assert specialized(2**33) == ("i64", "D")
+    aligned = torch.zeros(8)
+    assert specialized(aligned) == ("*fp32", "D") and specialized(aligned[1:]) == ("*fp32", None)

@@ -5,9 +5,11 @@ each is compiled to a cubin by Triton's own compiler and ptxas, as the first cal
 The interpreter runs the programs' Python; it cannot show that Triton's compiler accepts them (a branch whose
 values differ in type, a gather in a layout it cannot lower) or that their tiles fit the GPU's shared memory. This
 does, without a lend. Run as ``python -m tests.kernels.triton_targets record FILE [--all] [--float32]`` under
-TRITON_INTERPRET=1, then ``python -m tests.kernels.triton_targets compile FILE`` without it (one process cannot do
-both: the interpreter is chosen when Triton is imported). ``--float32`` records float32 at head width 64, the widest
-float32 the kernels are offered at; compiling it takes about 4 minutes on two cores, so the suite leaves it out.
+TRITON_INTERPRET=1, then ``python -m tests.kernels.triton_targets compile FILE`` (JSON) or ``table FILE...``
+(Markdown, with each program's registers and spills) without it (one process cannot do both: the interpreter is
+chosen when Triton is imported); ``make gpu-compile`` does both with the GPU's own Triton version. ``--float32``
+records float32 at head width 64, the widest float32 the kernels are offered at; compiling it takes about 4 minutes
+on two cores, so the suite leaves it out.
 """
 
 from __future__ import annotations
@@ -15,7 +17,11 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import re
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -49,12 +55,23 @@ def gpu_sizes() -> None:
         setattr(module, name, as_if_on_gpu(getattr(module, name)))
 
 
+def specialized(value) -> tuple[str, str | None]:
+    """How the JIT on a GPU specializes an argument (``JITFunction.run``): its type, "constexpr" for an int of 1,
+    and "D" where it is a multiple of 16 (an int) or 16-byte aligned (a tensor), which lets the compiler vectorize
+    loads and stores. Compiled without these, a program is not the one a GPU runs: its registers and spills differ."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    kind, hint = native_specialize_impl(BaseBackend, value, False, True, True)
+    return kind, hint if isinstance(hint, str) and hint else None
+
+
 def record(path: str, everything: bool = False, float32: bool = False) -> None:
     """Runs forward and backward of the Triton entry points in bfloat16 (head widths 64 and 128), or in float32 at
-    width 64, and writes each distinct launch: {"module", "name", "signature", "constants", "options"}. Only the
-    kernels not yet run on a GPU (``unchecked``) unless ``everything``."""
+    width 64, and writes each distinct launch, specialized as the GPU's JIT would (``specialized``): {"module",
+    "name", "signature", "constants", "divisible", "options"}. Only the kernels not yet run on a GPU (``unchecked``)
+    unless ``everything``."""
     from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import mangle_type
 
     launches = {}
     run = InterpretedFunction.run
@@ -66,9 +83,16 @@ def record(path: str, everything: bool = False, float32: bool = False) -> None:
         options = {key: kwargs.pop(key) for key in ("num_warps", "num_stages") if key in kwargs}
         bound.update(kwargs)
         constants = {name: value for name, value in bound.items() if "constexpr" in str(parameters[name].annotation)}
-        signature = {name: "constexpr" if name in constants else mangle_type(value) for name, value in bound.items()}
+        signature, divisible = {}, []
+        for name, value in bound.items():
+            kind, hint = ("constexpr", None) if name in constants else specialized(value)
+            if kind == "constexpr" and name not in constants:  # an int of 1, made a constant by the GPU's JIT
+                constants[name] = value
+            signature[name] = kind
+            if hint == "D":
+                divisible.append(name)
         entry = {"module": fn.__module__, "name": fn.__name__, "signature": signature, "constants": constants,
-                 "options": options}
+                 "divisible": divisible, "options": options}
         launches[json.dumps(entry, sort_keys=True)] = entry
         return run(self, *args, grid=grid, warmup=warmup, **kwargs, **options)
 
@@ -96,8 +120,8 @@ def _backward(out: torch.Tensor) -> None:
 
 
 def _tiles(width: int, dtype: torch.dtype, kinds: tuple[str, ...] | None = None) -> None:
-    """tiles_triton with each formula of ``kinds`` (all, and a table at explicit positions and bidirectionally, and
-    token values, where None)."""
+    """tiles_triton with each formula of ``kinds`` (all, and a table causally with flat far entries, at explicit
+    positions and bidirectionally, and token values, where None)."""
     import posenc
     from posenc.kernels import tiles_triton
 
@@ -112,6 +136,8 @@ def _tiles(width: int, dtype: torch.dtype, kinds: tuple[str, ...] | None = None)
         return
     table = torch.randn(HEADS, 2 * LENGTH, requires_grad=True)
     positions = {"q_pos": torch.arange(LENGTH)[None], "k_pos": torch.arange(LENGTH)[None]}
+    _backward(tiles_triton.tiled_attention(*_tensors(width, dtype), scale=0.1, table=table[:, :LENGTH],
+                                           flat=(-1, LENGTH // 2)))  # T5's: causal, its far offsets one entry
     _backward(tiles_triton.tiled_attention(*_tensors(width, dtype), scale=0.1, table=table, lowest=-LENGTH + 1,
                                            flat=(-1, LENGTH + 8), causal=False))
     _backward(tiles_triton.tiled_attention(*_tensors(width, dtype), scale=0.1, table=table, lowest=-LENGTH + 1,
@@ -171,7 +197,9 @@ def unchecked() -> list:
 
 
 def compile_all(path: str) -> list[dict]:
-    """Compiles every recorded launch for ``TARGET``; returns {"name", "shared", "warps", "error"} per launch."""
+    """Compiles every recorded launch for ``TARGET``; returns per launch {"name", "constants", "shared" (bytes per
+    block), "registers" (per thread), "stack" (bytes per thread: registers spilled to local memory), "error"} and
+    its options (warps, stages)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -181,20 +209,69 @@ def compile_all(path: str) -> list[dict]:
         launches = json.load(file)
     for launch in launches:
         fn = getattr(importlib.import_module(launch["module"]), launch["name"])
-        source = ASTSource(fn=fn, signature=launch["signature"], constexprs=launch["constants"])
-        name = f"{launch['module'].rsplit('.', 1)[-1]}.{launch['name']}"
+        divisible = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in launch["divisible"]}
+        source = ASTSource(fn=fn, signature=launch["signature"], constexprs=launch["constants"], attrs=divisible)
+        result = {"name": f"{launch['module'].rsplit('.', 1)[-1]}.{launch['name']}", "constants": launch["constants"],
+                  "shared": None, "registers": None, "stack": None, "error": None, **launch["options"]}
         try:
             compiled = triton.compile(source, target=GPUTarget(*TARGET), options=launch["options"])
-            results.append({"name": name, "shared": compiled.metadata.shared, "error": None, **launch["options"]})
+            result.update(shared=compiled.metadata.shared, **resource_usage(compiled.asm["cubin"]))
         except Exception as error:  # noqa: BLE001 — every failure is reported, with its launch
-            results.append({"name": name, "shared": None, "error": f"{type(error).__name__}: {error}"[:2000],
-                            "constants": launch["constants"]})
+            result["error"] = f"{type(error).__name__}: {error}"[:2000]
+        results.append(result)
     return results
+
+
+def resource_usage(cubin: bytes) -> dict:
+    """{"registers", "stack"} of a compiled program, read by the cuobjdump Triton's wheel ships: registers per
+    thread (255 at most) and its stack in bytes per thread, where registers that did not fit are spilled."""
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
+        file.write(cubin)
+        file.flush()
+        usage = subprocess.run([str(tool), "-res-usage", file.name], capture_output=True, text=True, check=True).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+    return {"registers": int(found.group(1)), "stack": int(found.group(2))}
+
+
+#: the compile-time constants that tell a program's launches apart in ``table``
+TELLING = ("HEAD_DIM", "BIAS", "CAUSAL", "CONTIGUOUS", "HAS_TOKENS", "TABLE_GRAD", "PARAM_GRAD", "TOKEN_GRAD",
+           "HAS_VALUES", "CURRENT", "DOT", "group")
+
+
+def table(paths: list[str]) -> tuple[str, bool]:
+    """(a Markdown table of every launch recorded in ``paths``, compiled: its registers and spilled bytes per
+    thread, shared memory per block, or its error; whether all compiled within ``SHARED_BYTES``)."""
+    import triton
+
+    lines = [f"Compiled for sm_90 by Triton {triton.__version__}, no GPU; spilled: registers that did not fit, bytes "
+             "per thread of local memory.", "",
+             "| program | constants | warps | stages | registers | spilled | shared KiB | error |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    fine = True
+    for path in paths:
+        for result in compile_all(path):
+            constants = ", ".join(f"{key}={result['constants'][key]}" for key in TELLING
+                                  if key in result["constants"])
+            shared = result["shared"]
+            fine = fine and result["error"] is None and shared <= SHARED_BYTES
+            error = (result["error"] or "").splitlines()[0][:80] if result["error"] else ""
+            lines.append(f"| {result['name']} | {constants} | {result.get('num_warps', '')} | "
+                         f"{result.get('num_stages', '')} | {result['registers'] or ''} | "
+                         f"{'' if result['stack'] is None else result['stack']} | "
+                         f"{'' if shared is None else round(shared / 1024)} | {error} |")
+    return "\n".join(lines), fine
 
 
 if __name__ == "__main__":
     command, target_file = sys.argv[1], sys.argv[2]
     if command == "record":
         record(target_file, everything="--all" in sys.argv[3:], float32="--float32" in sys.argv[3:])
+    elif command == "table":
+        text, all_fine = table(sys.argv[2:])
+        print(text)
+        sys.exit(0 if all_fine else 1)
     else:
         print(json.dumps(compile_all(target_file)))
