@@ -275,12 +275,14 @@ def _backward(Q, K, V, TABLE, DO, LSE, DELTA, DQ, DK, DV, DTABLE, s_qb, s_qh, s_
 
 def _sizes(q: Tensor, v: Tensor) -> dict:
     """Compile-time sizes: 16 × 16 tiles and windows under the interpreter, so a test at a few dozen tokens crosses
-    tiles and windows; on a GPU 64 × 64 with 4 warps, the tiles' backward size (``tiles_triton._blocks``), not yet
-    timed for this kernel."""
-    block, warps = (16, 1) if q.device.type == "cpu" else (64, 4)
+    tiles and windows; on a GPU 64 × 64 with 8 warps, not yet timed for this kernel (compiled for sm_90, Triton 3.6,
+    bf16, width 64, the backward spilled 2,824 bytes of registers per thread with 4 warps, 1,656 with 8). One
+    pipeline stage: Triton 3.6's pipeliner fails on the key tiles' loop, which holds the windows' loop, once it knows
+    k's rows are 16-byte aligned, as on every GPU launch (3.9 compiles it)."""
+    block, warps = (16, 1) if q.device.type == "cpu" else (64, 8)
     return dict(HEAD_DIM=q.shape[-1], VALUE_DIM=v.shape[-1], BLOCK_D=max(16, triton.next_power_of_2(q.shape[-1])),
                 BLOCK_DV=max(16, triton.next_power_of_2(v.shape[-1])), BLOCK=block, DOT=product_kind(q),
-                num_warps=warps)
+                num_warps=warps, num_stages=1)
 
 
 class _CountsAttention(torch.autograd.Function):
