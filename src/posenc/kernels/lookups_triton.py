@@ -309,14 +309,15 @@ def _backward(Q, K, V, TABLE, VALUES, SHIFTS, DO, LSE, DELTA, DQ, DK, DV, DTABLE
 
 def _sizes(q: Tensor, v: Tensor, has_values: bool) -> dict:
     """Compile-time sizes: 16 × 16 tiles under the interpreter, so a test at a few dozen tokens crosses tiles; on a
-    GPU 64 × 64 with 4 warps, the tiles' backward size (``tiles_triton._blocks``), not yet timed for this kernel.
-    Pipelined over two stages its tiles fit an H100's 227 KiB of shared memory up to a head width of 64, over one
-    beyond (compiled for sm_90 by ``tests/kernels/triton_targets.py``: Triton's default three stages did not fit
-    Shaw's backward, 264 KiB)."""
+    GPU 64 × 64 with 8 warps, not yet timed for this kernel. Pipelined over two stages its tiles fit an H100's 227
+    KiB of shared memory up to a head width of 64, over one beyond (compiled for sm_90 by
+    ``tests/kernels/triton_targets.py``: Triton's default three stages did not fit Shaw's backward, 264 KiB). There
+    (Triton 3.6, bf16, width 64) the backward spilled 1,136 bytes of registers per thread with 4 warps (Shaw's:
+    1,904), 168 with 8 (392)."""
     cpu = q.device.type == "cpu"
     return dict(HEAD_DIM=q.shape[-1], VALUE_DIM=v.shape[-1], BLOCK_D=max(16, triton.next_power_of_2(q.shape[-1])),
                 BLOCK_DV=max(16, triton.next_power_of_2(v.shape[-1])), BLOCK=16 if cpu else 64, HAS_VALUES=has_values,
-                DOT=product_kind(q), num_warps=1 if cpu else 4,
+                DOT=product_kind(q), num_warps=1 if cpu else 8,
                 num_stages=1 if cpu or max(q.shape[-1], v.shape[-1]) > 64 else 2)
 
 

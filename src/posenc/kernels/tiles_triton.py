@@ -164,15 +164,17 @@ class _Settings:
     scale: float
 
 
-def _blocks(q: Tensor) -> tuple[int, int, int, int, int]:
-    """(forward BLOCK_M, forward BLOCK_N, backward BLOCK, warps, pipeline stages) for q's device and head width;
-    small tiles under the interpreter, so a test at a few dozen tokens crosses tiles. On an H200 (bf16, Dh 64,
-    16,384 tokens) 128 × 64 forward and 64 × 64 backward tiles with 4 warps ran fastest of four settings
-    (benchmarks/h200/h200-tiles-first.log); 128 × 128 does not fit its shared memory."""
+def _blocks(q: Tensor, kind: int) -> tuple[int, int, int, int, int]:
+    """(forward BLOCK_M, forward BLOCK_N, backward BLOCK, warps, pipeline stages) for q's device and head width and
+    the bias kind; small tiles under the interpreter, so a test at a few dozen tokens crosses tiles. On an H200
+    (bf16, Dh 64, 16,384 tokens) 128 × 64 forward and 64 × 64 backward tiles with 4 warps ran fastest of four
+    settings (benchmarks/h200/h200-tiles-first.log); 128 × 128 does not fit its shared memory. FIRE's segments take
+    8 warps, not yet timed: compiled for sm_90 (Triton 3.6, bf16, Dh 64) its forward spilled 1,128 bytes of
+    registers per thread with 4 warps, 16 with 8 (``tests/kernels/triton_targets``)."""
     if q.device.type == "cpu":
         return 16, 16, 16, 1, 1
     wide = q.shape[-1] > 64
-    return 128, 64, 64, 8 if wide else 4, 2 if wide else 3
+    return 128, 64, 64, 8 if wide or kind == tiles_jit.FIRE else 4, 2 if wide else 3
 
 
 def product_kind(q: Tensor) -> int:
@@ -196,7 +198,7 @@ class _TiledAttention(torch.autograd.Function):
         out = q.new_empty(batch, q_len, heads, v.shape[-1]).transpose(1, 2)  # token-major, as SDPA returns it
         lse = torch.empty(batch * heads, q_len, device=q.device, dtype=torch.float32)
         terms = _Terms(q, k, v, bias, q_values, k_values, q_pos, k_pos, settings)
-        block_m, block_n, _, warps, stages = _blocks(q)
+        block_m, block_n, _, warps, stages = _blocks(q, settings.kind)
         tiles_jit.forward[(triton.cdiv(q_len, block_m) * batch * heads,)](
             q, k, v, out, lse, *terms.pointers(), *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
             *out.stride()[:3], *terms.strides(), heads, terms.group, *terms.sizes(), BLOCK_M=block_m,
@@ -219,7 +221,7 @@ class _TiledAttention(torch.autograd.Function):
         token_grad = q_values is not None and (ctx.needs_input_grad[4] or ctx.needs_input_grad[5])
         d_q_values = lse.new_empty(batch, heads, q_len) if token_grad else None
         d_k_values = lse.new_empty(batch, heads, k_len) if token_grad else None
-        _, _, block, warps, stages = _blocks(q)
+        _, _, block, warps, stages = _blocks(q, ctx.settings.kind)
         common = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3])
         launch = dict(num_warps=warps, num_stages=stages, TOKEN_GRAD=token_grad, **terms.flags())
         tiles_jit.backward_keys[(triton.cdiv(k_len, block) * batch * kv_heads,)](
