@@ -107,6 +107,9 @@ def record(path: str, everything: bool = False, float32: bool = False) -> None:
 
 
 HEADS, LENGTH = 2, 80
+#: key/value heads: one per query head (a GPU's JIT then makes the group of 1 a constant: another program), and
+#: one for both (grouped-query)
+GROUPINGS = (HEADS, 1)
 
 
 def _tensors(width: int, dtype: torch.dtype, kv_heads: int = HEADS) -> list[torch.Tensor]:
@@ -128,10 +131,11 @@ def _tiles(width: int, dtype: torch.dtype, kinds: tuple[str, ...] | None = None)
     linear = torch.tensor([[-0.5, 0.0], [-0.25, 0.0]], requires_grad=True)
     kerple = torch.tensor([[1.0, 0.5], [0.5, 1.0]], requires_grad=True)
     formulas = {"linear": linear, "linear_abs": linear, "kerple_log": kerple, "kerple_power": kerple,
-                "fire": posenc.build("fire", num_heads=HEADS).offset_formula()[1]}
+                "fire": posenc.build("fire", num_heads=HEADS).offset_formula()[1].detach().requires_grad_()}
     for kind in kinds or formulas:
         formula = tiles_triton.Formula(kind, formulas[kind])
-        _backward(tiles_triton.tiled_attention(*_tensors(width, dtype, 1), scale=0.1, formula=formula))
+        for kv_heads in GROUPINGS:
+            _backward(tiles_triton.tiled_attention(*_tensors(width, dtype, kv_heads), scale=0.1, formula=formula))
     if kinds is not None:
         return
     table = torch.randn(HEADS, 2 * LENGTH, requires_grad=True)
@@ -150,7 +154,9 @@ def _sticks(width: int, dtype: torch.dtype) -> None:
     from posenc.kernels import sticks_triton
 
     for current in (False, True):
-        _backward(sticks_triton.stick_breaking_attention(*_tensors(width, dtype, 1), scale=0.1, attend_current=current))
+        for kv_heads in GROUPINGS:
+            _backward(sticks_triton.stick_breaking_attention(*_tensors(width, dtype, kv_heads), scale=0.1,
+                                                             attend_current=current))
 
 
 def _lookups(width: int, dtype: torch.dtype) -> None:
@@ -158,9 +164,10 @@ def _lookups(width: int, dtype: torch.dtype) -> None:
     from posenc.kernels import lookups_triton
 
     shifts = {"content_shift": torch.randn(HEADS, width), "lookup_shift": torch.randn(HEADS, width)}
-    _backward(lookups_triton.lookup_attention(*_tensors(width, dtype, 1), torch.randn(HEADS, LENGTH, width,
-                                                                              requires_grad=True),
-                                              scale=0.1, **shifts))
+    for kv_heads in GROUPINGS:
+        _backward(lookups_triton.lookup_attention(*_tensors(width, dtype, kv_heads),
+                                                  torch.randn(HEADS, LENGTH, width, requires_grad=True), scale=0.1,
+                                                  **shifts))
     band = [torch.randn(1, 16, width, requires_grad=True) for _ in range(2)]
     _backward(lookups_triton.lookup_attention(*_tensors(width, dtype), band[0], values=band[1], scale=0.1))
 
@@ -169,7 +176,9 @@ def _counts(width: int, dtype: torch.dtype) -> None:
     from posenc.kernels import counts_triton
 
     table = torch.randn(64, width, requires_grad=True)
-    _backward(counts_triton.counts_attention(*_tensors(width, dtype, 1), table, scale=0.1, gate_scale=width ** -0.5))
+    for kv_heads in GROUPINGS:
+        _backward(counts_triton.counts_attention(*_tensors(width, dtype, kv_heads), table, scale=0.1,
+                                                 gate_scale=width ** -0.5))
 
 
 def _rope(width: int, dtype: torch.dtype) -> None:
