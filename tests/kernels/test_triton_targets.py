@@ -59,3 +59,31 @@ def test_launches_are_specialized_as_a_gpus_jit_specializes_them():
     assert specialized(2**33) == ("i64", "D")
     aligned = torch.zeros(8)
     assert specialized(aligned) == ("*fp32", "D") and specialized(aligned[1:]) == ("*fp32", None)
+
+
+def test_the_compile_passes_each_launchs_alignment_marks_and_constants(tmp_path, monkeypatch):
+    """What ``compile_all`` hands Triton's compiler: the recorded aligned arguments as tt.divisibility attributes
+    and ints of 1 as constants (dropped, Triton 3.6 compiled CoPE's kernels that fail on a GPU)."""
+    from types import SimpleNamespace
+
+    import triton
+
+    from tests.kernels import triton_targets
+
+    launches = tmp_path / "launches.json"
+    run("record", str(launches), interpreted=True)
+    recorded = json.loads(launches.read_text())
+    sources = []
+    monkeypatch.setattr(triton, "compile", lambda source, **_: sources.append(source) or SimpleNamespace(
+        metadata=SimpleNamespace(shared=0), asm={"cubin": b""}))
+    monkeypatch.setattr(triton_targets, "resource_usage", lambda cubin: {"registers": 1, "stack": 0})
+    triton_targets.compile_all(str(launches))
+    assert len(sources) == len(recorded)
+    for source, launch in zip(sources, recorded):
+        names = source.fn.arg_names
+        marked = {names[index] for (index,), attributes in source.attrs.items()
+                  if ["tt.divisibility", 16] in attributes}
+        assert marked == set(launch["divisible"]) and {"Q", "K", "V"} <= marked, launch["name"]
+        constants = {names[index]: value for (index,), value in source.constants.items()}
+        assert constants == launch["constants"], launch["name"]
+    assert any(launch["constants"].get("group") == 1 for launch in recorded)  # one head per key/value head
