@@ -71,7 +71,7 @@ def test_the_compile_passes_each_launchs_alignment_marks_and_constants(tmp_path,
     from tests.kernels import triton_targets
 
     launches = tmp_path / "launches.json"
-    run("record", str(launches), interpreted=True)
+    run("record", str(launches), "--all", interpreted=True)  # every kernel, checked on a GPU or not: none compiles
     recorded = json.loads(launches.read_text())
     sources = []
     monkeypatch.setattr(triton, "compile", lambda source, **_: sources.append(source) or SimpleNamespace(
@@ -83,7 +83,7 @@ def test_the_compile_passes_each_launchs_alignment_marks_and_constants(tmp_path,
         names = source.fn.arg_names
         marked = {names[index] for (index,), attributes in source.attrs.items()
                   if ["tt.divisibility", 16] in attributes}
-        assert marked == set(launch["divisible"]) and {"Q", "K", "V"} <= marked, launch["name"]
+        assert marked == set(launch["divisible"]) and {"q", "k"} <= {name.lower() for name in marked}, launch["name"]
         constants = {names[index]: value for (index,), value in source.constants.items()}
         assert constants == launch["constants"], launch["name"]
     assert any(launch["constants"].get("group") == 1 for launch in recorded)  # one head per key/value head

@@ -106,14 +106,14 @@ def record(path: str, everything: bool = False, float32: bool = False) -> None:
         json.dump(list(launches.values()), file)
 
 
-HEADS, LENGTH = 2, 80
+HEADS, LENGTH = 4, 80
 #: key/value heads: one per query head (a GPU's JIT then makes the group of 1 a constant: another program), and
-#: one for both (grouped-query)
-GROUPINGS = (HEADS, 1)
+#: one per two (grouped-query; never a single key/value head, which the JIT would make a constant too)
+GROUPINGS = (HEADS, HEADS // 2)
 
 
 def _tensors(width: int, dtype: torch.dtype, kv_heads: int = HEADS) -> list[torch.Tensor]:
-    """q (1, 2, 80, width), k and v (1, kv_heads, 80, width) in ``dtype``, needing gradients."""
+    """q (1, HEADS, LENGTH, width), k and v (1, kv_heads, LENGTH, width) in ``dtype``, needing gradients."""
     return [(torch.randn(1, heads, LENGTH, width) * 0.5).to(dtype).requires_grad_()
             for heads in (HEADS, kv_heads, kv_heads)]
 
@@ -128,8 +128,8 @@ def _tiles(width: int, dtype: torch.dtype, kinds: tuple[str, ...] | None = None)
     import posenc
     from posenc.kernels import tiles_triton
 
-    linear = torch.tensor([[-0.5, 0.0], [-0.25, 0.0]], requires_grad=True)
-    kerple = torch.tensor([[1.0, 0.5], [0.5, 1.0]], requires_grad=True)
+    linear = torch.stack([-0.5 ** torch.arange(1.0, HEADS + 1), torch.zeros(HEADS)], 1).requires_grad_()
+    kerple = torch.stack([torch.linspace(0.5, 1.0, HEADS), torch.linspace(1.0, 0.5, HEADS)], 1).requires_grad_()
     formulas = {"linear": linear, "linear_abs": linear, "kerple_log": kerple, "kerple_power": kerple,
                 "fire": posenc.build("fire", num_heads=HEADS).offset_formula()[1].detach().requires_grad_()}
     for kind in kinds or formulas:
@@ -184,7 +184,7 @@ def _counts(width: int, dtype: torch.dtype) -> None:
 def _rope(width: int, dtype: torch.dtype) -> None:
     from posenc.kernels import rope_triton
 
-    q, k, _ = _tensors(width, dtype, 1)
+    q, k, _ = _tensors(width, dtype, HEADS // 2)
     cos, sin = torch.randn(1, 1, LENGTH, width // 2), torch.randn(1, 1, LENGTH, width // 2)
     for layout in ("half", "interleaved"):
         rotated_q, rotated_k = rope_triton.rope_qk_triton(q, k, cos, sin, cos, sin, layout=layout)
@@ -232,8 +232,9 @@ def compile_all(path: str) -> list[dict]:
 
 
 def resource_usage(cubin: bytes) -> dict:
-    """{"registers", "stack"} of a compiled program, read by the cuobjdump Triton's wheel ships: registers per
-    thread (255 at most) and its stack in bytes per thread, where registers that did not fit are spilled."""
+    """{"registers", "stack"} of a compiled program of one function, read by the cuobjdump Triton's wheel ships:
+    registers per thread (255 at most) and its stack in bytes per thread, the local memory where ptxas puts the
+    registers that did not fit (Triton's programs hold no other local arrays)."""
     import triton
 
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
@@ -241,23 +242,25 @@ def resource_usage(cubin: bytes) -> dict:
         file.write(cubin)
         file.flush()
         usage = subprocess.run([str(tool), "-res-usage", file.name], capture_output=True, text=True, check=True).stdout
-    found = re.search(r"REG:(\d+) STACK:(\d+)", usage)
-    return {"registers": int(found.group(1)), "stack": int(found.group(2))}
+    found = re.findall(r"Function \S+:\s+REG:(\d+) STACK:(\d+)", usage)
+    if len(found) != 1:
+        raise ValueError(f"expected one function's resource usage from cuobjdump, got:\n{usage}")
+    return {"registers": int(found[0][0]), "stack": int(found[0][1])}
 
 
 #: the compile-time constants that tell a program's launches apart in ``table``
 TELLING = ("HEAD_DIM", "BIAS", "CAUSAL", "CONTIGUOUS", "HAS_TOKENS", "TABLE_GRAD", "PARAM_GRAD", "TOKEN_GRAD",
-           "HAS_VALUES", "CURRENT", "DOT", "group")
+           "HAS_VALUES", "CURRENT", "INTERLEAVED", "DOT", "group")
 
 
 def table(paths: list[str]) -> tuple[str, bool]:
-    """(a Markdown table of every launch recorded in ``paths``, compiled: its registers and spilled bytes per
-    thread, shared memory per block, or its error; whether all compiled within ``SHARED_BYTES``)."""
+    """(a Markdown table of every launch recorded in ``paths``, compiled: its registers and stack bytes per thread,
+    shared memory per block, or its error; whether all compiled within ``SHARED_BYTES``)."""
     import triton
 
-    lines = [f"Compiled for sm_90 by Triton {triton.__version__}, no GPU; spilled: registers that did not fit, bytes "
-             "per thread of local memory.", "",
-             "| program | constants | warps | stages | registers | spilled | shared KiB | error |",
+    lines = [f"Compiled for sm_90 by Triton {triton.__version__}, no GPU. Stack: the local memory a thread needs, "
+             "where ptxas puts the registers that did not fit (spilled).", "",
+             "| program | constants | warps | stages | registers | stack bytes | shared KiB | error |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     fine = True
     for path in paths:
@@ -266,7 +269,7 @@ def table(paths: list[str]) -> tuple[str, bool]:
                                   if key in result["constants"])
             shared = result["shared"]
             fine = fine and result["error"] is None and shared <= SHARED_BYTES
-            error = (result["error"] or "").splitlines()[0][:80] if result["error"] else ""
+            error = result["error"].splitlines()[0][:80].replace("|", "/") if result["error"] else ""
             lines.append(f"| {result['name']} | {constants} | {result.get('num_warps', '')} | "
                          f"{result.get('num_stages', '')} | {result['registers'] or ''} | "
                          f"{'' if result['stack'] is None else result['stack']} | "

@@ -167,7 +167,7 @@ def _backward(Q, K, V, DO, DELTA, DQ, DK, DV, s_qb, s_qh, s_qt, s_kb, s_kh, s_kt
 def _blocks(q: Tensor) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, warps): 16 × 16 under the interpreter, so a test at a few dozen tokens crosses tiles; on a
     GPU 64 × 64 with 8 warps, not yet timed for this kernel. Compiled for sm_90 (Triton 3.6, bf16, head width 64),
-    the backward spilled 296 bytes of registers per thread with 4 warps and 120 with 8 (``tests/kernels/
+    the backward spilled 296 bytes of registers per thread with 4 warps and 120–128 with 8 (``tests/kernels/
     triton_targets``)."""
     return (16, 16, 1) if q.device.type == "cpu" else (64, 64, 8)
 
