@@ -50,8 +50,8 @@ hand-mutants: $(VENV)/.installed-test
 
 # Every Triton program compiled for an H100/H200 (sm_90) by the Triton a lent GPU has (GPU_TRITON), without a GPU:
 # the suite compiles with its own Triton, which accepted CoPE's kernels where 3.6 failed. Prints each launch's
-# registers, spilled bytes and shared memory (bf16, then float32); fails on an error or a block past 227 KiB. About
-# 5 minutes on 2 cores.
+# registers, stack (spilled) bytes and shared memory (bf16, then float32); fails on an error or a block past 227 KiB.
+# About 5 minutes on 2 cores.
 GPU_TRITON ?= 3.6.0
 GPU_TRITON_DIR := .triton-$(GPU_TRITON)
 gpu-compile: $(VENV)/.installed-test

@@ -87,3 +87,14 @@ def test_the_compile_passes_each_launchs_alignment_marks_and_constants(tmp_path,
         constants = {names[index]: value for (index,), value in source.constants.items()}
         assert constants == launch["constants"], launch["name"]
     assert any(launch["constants"].get("group") == 1 for launch in recorded)  # one head per key/value head
+
+
+def test_a_wrong_command_or_launches_file_is_one_line_not_a_traceback(tmp_path, capsys):
+    from tests.kernels.triton_targets import main
+
+    truncated = tmp_path / "launches.json"
+    truncated.write_text('[{"module": "posenc.kernels.tiles_jit", "na')
+    for arguments in ([], ["tabel", "x.json"], ["table", str(tmp_path / "missing.json")], ["compile", str(truncated)]):
+        assert main(arguments) == 2, arguments
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1 and "Traceback" not in error, error

@@ -277,13 +277,34 @@ def table(paths: list[str]) -> tuple[str, bool]:
     return "\n".join(lines), fine
 
 
-if __name__ == "__main__":
-    command, target_file = sys.argv[1], sys.argv[2]
+USAGE = "usage: python -m tests.kernels.triton_targets record FILE [--all] [--float32] | compile FILE | table FILE..."
+
+
+def main(arguments: list[str]) -> int:
+    """The command line: 0 when it did its work, 1 when a launch failed to compile or did not fit, 2 (one line on
+    stderr) for a wrong command or a launches file that is missing or not one ``record`` wrote."""
+    if len(arguments) < 2 or arguments[0] not in ("record", "compile", "table"):
+        print(USAGE, file=sys.stderr)
+        return 2
+    command, paths = arguments[0], [a for a in arguments[1:] if not a.startswith("--")]
     if command == "record":
-        record(target_file, everything="--all" in sys.argv[3:], float32="--float32" in sys.argv[3:])
-    elif command == "table":
-        text, all_fine = table(sys.argv[2:])
+        record(paths[0], everything="--all" in arguments, float32="--float32" in arguments)
+        return 0
+    for path in paths:
+        try:
+            launches = json.loads(Path(path).read_text())
+            if not isinstance(launches, list) or not all(isinstance(x, dict) and "divisible" in x for x in launches):
+                raise ValueError("not a list of launches")
+        except (OSError, ValueError) as error:
+            print(f"{path}: not a launches file written by `record` ({error})", file=sys.stderr)
+            return 2
+    if command == "table":
+        text, all_fine = table(paths)
         print(text)
-        sys.exit(0 if all_fine else 1)
-    else:
-        print(json.dumps(compile_all(target_file)))
+        return 0 if all_fine else 1
+    print(json.dumps(compile_all(paths[0])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
