@@ -98,3 +98,14 @@ def test_a_wrong_command_or_launches_file_is_one_line_not_a_traceback(tmp_path, 
         assert main(arguments) == 2, arguments
         error = capsys.readouterr().err
         assert error.count("\n") == 1 and "Traceback" not in error, error
+
+
+def test_the_table_names_each_launchs_tile():
+    """The tile a launch ran: which sizes a program's spills belong to (tiles_triton picks them per dtype, width and
+    bias kind)."""
+    from tests.kernels.triton_targets import tile
+
+    assert tile({"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_D": 64}) == "128×64"
+    assert tile({"BLOCK": 32, "BLOCK_D": 64}) == "32×32"
+    assert tile({"BLOCK_T": 16, "BLOCK_PAIRS": 32}) == "16×32"
+    assert tile({"HEAD_DIM": 64}) == ""

@@ -14,6 +14,7 @@ on two cores, so the suite leaves it out.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import json
@@ -66,17 +67,17 @@ def specialized(value) -> tuple[str, str | None]:
     return kind, hint if isinstance(hint, str) and hint else None
 
 
-def record(path: str, everything: bool = False, float32: bool = False) -> None:
-    """Runs forward and backward of the Triton entry points in bfloat16 (head widths 64 and 128), or in float32 at
-    width 64, and writes each distinct launch, specialized as the GPU's JIT would (``specialized``): {"module",
-    "name", "signature", "constants", "divisible", "options"}. Only the kernels not yet run on a GPU (``unchecked``)
-    unless ``everything``."""
+@contextlib.contextmanager
+def recording():
+    """While inside, each distinct launch the interpreter runs is recorded, specialized as the GPU's JIT would
+    (``specialized``); yields the launches, a dict of {"module", "name", "signature", "constants", "divisible",
+    "options"} filled as they run."""
     from triton.runtime.interpreter import InterpretedFunction
 
     launches = {}
     run = InterpretedFunction.run
 
-    def recording(self, *args, grid, warmup, **kwargs):
+    def recorded_run(self, *args, grid, warmup, **kwargs):
         fn = self.fn
         parameters = inspect.signature(fn).parameters
         bound = dict(zip(parameters, args))
@@ -96,12 +97,23 @@ def record(path: str, everything: bool = False, float32: bool = False) -> None:
         launches[json.dumps(entry, sort_keys=True)] = entry
         return run(self, *args, grid=grid, warmup=warmup, **kwargs, **options)
 
-    InterpretedFunction.run = recording
+    InterpretedFunction.run = recorded_run
+    try:
+        yield launches
+    finally:
+        InterpretedFunction.run = run
+
+
+def record(path: str, everything: bool = False, float32: bool = False) -> None:
+    """Runs forward and backward of the Triton entry points in bfloat16 (head widths 64 and 128), or in float32 at
+    width 64, and writes each distinct launch (``recording``). Only the kernels not yet run on a GPU (``unchecked``)
+    unless ``everything``."""
     gpu_sizes()
-    for width in (64,) if float32 else (64, 128):
-        for entry in ENTRIES.values() if everything else unchecked():
-            torch.manual_seed(0)
-            entry(width, torch.float32 if float32 else torch.bfloat16)
+    with recording() as launches:
+        for width in (64,) if float32 else (64, 128):
+            for entry in ENTRIES.values() if everything else unchecked():
+                torch.manual_seed(0)
+                entry(width, torch.float32 if float32 else torch.bfloat16)
     with open(path, "w") as file:
         json.dump(list(launches.values()), file)
 
@@ -260,8 +272,8 @@ def table(paths: list[str]) -> tuple[str, bool]:
 
     lines = [f"Compiled for sm_90 by Triton {triton.__version__}, no GPU. Stack: the local memory a thread needs, "
              "where ptxas puts the registers that did not fit (spilled).", "",
-             "| program | constants | warps | stages | registers | stack bytes | shared KiB | error |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "| program | constants | tile | warps | stages | registers | stack bytes | shared KiB | error |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     fine = True
     for path in paths:
         for result in compile_all(path):
@@ -270,11 +282,19 @@ def table(paths: list[str]) -> tuple[str, bool]:
             shared = result["shared"]
             fine = fine and result["error"] is None and shared <= SHARED_BYTES
             error = result["error"].splitlines()[0][:80].replace("|", "/") if result["error"] else ""
-            lines.append(f"| {result['name']} | {constants} | {result.get('num_warps', '')} | "
+            lines.append(f"| {result['name']} | {constants} | {tile(result['constants'])} | "
+                         f"{result.get('num_warps', '')} | "
                          f"{result.get('num_stages', '')} | {result['registers'] or ''} | "
                          f"{'' if result['stack'] is None else result['stack']} | "
                          f"{'' if shared is None else round(shared / 1024)} | {error} |")
     return "\n".join(lines), fine
+
+
+def tile(constants: dict) -> str:
+    """A launch's tile, queries × keys (RoPE's: positions × pairs), from its compile-time block sizes."""
+    rows = constants.get("BLOCK_M", constants.get("BLOCK", constants.get("BLOCK_T")))
+    columns = constants.get("BLOCK_N", constants.get("BLOCK", constants.get("BLOCK_PAIRS")))
+    return "" if rows is None else f"{rows}×{columns}"
 
 
 USAGE = "usage: python -m tests.kernels.triton_targets record FILE [--all] [--float32] | compile FILE | table FILE..."
