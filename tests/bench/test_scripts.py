@@ -1,5 +1,6 @@
-"""The CPU benchmark scripts (``benchmarks/scripts/cpu_cope_kernel.py``, ``cope_tile_window.py``) as a user runs
-them: a short run prints what the record quotes, and bad flags get one line and exit 2, not a traceback."""
+"""The CPU benchmark scripts (``benchmarks/scripts/cpu_cope_kernel.py``, ``cope_tile_window.py``, ``sm90_tiles.py``)
+as a user runs them: a short run prints what the record quotes, and bad flags get one line and exit 2, not a
+traceback."""
 
 import re
 import subprocess
@@ -41,3 +42,27 @@ def test_bad_flags_get_one_line(script, arguments, message):
     result = run(script, *arguments)
     assert result.returncode == 2 and message in result.stderr.splitlines()[-1], result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_tile_sweep_records_each_candidate_at_its_own_sizes(tmp_path):
+    """``sm90_tiles.py record`` under the interpreter: one launches file per candidate of CoPE's kernel, each launch
+    at that candidate's tile and warps (a sweep whose override did not reach the kernel would record the default
+    sizes six times); a family it does not know is one line, exit 2."""
+    import json
+    import os
+
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run([sys.executable, str(SCRIPTS / "sm90_tiles.py"), "record", str(tmp_path), "counts"],
+                            capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    files = sorted(tmp_path.glob("bfloat16-64-counts-*.json"))
+    assert len(files) == 6, files
+    for path in files:
+        block, warps, stages = (int(part[1:]) for part in path.stem.split("-")[-3:])
+        launches = json.loads(path.read_text())
+        assert {launch["name"] for launch in launches} == {"_forward", "_backward"}, path
+        assert all(launch["constants"]["BLOCK"] == block and launch["options"] == {
+            "num_warps": warps, "num_stages": stages} for launch in launches), (path, launches)
+    result = run("sm90_tiles.py", "record", str(tmp_path), "nope")
+    assert result.returncode == 2 and result.stderr.strip() == (
+        "unknown family nope: choose from tiles, sticks, lookups, counts"), result.stderr

@@ -1,0 +1,112 @@
+"""Which GPU tile sizes keep each of posenc's Triton programs in its registers, found without a GPU: every candidate
+setting of a kernel's size rule is recorded under the interpreter and compiled for sm_90 as ``make gpu-compile``
+compiles (``tests/kernels/triton_targets``), and each program's registers, spilled bytes and shared memory printed.
+A static guide for settings no GPU has timed; it says nothing of speed beyond what spills cost.
+
+    TRITON_INTERPRET=1 python3 benchmarks/scripts/sm90_tiles.py record DIR [--float32] [--wide] [FAMILY...]
+    PYTHONPATH=.triton-3.6.0 python3 benchmarks/scripts/sm90_tiles.py table DIR
+
+``record`` writes DIR/<dtype>-<width>-<family>-<setting>.json per candidate (bfloat16, or float32, at head width
+64, or 128 with ``--wide``);
+``table`` compiles them all (the GPU's Triton on PYTHONPATH, as ``make gpu-compile`` installs it) and prints one
+Markdown row per program and setting. FAMILY: tiles, sticks, lookups, counts (all when none is named).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for tests.kernels
+from tests.kernels import triton_targets  # noqa: E402
+
+#: per family, the settings tried: what its size rule returns on a GPU (tiles_triton._blocks: ``tiles_triton.Tiles``,
+#: forward BLOCK_M, BLOCK_N and warps, backward BLOCK and warps, stages; sticks_triton._blocks: BLOCK_M, BLOCK_N,
+#: warps), or what replaces the rule's answer (lookups' and counts' ``_sizes``)
+CANDIDATES = {
+    "tiles": [(128, 64, 4, 64, 4, 3), (128, 64, 8, 64, 8, 3), (64, 64, 4, 64, 4, 3), (64, 64, 4, 32, 4, 3),
+              (64, 32, 4, 32, 4, 3), (32, 32, 4, 32, 4, 3), (64, 64, 8, 64, 8, 3), (64, 32, 8, 32, 8, 3),
+              (32, 32, 8, 32, 8, 3), (64, 32, 8, 32, 8, 2), (64, 32, 8, 16, 8, 3), (32, 32, 4, 16, 4, 3)],
+    "sticks": [(64, 64, 8), (64, 64, 4), (64, 32, 4), (32, 32, 4), (32, 64, 4), (64, 32, 8)],
+    "lookups": [dict(BLOCK=64, num_warps=8, num_stages=2), dict(BLOCK=64, num_warps=4, num_stages=2),
+                dict(BLOCK=32, num_warps=4, num_stages=2), dict(BLOCK=32, num_warps=8, num_stages=2),
+                dict(BLOCK=32, num_warps=4, num_stages=3), dict(BLOCK=16, num_warps=4, num_stages=2)],
+    "counts": [dict(BLOCK=64, num_warps=8, num_stages=1), dict(BLOCK=64, num_warps=4, num_stages=1),
+               dict(BLOCK=32, num_warps=4, num_stages=1), dict(BLOCK=32, num_warps=8, num_stages=1),
+               dict(BLOCK=16, num_warps=4, num_stages=1), dict(BLOCK=32, num_warps=2, num_stages=1)],
+}
+
+
+def label(setting) -> str:
+    if isinstance(setting, dict):
+        return f"b{setting['BLOCK']}-w{setting['num_warps']}-s{setting['num_stages']}"
+    return "x".join(str(n) for n in setting)
+
+
+def use(family: str, setting) -> None:
+    """Makes the family's size rule answer ``setting`` (on top of ``triton_targets.gpu_sizes``)."""
+    from posenc.kernels import counts_triton, lookups_triton, sticks_triton, tiles_triton
+
+    if family in ("tiles", "sticks"):
+        module = tiles_triton if family == "tiles" else sticks_triton
+        module._blocks = lambda *_: tiles_triton.Tiles(*setting) if family == "tiles" else setting
+        return
+    module = lookups_triton if family == "lookups" else counts_triton
+    rule = getattr(module, "_gpu_rule", module._sizes)
+    module._gpu_rule = rule
+    module._sizes = lambda *args: {**rule(*args), **setting}
+
+
+def record(folder: Path, float32: bool, width: int, families: list[str]) -> None:
+    dtype = torch.float32 if float32 else torch.bfloat16
+    folder.mkdir(parents=True, exist_ok=True)
+    triton_targets.gpu_sizes()
+    for family in families:
+        for setting in CANDIDATES[family]:
+            use(family, setting)
+            with triton_targets.recording() as launches:
+                torch.manual_seed(0)
+                triton_targets.ENTRIES[family](width, dtype)
+            path = folder / f"{str(dtype).split('.')[-1]}-{width}-{family}-{label(setting)}.json"
+            path.write_text(json.dumps(list(launches.values())))
+            print(path, len(launches), flush=True)
+
+
+def table(folder: Path) -> str:
+    lines = ["| file | program | constants | registers | stack bytes | shared KiB | error |",
+             "| --- | --- | --- | ---: | ---: | ---: | --- |"]
+    for path in sorted(folder.glob("*.json")):
+        for result in triton_targets.compile_all(str(path)):
+            constants = ", ".join(f"{key}={result['constants'][key]}" for key in triton_targets.TELLING
+                                  if key in result["constants"] and key not in ("HEAD_DIM", "DOT"))
+            shared = "" if result["shared"] is None else round(result["shared"] / 1024)
+            error = (result["error"] or "").splitlines()[0][:60] if result["error"] else ""
+            lines.append(f"| {path.stem} | {result['name']} | {constants} | {result['registers'] or ''} | "
+                         f"{'' if result['stack'] is None else result['stack']} | {shared} | {error} |")
+            print(lines[-1], file=sys.stderr, flush=True)
+    return "\n".join(lines)
+
+
+def main(arguments: list[str]) -> int:
+    """0 when done; 2, with one line on stderr, for a wrong command or family."""
+    if len(arguments) < 2 or arguments[0] not in ("record", "table"):
+        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        return 2
+    folder = Path(arguments[1])
+    if arguments[0] == "table":
+        print(table(folder))
+        return 0
+    families = [a for a in arguments[2:] if not a.startswith("--")] or list(CANDIDATES)
+    unknown = sorted(set(families) - set(CANDIDATES))
+    if unknown:
+        print(f"unknown family {', '.join(unknown)}: choose from {', '.join(CANDIDATES)}", file=sys.stderr)
+        return 2
+    record(folder, "--float32" in arguments, 128 if "--wide" in arguments else 64, families)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
