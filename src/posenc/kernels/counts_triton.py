@@ -275,11 +275,13 @@ def _backward(Q, K, V, TABLE, DO, LSE, DELTA, DQ, DK, DV, DTABLE, s_qb, s_qh, s_
 
 def _sizes(q: Tensor, v: Tensor) -> dict:
     """Compile-time sizes: 16 × 16 tiles and windows under the interpreter, so a test at a few dozen tokens crosses
-    tiles and windows; on a GPU 64 × 64 with 8 warps, not yet timed for this kernel (compiled for sm_90, Triton 3.6,
-    bf16, width 64, the backward spilled 2,824 bytes of registers per thread with 4 warps, 1,656 with 8). One
-    pipeline stage: Triton 3.6's pipeliner fails on the key tiles' loop, which holds the windows' loop, once it knows
-    k's rows are 16-byte aligned, as on every GPU launch (3.9 compiles it)."""
-    block, warps = (16, 1) if q.device.type == "cpu" else (64, 8)
+    tiles and windows; on a GPU 32 × 32 with 8 warps, not yet timed. Compiled for sm_90 by Triton 3.6
+    (``benchmarks/scripts/sm90_tiles.py``; forward / backward, bytes of registers spilled per thread): 64 × 64
+    tiles spilled 600 / 1,656 at bf16 width 64, 784 / 2,160 at 128 and 3,352 / 6,752 in float32 (with 4 warps:
+    more); 32 × 32 spill 8 / 48, 120 / 376 and 8 / 936. One pipeline stage: Triton 3.6's pipeliner fails on the
+    key tiles' loop, which holds the windows' loop, once it knows k's rows are 16-byte aligned, as on every GPU
+    launch (3.9 compiles it)."""
+    block, warps = (16, 1) if q.device.type == "cpu" else (32, 8)
     return dict(HEAD_DIM=q.shape[-1], VALUE_DIM=v.shape[-1], BLOCK_D=max(16, triton.next_power_of_2(q.shape[-1])),
                 BLOCK_DV=max(16, triton.next_power_of_2(v.shape[-1])), BLOCK=block, DOT=product_kind(q),
                 num_warps=warps, num_stages=1)

@@ -309,16 +309,16 @@ def _backward(Q, K, V, TABLE, VALUES, SHIFTS, DO, LSE, DELTA, DQ, DK, DV, DTABLE
 
 def _sizes(q: Tensor, v: Tensor, has_values: bool) -> dict:
     """Compile-time sizes: 16 × 16 tiles under the interpreter, so a test at a few dozen tokens crosses tiles; on a
-    GPU 64 × 64 with 8 warps, not yet timed for this kernel. Pipelined over two stages its tiles fit an H100's 227
-    KiB of shared memory up to a head width of 64, over one beyond (compiled for sm_90 by
-    ``tests/kernels/triton_targets.py``: Triton's default three stages did not fit Shaw's backward, 264 KiB). There
-    (Triton 3.6, bf16, width 64) the backward spilled 1,136 bytes of registers per thread with 4 warps (Shaw's:
-    1,904), 168 with 8 (392)."""
+    GPU, not yet timed, 8 warps over two pipeline stages and 64 × 64 tiles in bf16/fp16 up to a head width of 64,
+    32 × 32 wider or in float32. Compiled for sm_90 by Triton 3.6 (``benchmarks/scripts/sm90_tiles.py``; the
+    backward, bytes of registers spilled per thread, Transformer-XL's / Shaw's): 64 × 64 tiles spill 168 / 392 at
+    bf16 width 64, 1,320 / 1,992 at 128 (one stage: two did not fit), 4,744 / 14,080 in float32; 32 × 32 tiles
+    0 / 96 at bf16 width 128 and 32 / 1,408 in float32. With 4 warps everything spilled more."""
     cpu = q.device.type == "cpu"
+    small = q.dtype == torch.float32 or max(q.shape[-1], v.shape[-1]) > 64
     return dict(HEAD_DIM=q.shape[-1], VALUE_DIM=v.shape[-1], BLOCK_D=max(16, triton.next_power_of_2(q.shape[-1])),
-                BLOCK_DV=max(16, triton.next_power_of_2(v.shape[-1])), BLOCK=16 if cpu else 64, HAS_VALUES=has_values,
-                DOT=product_kind(q), num_warps=1 if cpu else 8,
-                num_stages=1 if cpu or max(q.shape[-1], v.shape[-1]) > 64 else 2)
+                BLOCK_DV=max(16, triton.next_power_of_2(v.shape[-1])), BLOCK=16 if cpu else 32 if small else 64,
+                HAS_VALUES=has_values, DOT=product_kind(q), num_warps=1 if cpu else 8, num_stages=1 if cpu else 2)
 
 
 def _rows(table: Tensor) -> tuple[int, int]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -164,17 +165,43 @@ class _Settings:
     scale: float
 
 
-def _blocks(q: Tensor, kind: int) -> tuple[int, int, int, int, int]:
-    """(forward BLOCK_M, forward BLOCK_N, backward BLOCK, warps, pipeline stages) for q's device and head width and
-    the bias kind; small tiles under the interpreter, so a test at a few dozen tokens crosses tiles. On an H200
-    (bf16, Dh 64, 16,384 tokens) 128 × 64 forward and 64 × 64 backward tiles with 4 warps ran fastest of four
-    settings (benchmarks/h200/h200-tiles-first.log); 128 × 128 does not fit its shared memory. FIRE's segments take
-    8 warps, not yet timed: compiled for sm_90 (Triton 3.6, bf16, Dh 64) its forward spilled 1,128 bytes of
-    registers per thread with 4 warps, 16 with 8 (``tests/kernels/triton_targets``)."""
+class Tiles(NamedTuple):
+    """A launch's tile sizes: the forward's query × key tile and warps, the backward's square tile and warps, and the
+    pipeline stages of both."""
+
+    forward_m: int
+    forward_n: int
+    forward_warps: int
+    backward: int
+    backward_warps: int
+    stages: int
+
+
+#: under the interpreter: small tiles, so a test at a few dozen tokens crosses tiles
+INTERPRETED = Tiles(16, 16, 1, 16, 1, 1)
+#: on an H200 (bf16, Dh 64, 16,384 tokens, the formulas, tables and token values at contiguous positions) the fastest
+#: of four settings (benchmarks/h200/h200-tiles-first.log); halving the backward's tile made it 2.4× slower there
+TIMED = Tiles(128, 64, 4, 64, 4, 3)
+#: not timed: FIRE, positions given explicitly, head widths over 64 in bf16/fp16. Compiled for sm_90 (Triton 3.6,
+#: ``benchmarks/scripts/sm90_tiles.py``, bf16) no forward spills a register at widths 64 and 128 (with ``TIMED``'s
+#: tiles FIRE's spilled 1,112 bytes per thread, explicit positions' 1,136); the backward keeps its 64 × 64 tile
+#: with twice the warps (FIRE's queries' backward still spills 704 bytes at width 64, 1,392 at 128)
+UNTIMED = Tiles(64, 64, 8, 64, 8, 3)
+#: not timed: float32, whose exact products run on the CUDA cores, each thread holding its rows and columns of both
+#: operands. With ``TIMED`` most programs spilled 2–21 KB per thread (ALiBi's keys' backward kept 32 registers and
+#: 15,328 bytes of stack); with these none spills but a table's forward (176–184 bytes; 1,496 at explicit positions)
+FLOAT32 = Tiles(64, 32, 8, 16, 8, 3)
+
+
+def _blocks(q: Tensor, kind: int, contiguous: bool) -> Tiles:
+    """The tiles for q's device, dtype and head width, the bias kind and whether positions are contiguous; two
+    pipeline stages beyond a head width of 64, where three do not fit an H100's shared memory."""
     if q.device.type == "cpu":
-        return 16, 16, 16, 1, 1
+        return INTERPRETED
     wide = q.shape[-1] > 64
-    return 128, 64, 64, 8 if wide or kind == tiles_jit.FIRE else 4, 2 if wide else 3
+    tiles = FLOAT32 if q.dtype == torch.float32 else (
+        TIMED if not wide and contiguous and kind != tiles_jit.FIRE else UNTIMED)
+    return tiles._replace(stages=2) if wide else tiles
 
 
 def product_kind(q: Tensor) -> int:
@@ -198,11 +225,11 @@ class _TiledAttention(torch.autograd.Function):
         out = q.new_empty(batch, q_len, heads, v.shape[-1]).transpose(1, 2)  # token-major, as SDPA returns it
         lse = torch.empty(batch * heads, q_len, device=q.device, dtype=torch.float32)
         terms = _Terms(q, k, v, bias, q_values, k_values, q_pos, k_pos, settings)
-        block_m, block_n, _, warps, stages = _blocks(q, settings.kind)
-        tiles_jit.forward[(triton.cdiv(q_len, block_m) * batch * heads,)](
+        tiles = _blocks(q, settings.kind, q_pos is None)
+        tiles_jit.forward[(triton.cdiv(q_len, tiles.forward_m) * batch * heads,)](
             q, k, v, out, lse, *terms.pointers(), *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-            *out.stride()[:3], *terms.strides(), heads, terms.group, *terms.sizes(), BLOCK_M=block_m,
-            BLOCK_N=block_n, num_warps=warps, num_stages=stages, **terms.flags())
+            *out.stride()[:3], *terms.strides(), heads, terms.group, *terms.sizes(), BLOCK_M=tiles.forward_m,
+            BLOCK_N=tiles.forward_n, num_warps=tiles.forward_warps, num_stages=tiles.stages, **terms.flags())
         ctx.save_for_backward(q, k, v, out, lse, bias, q_values, k_values, q_pos, k_pos)
         ctx.settings = settings
         return out
@@ -221,9 +248,10 @@ class _TiledAttention(torch.autograd.Function):
         token_grad = q_values is not None and (ctx.needs_input_grad[4] or ctx.needs_input_grad[5])
         d_q_values = lse.new_empty(batch, heads, q_len) if token_grad else None
         d_k_values = lse.new_empty(batch, heads, k_len) if token_grad else None
-        _, _, block, warps, stages = _blocks(q, ctx.settings.kind)
+        tiles = _blocks(q, ctx.settings.kind, q_pos is None)
+        block = tiles.backward
         common = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3])
-        launch = dict(num_warps=warps, num_stages=stages, TOKEN_GRAD=token_grad, **terms.flags())
+        launch = dict(num_warps=tiles.backward_warps, num_stages=tiles.stages, TOKEN_GRAD=token_grad, **terms.flags())
         tiles_jit.backward_keys[(triton.cdiv(k_len, block) * batch * kv_heads,)](
             q, k, v, grad_out, lse, delta, dk, dv, *terms.pointers(), terms.or_stand_in(d_k_values), *common,
             *dk.stride()[:3], *dv.stride()[:3], *terms.strides(), heads, terms.group, kv_heads, *terms.sizes(),
