@@ -128,6 +128,38 @@ def test_tiles_equal_float64_at_explicit_positions():
     """)
 
 
+def test_tiles_equal_float64_whatever_their_sizes_on_a_gpu():
+    """The tiles a GPU takes differ from the interpreter's square 16 × 16: forward tiles twice as tall as wide
+    (``TIMED``'s 128 × 64, float32's 64 × 32) with a smaller backward tile, and wider than tall. Each shape here,
+    causal (a KV-cache step among them) and bidirectional, contiguous and at explicit positions, crosses several
+    tiles of every size and their diagonals."""
+    _run("""
+    from posenc.kernels import tiles_triton
+
+    torch.manual_seed(2)
+    cases = 0
+    for tiles in (tiles_triton.Tiles(32, 16, 1, 16, 1, 1), tiles_triton.Tiles(16, 32, 1, 32, 1, 1)):
+        tiles_triton._blocks = lambda q, kind, contiguous, tiles=tiles: tiles
+        for causal in (True, False):
+            for heads, kv_heads, q_len, k_len in ((2, 1, 45, 70), (2, 2, 70, 70)):
+                q, k, v = torch.randn(1, heads, q_len, 8), torch.randn(1, kv_heads, k_len, 8), torch.randn(
+                    1, kv_heads, k_len, 8)
+                lowest = 0 if causal else -(k_len - 1)
+                tokens = (torch.randn(1, heads, k_len) - 1).cumsum(-1) if causal else None
+                compare(torch.float32, 1e-5, 0.3, causal, q, k, v, table=torch.randn(heads, k_len - lowest),
+                        lowest=lowest, tokens=tokens)
+                cases += 1
+            q_pos, k_pos = torch.randperm(80)[None, :45], torch.randperm(80)[None, :70]
+            lowest = int(q_pos.min() - k_pos.max())
+            q, k, v = torch.randn(1, 2, 45, 8), torch.randn(1, 1, 70, 8), torch.randn(1, 1, 70, 8)
+            compare(torch.float32, 1e-5, 0.3, causal, q, k, v, table=torch.randn(2, int(q_pos.max() - k_pos.min())
+                    - lowest + 1), lowest=lowest, q_pos=q_pos, k_pos=k_pos)
+            cases += 1
+    assert cases == 12
+    print("ok")
+    """)
+
+
 def test_the_tiles_form_equals_eager_for_every_encoding_it_serves():
     """``forms._tiles_form`` through each encoding whose bias is a table of offsets (FIRE below its threshold)
     and FoX's gates: the output and the gradients of q, k, v and every learned parameter equal float64 eager, at
