@@ -91,18 +91,25 @@ def table(folder: Path) -> str:
 
 
 def main(arguments: list[str]) -> int:
-    """0 when done; 2, with one line on stderr, for a wrong command or family."""
+    """0 when done; 2, with one line on stderr, for a wrong command or family, a ``record`` outside the
+    interpreter or a ``table`` of a folder with no launches."""
     if len(arguments) < 2 or arguments[0] not in ("record", "table"):
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
     folder = Path(arguments[1])
     if arguments[0] == "table":
+        if not any(folder.glob("*.json")):
+            print(f"{folder}: no launches files; run `record` first", file=sys.stderr)
+            return 2
         print(table(folder))
         return 0
     families = [a for a in arguments[2:] if not a.startswith("--")] or list(CANDIDATES)
     unknown = sorted(set(families) - set(CANDIDATES))
     if unknown:
         print(f"unknown family {', '.join(unknown)}: choose from {', '.join(CANDIDATES)}", file=sys.stderr)
+        return 2
+    if not triton_targets.interpreted():
+        print(triton_targets.NOT_INTERPRETED, file=sys.stderr)
         return 2
     record(folder, "--float32" in arguments, 128 if "--wide" in arguments else 64, families)
     return 0

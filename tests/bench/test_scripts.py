@@ -66,3 +66,8 @@ def test_the_tile_sweep_records_each_candidate_at_its_own_sizes(tmp_path):
     result = run("sm90_tiles.py", "record", str(tmp_path), "nope")
     assert result.returncode == 2 and result.stderr.strip() == (
         "unknown family nope: choose from tiles, sticks, lookups, counts"), result.stderr
+    for arguments, message in ((("record", str(tmp_path), "counts"), "set TRITON_INTERPRET=1"),
+                               (("table", str(tmp_path / "empty")), "no launches files; run `record` first")):
+        result = subprocess.run([sys.executable, str(SCRIPTS / "sm90_tiles.py"), *arguments], capture_output=True,
+                                text=True, timeout=300, env={k: v for k, v in env.items() if k != "TRITON_INTERPRET"})
+        assert result.returncode == 2 and message in result.stderr and result.stderr.count("\n") == 1, result.stderr

@@ -89,12 +89,17 @@ def test_the_compile_passes_each_launchs_alignment_marks_and_constants(tmp_path,
     assert any(launch["constants"].get("group") == 1 for launch in recorded)  # one head per key/value head
 
 
-def test_a_wrong_command_or_launches_file_is_one_line_not_a_traceback(tmp_path, capsys):
+def test_a_wrong_command_or_launches_file_is_one_line_not_a_traceback(tmp_path, capsys, monkeypatch):
+    """Each is one line and exit 2: no command, a misspelt one, a missing or truncated launches file, and a record
+    outside the interpreter (Triton's own error there: "0 active drivers", deep in a traceback)."""
     from tests.kernels.triton_targets import main
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
 
     truncated = tmp_path / "launches.json"
     truncated.write_text('[{"module": "posenc.kernels.tiles_jit", "na')
-    for arguments in ([], ["tabel", "x.json"], ["table", str(tmp_path / "missing.json")], ["compile", str(truncated)]):
+    for arguments in ([], ["tabel", "x.json"], ["table", str(tmp_path / "missing.json")], ["compile", str(truncated)],
+                      ["record", str(tmp_path / "launches.json")]):
         assert main(arguments) == 2, arguments
         error = capsys.readouterr().err
         assert error.count("\n") == 1 and "Traceback" not in error, error

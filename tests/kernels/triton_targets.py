@@ -18,6 +18,7 @@ import contextlib
 import importlib
 import inspect
 import json
+import os
 import re
 import subprocess
 import sys
@@ -300,6 +301,13 @@ def tile(constants: dict) -> str:
 USAGE = "usage: python -m tests.kernels.triton_targets record FILE [--all] [--float32] | compile FILE | table FILE..."
 
 
+NOT_INTERPRETED = "record runs the kernels on CPU tensors under Triton's interpreter: set TRITON_INTERPRET=1"
+
+
+def interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def main(arguments: list[str]) -> int:
     """The command line: 0 when it did its work, 1 when a launch failed to compile or did not fit, 2 (one line on
     stderr) for a wrong command or a launches file that is missing or not one ``record`` wrote."""
@@ -307,6 +315,9 @@ def main(arguments: list[str]) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     command, paths = arguments[0], [a for a in arguments[1:] if not a.startswith("--")]
+    if command == "record" and not interpreted():
+        print(NOT_INTERPRETED, file=sys.stderr)
+        return 2
     if command == "record":
         record(paths[0], everything="--all" in arguments, float32="--float32" in arguments)
         return 0
