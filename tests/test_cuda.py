@@ -175,7 +175,8 @@ def test_extend_hf_on_cuda_gives_the_cpus_numbers(tmp_path):
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 2e-5), (torch.bfloat16, 5e-2)])
 @pytest.mark.parametrize("causal", [True, False])
 def test_the_triton_tiles_at_the_gpus_tile_sizes_equal_float64(dtype, tolerance, causal):
-    """``tiles_triton`` at its GPU tiles (128 × 64 forward, 64 × 64 backward) over 1,000 queries of a 1,100-key
+    """``tiles_triton`` at its GPU tiles (``tiles_triton._blocks``: bf16 128 × 64 forward and 64 × 64 backward,
+    64 × 64 at explicit positions; float32 64 × 32 and 32 × 32) over 1,000 queries of a 1,100-key
     cache: an offset table (its gradient by diagonal sums), FoX's token values (causal), grouped-query heads and
     explicit positions, values and gradients against float64 on the CPU."""
     from posenc.kernels.tiles_triton import tiled_attention
@@ -353,7 +354,7 @@ def test_stick_breaking_in_triton_tiles_at_the_gpus_tile_sizes_equals_float64(mo
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 2e-5), (torch.bfloat16, 5e-2)])
 @pytest.mark.parametrize("name, kwargs", [("transformer_xl", {}), ("shaw", {"max_distance": 100})])
 def test_lookups_in_triton_tiles_at_the_gpus_tile_sizes_equal_float64(monkeypatch, dtype, tolerance, name, kwargs):
-    """``lookups_triton`` (64 × 64 tiles) through ``attention(backend="auto")`` with the kernel offered
+    """``lookups_triton`` (64 × 64 tiles in bf16, 32 × 32 in float32) through ``attention(backend="auto")`` with the kernel offered
     (POSENC_LOOKUPS_TRITON=1): Transformer-XL over 1,000 queries of a 1,100-key cache (its lookups form, forced), and
     Shaw over 1,100 tokens with a band of 100 offsets (its band form); values and the gradients of q, k, v and every
     parameter of the encoding against float64 eager on the CPU."""
@@ -391,7 +392,7 @@ def test_lookups_in_triton_tiles_at_the_gpus_tile_sizes_equal_float64(monkeypatc
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 2e-5), (torch.bfloat16, 5e-2)])
 @pytest.mark.parametrize("rows", [16, 64, 1100])
 def test_cope_in_triton_tiles_at_the_gpus_tile_sizes_equals_float64(monkeypatch, dtype, tolerance, rows):
-    """``counts_triton`` (64 × 64 tiles, windows of 64 table rows) over 1,000 queries of a 1,100-key cache, through
+    """``counts_triton`` (32 × 32 tiles, windows of 32 table rows) over 1,000 queries of a 1,100-key cache, through
     ``attention(backend="auto")`` with the kernel offered (POSENC_COUNTS_TRITON=1): values and the gradients of q,
     k, v and the embeddings against float64 eager on the CPU; 16 rows fill every count within a tile or two, 1,100
     (one per key, as the tiny LM builds CoPE) never fill."""

@@ -52,7 +52,11 @@ def use(family: str, setting) -> None:
 
     if family in ("tiles", "sticks"):
         module = tiles_triton if family == "tiles" else sticks_triton
-        module._blocks = lambda *_: tiles_triton.Tiles(*setting) if family == "tiles" else setting
+        if family == "sticks":
+            module._blocks = lambda *_: setting
+        else:  # two stages beyond a head width of 64, as the rule takes them
+            tiles = tiles_triton.Tiles(*setting)
+            module._blocks = lambda q, *_: tiles._replace(stages=2) if q.shape[-1] > 64 else tiles
         return
     module = lookups_triton if family == "lookups" else counts_triton
     rule = getattr(module, "_gpu_rule", module._sizes)
@@ -83,7 +87,7 @@ def table(folder: Path) -> str:
             constants = ", ".join(f"{key}={result['constants'][key]}" for key in triton_targets.TELLING
                                   if key in result["constants"] and key not in ("HEAD_DIM", "DOT"))
             shared = "" if result["shared"] is None else round(result["shared"] / 1024)
-            error = (result["error"] or "").splitlines()[0][:60] if result["error"] else ""
+            error = result["error"].splitlines()[0][:60].replace("|", "/") if result["error"] else ""
             lines.append(f"| {path.stem} | {result['name']} | {constants} | {result['registers'] or ''} | "
                          f"{'' if result['stack'] is None else result['stack']} | {shared} | {error} |")
             print(lines[-1], file=sys.stderr, flush=True)

@@ -51,6 +51,7 @@ def test_the_tile_sweep_records_each_candidate_at_its_own_sizes(tmp_path):
     import json
     import os
 
+    pytest.importorskip("triton", reason="needs triton (the test extra)")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     result = subprocess.run([sys.executable, str(SCRIPTS / "sm90_tiles.py"), "record", str(tmp_path), "counts"],
                             capture_output=True, text=True, timeout=600, env=env)

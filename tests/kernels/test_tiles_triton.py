@@ -130,9 +130,9 @@ def test_tiles_equal_float64_at_explicit_positions():
 
 def test_tiles_equal_float64_whatever_their_sizes_on_a_gpu():
     """The tiles a GPU takes differ from the interpreter's square 16 × 16: forward tiles twice as tall as wide
-    (``TIMED``'s 128 × 64, float32's 64 × 32) with a smaller backward tile, and wider than tall. Each shape here,
-    causal (a KV-cache step among them) and bidirectional, contiguous and at explicit positions, crosses several
-    tiles of every size and their diagonals."""
+    (``TIMED``'s 128 × 64 and float32's 64 × 32, each with a backward tile of the forward's width), and wider than
+    tall. Each shape here, causal (a KV-cache step among them) and bidirectional, contiguous and at explicit
+    positions, crosses several tiles of every size and their diagonals."""
     _run("""
     from posenc.kernels import tiles_triton
 

@@ -179,18 +179,26 @@ class Tiles(NamedTuple):
 
 #: under the interpreter: small tiles, so a test at a few dozen tokens crosses tiles
 INTERPRETED = Tiles(16, 16, 1, 16, 1, 1)
-#: on an H200 (bf16, Dh 64, 16,384 tokens, the formulas, tables and token values at contiguous positions) the fastest
-#: of four settings (benchmarks/h200/h200-tiles-first.log); halving the backward's tile made it 2.4× slower there
+#: on an H200 (bf16, Dh 64, 16,384 tokens; no term, a fixed and a learned table, token values, at contiguous
+#: positions) the fastest of four settings (benchmarks/h200/h200-tiles-first.log); halving the backward's tile made
+#: it 2.4× slower there
 TIMED = Tiles(128, 64, 4, 64, 4, 3)
-#: not timed: FIRE, positions given explicitly, head widths over 64 in bf16/fp16. Compiled for sm_90 (Triton 3.6,
-#: ``benchmarks/scripts/sm90_tiles.py``, bf16) no forward spills a register at widths 64 and 128 (with ``TIMED``'s
-#: tiles FIRE's spilled 1,112 bytes per thread, explicit positions' 1,136); the backward keeps its 64 × 64 tile
-#: with twice the warps (FIRE's queries' backward still spills 704 bytes at width 64, 1,392 at 128)
+#: not timed: head widths over 64 in bf16/fp16, where 4 warps spill (the same tiles as the first lend's fastest;
+#: compiled for sm_90 by Triton 3.6 no forward of the kinds ``TIMED`` serves spills, the keys' backward up to 312
+#: bytes per thread)
+WIDE = Tiles(128, 64, 8, 64, 8, 2)
+#: not timed: FIRE and positions given explicitly. Compiled for sm_90 (Triton 3.6,
+#: ``benchmarks/scripts/sm90_tiles.py``, bf16) their forwards spill nothing at widths 64 and 128 (128 × 64 with 8
+#: warps: FIRE's 16 and 176 bytes per thread; explicit positions' 1,136 at width 64 with 4 warps, 176 at 128 with
+#: 8); the backward keeps its 64 × 64 tile with 8 warps (FIRE's queries' backward still spills 704 bytes at width
+#: 64, 1,392 at 128: its parameters' gradient)
 UNTIMED = Tiles(64, 64, 8, 64, 8, 3)
 #: not timed: float32, whose exact products run on the CUDA cores, each thread holding its rows and columns of both
 #: operands. With ``TIMED`` most programs spilled 2–21 KB per thread (ALiBi's keys' backward kept 32 registers and
-#: 15,328 bytes of stack); with these none spills but a table's forward (176–184 bytes; 1,496 at explicit positions)
-FLOAT32 = Tiles(64, 32, 8, 16, 8, 3)
+#: 15,328 bytes of stack); with these the formulas, FIRE and token values spill at most 56, the tables' keys'
+#: backward 248–1,144 and their forward 176–1,496. A 16 × 16 backward spills nothing, but a quarter tile is four
+#: times the programs and the table's atomic adds; half of it cost 2.4× in bf16
+FLOAT32 = Tiles(64, 32, 8, 32, 8, 3)
 
 
 def _blocks(q: Tensor, kind: int, contiguous: bool) -> Tiles:
@@ -199,9 +207,11 @@ def _blocks(q: Tensor, kind: int, contiguous: bool) -> Tiles:
     if q.device.type == "cpu":
         return INTERPRETED
     wide = q.shape[-1] > 64
-    tiles = FLOAT32 if q.dtype == torch.float32 else (
-        TIMED if not wide and contiguous and kind != tiles_jit.FIRE else UNTIMED)
-    return tiles._replace(stages=2) if wide else tiles
+    if q.dtype == torch.float32:
+        return FLOAT32._replace(stages=2) if wide else FLOAT32
+    if not contiguous or kind == tiles_jit.FIRE:
+        return UNTIMED._replace(stages=2) if wide else UNTIMED
+    return WIDE if wide else TIMED
 
 
 def product_kind(q: Tensor) -> int:
