@@ -50,13 +50,12 @@ def use(family: str, setting) -> None:
     """Makes the family's size rule answer ``setting`` (on top of ``triton_targets.gpu_sizes``)."""
     from posenc.kernels import counts_triton, lookups_triton, sticks_triton, tiles_triton
 
-    if family in ("tiles", "sticks"):
-        module = tiles_triton if family == "tiles" else sticks_triton
-        if family == "sticks":
-            module._blocks = lambda *_: setting
-        else:  # two stages beyond a head width of 64, as the rule takes them
-            tiles = tiles_triton.Tiles(*setting)
-            module._blocks = lambda q, *_: tiles._replace(stages=2) if q.shape[-1] > 64 else tiles
+    if family == "sticks":
+        sticks_triton._blocks = lambda *_: setting
+        return
+    if family == "tiles":  # every setting the rule picks from; it takes two stages beyond a head width of 64
+        for name in ("TIMED", "WIDE", "UNTIMED", "FLOAT32"):
+            setattr(tiles_triton, name, tiles_triton.Tiles(*setting))
         return
     module = lookups_triton if family == "lookups" else counts_triton
     rule = getattr(module, "_gpu_rule", module._sizes)
@@ -80,16 +79,12 @@ def record(folder: Path, float32: bool, width: int, families: list[str]) -> None
 
 
 def table(folder: Path) -> str:
-    lines = ["| file | program | constants | registers | stack bytes | shared KiB | error |",
-             "| --- | --- | --- | ---: | ---: | ---: | --- |"]
+    """Each launches file compiled, a row per program (``triton_targets.row``) after the file's name."""
+    header = [f"| file {line}" if line.startswith("| program") else f"| --- {line}" for line in triton_targets.HEADER]
+    lines = list(header)
     for path in sorted(folder.glob("*.json")):
         for result in triton_targets.compile_all(str(path)):
-            constants = ", ".join(f"{key}={result['constants'][key]}" for key in triton_targets.TELLING
-                                  if key in result["constants"] and key not in ("HEAD_DIM", "DOT"))
-            shared = "" if result["shared"] is None else round(result["shared"] / 1024)
-            error = result["error"].splitlines()[0][:60].replace("|", "/") if result["error"] else ""
-            lines.append(f"| {path.stem} | {result['name']} | {constants} | {result['registers'] or ''} | "
-                         f"{'' if result['stack'] is None else result['stack']} | {shared} | {error} |")
+            lines.append(f"| {path.stem} {triton_targets.row(result)}")
             print(lines[-1], file=sys.stderr, flush=True)
     return "\n".join(lines)
 

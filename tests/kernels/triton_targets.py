@@ -272,23 +272,28 @@ def table(paths: list[str]) -> tuple[str, bool]:
     import triton
 
     lines = [f"Compiled for sm_90 by Triton {triton.__version__}, no GPU. Stack: the local memory a thread needs, "
-             "where ptxas puts the registers that did not fit (spilled).", "",
-             "| program | constants | tile | warps | stages | registers | stack bytes | shared KiB | error |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "where ptxas puts the registers that did not fit (spilled).", "", *HEADER]
     fine = True
     for path in paths:
         for result in compile_all(path):
-            constants = ", ".join(f"{key}={result['constants'][key]}" for key in TELLING
-                                  if key in result["constants"])
-            shared = result["shared"]
-            fine = fine and result["error"] is None and shared <= SHARED_BYTES
-            error = result["error"].splitlines()[0][:80].replace("|", "/") if result["error"] else ""
-            lines.append(f"| {result['name']} | {constants} | {tile(result['constants'])} | "
-                         f"{result.get('num_warps', '')} | "
-                         f"{result.get('num_stages', '')} | {result['registers'] or ''} | "
-                         f"{'' if result['stack'] is None else result['stack']} | "
-                         f"{'' if shared is None else round(shared / 1024)} | {error} |")
+            fine = fine and result["error"] is None and result["shared"] <= SHARED_BYTES
+            lines.append(row(result))
     return "\n".join(lines), fine
+
+
+HEADER = ("| program | constants | tile | warps | stages | registers | stack bytes | shared KiB | error |",
+          "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |")
+
+
+def row(result: dict) -> str:
+    """One compiled launch as a row of ``HEADER``."""
+    constants = ", ".join(f"{key}={result['constants'][key]}" for key in TELLING if key in result["constants"])
+    shared = result["shared"]
+    error = result["error"].splitlines()[0][:80].replace("|", "/") if result["error"] else ""
+    return (f"| {result['name']} | {constants} | {tile(result['constants'])} | {result.get('num_warps', '')} | "
+            f"{result.get('num_stages', '')} | {result['registers'] or ''} | "
+            f"{'' if result['stack'] is None else result['stack']} | "
+            f"{'' if shared is None else round(shared / 1024)} | {error} |")
 
 
 def tile(constants: dict) -> str:

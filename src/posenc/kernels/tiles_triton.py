@@ -186,7 +186,7 @@ TIMED = Tiles(128, 64, 4, 64, 4, 3)
 #: not timed: head widths over 64 in bf16/fp16, where 4 warps spill (the same tiles as the first lend's fastest;
 #: compiled for sm_90 by Triton 3.6 no forward of the kinds ``TIMED`` serves spills, the keys' backward up to 312
 #: bytes per thread)
-WIDE = Tiles(128, 64, 8, 64, 8, 2)
+WIDE = Tiles(128, 64, 8, 64, 8, 3)
 #: not timed: FIRE and positions given explicitly. Compiled for sm_90 (Triton 3.6,
 #: ``benchmarks/scripts/sm90_tiles.py``, bf16) their forwards spill nothing at widths 64 and 128 (128 × 64 with 8
 #: warps: FIRE's 16 and 176 bytes per thread; explicit positions' 1,136 at width 64 with 4 warps, 176 at 128 with
@@ -208,10 +208,12 @@ def _blocks(q: Tensor, kind: int, contiguous: bool) -> Tiles:
         return INTERPRETED
     wide = q.shape[-1] > 64
     if q.dtype == torch.float32:
-        return FLOAT32._replace(stages=2) if wide else FLOAT32
-    if not contiguous or kind == tiles_jit.FIRE:
-        return UNTIMED._replace(stages=2) if wide else UNTIMED
-    return WIDE if wide else TIMED
+        tiles = FLOAT32
+    elif not contiguous or kind == tiles_jit.FIRE:
+        tiles = UNTIMED
+    else:
+        tiles = WIDE if wide else TIMED
+    return tiles._replace(stages=2) if wide else tiles
 
 
 def product_kind(q: Tensor) -> int:
