@@ -69,7 +69,7 @@ def run_folder(args: argparse.Namespace) -> Path:
     """--out, or runs/<the command's name for a new run>; --resume needs --out."""
     if args.resume and args.out is None:
         raise ValueError("--resume needs --out: the run directory to continue")
-    return args.out or Path("runs") / time.strftime(args.run_folder.format_map(vars(args)))
+    return args.out or Path("runs") / time.strftime(args.run_folder.format_map(vars(args)), time.localtime())
 
 
 def check_widenings(args: argparse.Namespace) -> None:
