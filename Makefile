@@ -50,14 +50,17 @@ hand-mutants: $(VENV)/.installed-test
 
 # Every Triton program compiled for an H100/H200 (sm_90) by the Triton a lent GPU has (GPU_TRITON), without a GPU:
 # the suite compiles with its own Triton, which accepted CoPE's kernels where 3.6 failed. Prints each launch's
-# registers, stack (spilled) bytes and shared memory (bf16, then float32); fails on an error or a block past 227 KiB.
-# About 5 minutes on 2 cores.
+# registers, stack (spilled) bytes and shared memory (bf16, then float32) at every head width where a size rule
+# changes (8 is held in blocks of 16; 256 and float32's 128 take smaller tiles); fails on an error or a block past
+# 227 KiB. About 15 minutes on 2 cores.
 GPU_TRITON ?= 3.6.0
 GPU_TRITON_DIR := .triton-$(GPU_TRITON)
 gpu-compile: $(VENV)/.installed-test
 	test -d $(GPU_TRITON_DIR)/triton || $(PIP) install --no-deps --target $(GPU_TRITON_DIR) triton==$(GPU_TRITON)
-	TRITON_INTERPRET=1 $(PY) -m tests.kernels.triton_targets record $(GPU_TRITON_DIR)/bf16.json --all
-	TRITON_INTERPRET=1 $(PY) -m tests.kernels.triton_targets record $(GPU_TRITON_DIR)/float32.json --all --float32
+	TRITON_INTERPRET=1 $(PY) -m tests.kernels.triton_targets record $(GPU_TRITON_DIR)/bf16.json --all \
+		--widths 8,64,128,256
+	TRITON_INTERPRET=1 $(PY) -m tests.kernels.triton_targets record $(GPU_TRITON_DIR)/float32.json --all --float32 \
+		--widths 64,128
 	TRITON_DEFAULT_FP_FUSION=1 PYTHONPATH=$(GPU_TRITON_DIR) $(PY) -m tests.kernels.triton_targets table \
 		$(GPU_TRITON_DIR)/bf16.json $(GPU_TRITON_DIR)/float32.json
 

@@ -3,11 +3,11 @@ setting of a kernel's size rule is recorded under the interpreter and compiled f
 compiles (``tests/kernels/triton_targets``), and each program's registers, spilled bytes and shared memory printed.
 A static guide for settings no GPU has timed; it says nothing of speed beyond what spills cost.
 
-    TRITON_INTERPRET=1 python3 benchmarks/scripts/sm90_tiles.py record DIR [--float32] [--wide] [FAMILY...]
+    TRITON_INTERPRET=1 python3 benchmarks/scripts/sm90_tiles.py record DIR [--float32] [--width N] [FAMILY...]
     PYTHONPATH=.triton-3.6.0 python3 benchmarks/scripts/sm90_tiles.py table DIR
 
 ``record`` writes DIR/<dtype>-<width>-<family>-<setting>.json per candidate (bfloat16, or float32, at head width
-64, or 128 with ``--wide``);
+64, or N);
 ``table`` compiles them all (the GPU's Triton on PYTHONPATH, as ``make gpu-compile`` installs it) and prints one
 Markdown row per program and setting. FAMILY: tiles, sticks, lookups, counts (all when none is named).
 """
@@ -102,7 +102,15 @@ def main(arguments: list[str]) -> int:
             return 2
         print(table(folder))
         return 0
-    families = [a for a in arguments[2:] if not a.startswith("--")] or list(CANDIDATES)
+    width, rest = 64, arguments[2:]
+    if "--width" in rest:
+        at = rest.index("--width")
+        value = rest[at + 1] if at + 1 < len(rest) else ""
+        if not value.isdigit() or not 8 <= int(value) <= 256:
+            print(f"--width must be a head width from 8 to 256, got {value!r}", file=sys.stderr)
+            return 2
+        width, rest = int(value), rest[:at] + rest[at + 2:]
+    families = [a for a in rest if not a.startswith("--")] or list(CANDIDATES)
     unknown = sorted(set(families) - set(CANDIDATES))
     if unknown:
         print(f"unknown family {', '.join(unknown)}: choose from {', '.join(CANDIDATES)}", file=sys.stderr)
@@ -110,7 +118,7 @@ def main(arguments: list[str]) -> int:
     if not triton_targets.interpreted():
         print(triton_targets.NOT_INTERPRETED, file=sys.stderr)
         return 2
-    record(folder, "--float32" in arguments, 128 if "--wide" in arguments else 64, families)
+    record(folder, "--float32" in arguments, width, families)
     return 0
 
 

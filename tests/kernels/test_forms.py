@@ -95,6 +95,21 @@ def test_a_gpu_offers_cope_its_triton_counts_alone_once_they_are_offered(monkeyp
     assert forms.score_forms(q, at, True, None, True) == {"mask": forms._mask_form}
 
 
+@pytest.mark.skipif(not triton_available(), reason="needs triton (the test extra)")
+def test_a_gpu_runs_a_bias_in_its_tiles_at_head_widths_they_fit():
+    """``tiles_serve`` for ALiBi and FoX on a GPU: up to head width 256 in bf16 and 128 in float32, where the
+    tiles fit an H100's shared memory (compiled for sm_90); wider heads are left to the other forms."""
+    from tests.kernels.interpreted import gpu_tensor
+
+    alibi = posenc.build("alibi", num_heads=1).at(*own_positions(16, 16), contiguous=True)
+    fox = posenc.build("fox", dim=8, num_heads=1).at(*own_positions(16, 16), contiguous=True)
+    for at in (alibi, fox.with_gates(torch.zeros(1, 1, 16))):
+        name = type(at.encoding).__name__
+        for dtype, widest in ((torch.bfloat16, 256), (torch.float16, 256), (torch.float32, 128)):
+            assert forms.tiles_serve(gpu_tensor(dtype, widest), at, True), (name, dtype)
+            assert not forms.tiles_serve(gpu_tensor(dtype, widest + 1), at, True), (name, dtype)
+
+
 @pytest.mark.skipif(offset_lookup.extension() is None, reason="no C++ toolchain to build the kernels")
 def test_transformer_xl_is_offered_its_lookups_and_channels_and_never_the_mask():
     """Content-position logits as a mask would keep a (B, H, Tq, Tk) tensor for the backward: where the channels

@@ -64,7 +64,9 @@ def test_stick_breaking_tiles_equal_float64_values_and_gradients():
     assert run_interpreted(CHECK).strip().endswith("ok")
 
 
-def test_a_gpu_is_offered_the_kernel_only_once_checked_there_or_asked(monkeypatch):
+def test_a_gpu_is_offered_the_kernel_only_once_checked_there_or_asked_and_where_its_tiles_fit(monkeypatch):
+    """Up to head width 256 in bf16 and 128 in float32, where its 32 × 32 tiles fit (its 64 × 64 asked for 320 KiB
+    of shared memory at 256)."""
     from posenc.kernels import sticks_triton, tiles_triton
 
     monkeypatch.delenv("POSENC_STICKS_TRITON", raising=False)
@@ -76,6 +78,9 @@ def test_a_gpu_is_offered_the_kernel_only_once_checked_there_or_asked(monkeypatc
     monkeypatch.delenv("POSENC_STICKS_TRITON")
     monkeypatch.setattr(sticks_triton, "CHECKED_ON_GPU", True)
     assert sticks_triton.offered(gpu_tensor())
+    assert sticks_triton.offered(gpu_tensor(width=256)) and not sticks_triton.offered(gpu_tensor(width=257))
+    assert sticks_triton.offered(gpu_tensor(torch.float32, 128))
+    assert not sticks_triton.offered(gpu_tensor(torch.float32, 129))
 
 
 def test_the_kernel_refuses_shapes_it_cannot_serve_in_one_line():

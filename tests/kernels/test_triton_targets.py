@@ -47,6 +47,26 @@ def test_every_kernel_not_yet_run_on_a_gpu_compiles_for_sm90_within_its_shared_m
     assert all({"Q", "K", "V"} <= set(launch["divisible"]) for launch in recorded), "q, k, v are 16-byte aligned"
 
 
+def test_the_kernels_not_yet_run_on_a_gpu_compile_at_the_narrowest_and_widest_heads_they_take(tmp_path):
+    """Head width 8, held in blocks of 16 (a GPU's ``tl.dot`` takes no narrower operand: the bias tiles of width 8
+    failed to compile for sm_90), and 256 in bf16, where stick-breaking's 64 × 64 tiles asked for 320 KiB of
+    shared memory (its 32 × 32 fit in 112); Transformer-XL's and CoPE's tiles are not offered there."""
+    from tests.kernels.triton_targets import SHARED_BYTES, unchecked
+
+    launches = tmp_path / "launches.json"
+    run("record", str(launches), "--widths", "8,256", interpreted=True)
+    results = json.loads(run("compile", str(launches), interpreted=False))
+    assert not [(r["name"], r["error"]) for r in results if r["error"]]
+    assert not [(r["name"], r["shared"]) for r in results if r["shared"] > SHARED_BYTES]
+    recorded = json.loads(launches.read_text())
+    families = {family for family, _ in unchecked()}
+    widths = {(launch["module"].rsplit(".", 1)[-1], launch["constants"]["HEAD_DIM"]) for launch in recorded}
+    assert {("sticks_triton", 256), ("sticks_triton", 8)} <= widths or "sticks" not in families
+    assert ("tiles_jit", 256) in widths or "tiles" not in families
+    assert not {("lookups_triton", 256), ("counts_triton", 256)} & widths
+    assert all(launch["constants"]["BLOCK_D"] == 16 for launch in recorded if launch["constants"]["HEAD_DIM"] == 8)
+
+
 def test_launches_are_specialized_as_a_gpus_jit_specializes_them():
     """Compiled without the JIT's specialization, CoPE's kernels passed where the GPU's Triton 3.6 fails on them:
     its pipeliner breaks once k's rows are known to be 16-byte aligned."""
@@ -99,7 +119,8 @@ def test_a_wrong_command_or_launches_file_is_one_line_not_a_traceback(tmp_path, 
     truncated = tmp_path / "launches.json"
     truncated.write_text('[{"module": "posenc.kernels.tiles_jit", "na')
     for arguments in ([], ["tabel", "x.json"], ["table", str(tmp_path / "missing.json")], ["compile", str(truncated)],
-                      ["record", str(tmp_path / "launches.json")]):
+                      ["record", str(tmp_path / "launches.json")], ["record", "x.json", "--widths", "8,wide"],
+                      ["record", "x.json", "--widths"], ["record", "x.json", "--widths", "0"]):
         assert main(arguments) == 2, arguments
         error = capsys.readouterr().err
         assert error.count("\n") == 1 and "Traceback" not in error, error

@@ -4,12 +4,12 @@ each is compiled to a cubin by Triton's own compiler and ptxas, as the first cal
 
 The interpreter runs the programs' Python; it cannot show that Triton's compiler accepts them (a branch whose
 values differ in type, a gather in a layout it cannot lower) or that their tiles fit the GPU's shared memory. This
-does, without a lend. Run as ``python -m tests.kernels.triton_targets record FILE [--all] [--float32]`` under
-TRITON_INTERPRET=1, then ``python -m tests.kernels.triton_targets compile FILE`` (JSON) or ``table FILE...``
-(Markdown, with each program's registers and spills) without it (one process cannot do both: the interpreter is
-chosen when Triton is imported); ``make gpu-compile`` does both with the GPU's own Triton version. ``--float32``
-records float32 at head width 64, the widest float32 the kernels are offered at; compiling it takes about 4 minutes
-on two cores, so the suite leaves it out.
+does, without a lend. Run as ``python -m tests.kernels.triton_targets record FILE [--all] [--float32] [--widths
+W,...]`` under TRITON_INTERPRET=1, then ``python -m tests.kernels.triton_targets compile FILE`` (JSON) or ``table
+FILE...`` (Markdown, with each program's registers and spills) without it (one process cannot do both: the
+interpreter is chosen when Triton is imported); ``make gpu-compile`` does both with the GPU's own Triton version,
+at every head width where a kernel's size rule changes. ``--float32`` records float32 (at width 64 unless
+``--widths``); compiling it takes about 4 minutes on two cores, so the suite leaves it out.
 """
 
 from __future__ import annotations
@@ -105,18 +105,32 @@ def recording():
         InterpretedFunction.run = run
 
 
-def record(path: str, everything: bool = False, float32: bool = False) -> None:
-    """Runs forward and backward of the Triton entry points in bfloat16 (head widths 64 and 128), or in float32 at
-    width 64, and writes each distinct launch (``recording``). Only the kernels not yet run on a GPU (``unchecked``)
-    unless ``everything``."""
+def record(path: str, everything: bool = False, float32: bool = False, widths: tuple[int, ...] = ()) -> None:
+    """Runs forward and backward of the Triton entry points in bfloat16 or float32 at each head width of ``widths``
+    (by default 64 and 128 in bfloat16, 64 in float32) where ``forms`` offers the kernel (``offered_at``), and
+    writes each distinct launch (``recording``). Only the kernels not yet run on a GPU (``unchecked``) unless
+    ``everything``."""
     gpu_sizes()
+    dtype = torch.float32 if float32 else torch.bfloat16
     with recording() as launches:
-        for width in (64,) if float32 else (64, 128):
-            for entry in ENTRIES.values() if everything else unchecked():
-                torch.manual_seed(0)
-                entry(width, torch.float32 if float32 else torch.bfloat16)
+        for width in widths or ((64,) if float32 else (64, 128)):
+            for family, entry in ENTRIES.items() if everything else unchecked():
+                if offered_at(family, width, dtype):
+                    torch.manual_seed(0)
+                    entry(width, dtype)
     with open(path, "w") as file:
         json.dump(list(launches.values()), file)
+
+
+def offered_at(family: str, width: int, dtype: torch.dtype) -> bool:
+    """Whether the family's kernel is offered at this head width and dtype: within the widest its tiles fit a GPU's
+    shared memory at (the module's ``WIDEST``; RoPE's rows are not tiled by the head)."""
+    if family == "rope":
+        return True
+    from posenc.kernels.tiles_triton import fits_shared_memory
+
+    module = importlib.import_module(f"posenc.kernels.{family}_triton")
+    return fits_shared_memory(torch.empty(0, width, dtype=dtype), module.WIDEST)
 
 
 HEADS, LENGTH = 4, 80
@@ -208,14 +222,14 @@ def _rope(width: int, dtype: torch.dtype) -> None:
 ENTRIES = {"tiles": _tiles, "sticks": _sticks, "lookups": _lookups, "counts": _counts, "rope": _rope}
 
 
-def unchecked() -> list:
-    """The entries of the kernels (and tile formulas) whose CUDA tests have not yet passed on a GPU."""
+def unchecked() -> list[tuple[str, object]]:
+    """(family, entry) of the kernels (and tile formulas) whose CUDA tests have not yet passed on a GPU."""
     from posenc.kernels import counts_triton, lookups_triton, sticks_triton, tiles_triton
 
-    entries = [ENTRIES[name] for name, module in (("sticks", sticks_triton), ("lookups", lookups_triton),
-                                                  ("counts", counts_triton)) if not module.CHECKED_ON_GPU]
+    entries = [(name, ENTRIES[name]) for name, module in (("sticks", sticks_triton), ("lookups", lookups_triton),
+                                                          ("counts", counts_triton)) if not module.CHECKED_ON_GPU]
     kinds = tuple(kind for kind in tiles_triton.FORMULAS if kind not in tiles_triton.CHECKED_ON_GPU)
-    return entries + ([lambda width, dtype: _tiles(width, dtype, kinds)] if kinds else [])
+    return entries + ([("tiles", lambda width, dtype: _tiles(width, dtype, kinds))] if kinds else [])
 
 
 def compile_all(path: str) -> list[dict]:
@@ -303,7 +317,8 @@ def tile(constants: dict) -> str:
     return "" if rows is None else f"{rows}×{columns}"
 
 
-USAGE = "usage: python -m tests.kernels.triton_targets record FILE [--all] [--float32] | compile FILE | table FILE..."
+USAGE = ("usage: python -m tests.kernels.triton_targets record FILE [--all] [--float32] [--widths W,...] | "
+         "compile FILE | table FILE...")
 
 
 NOT_INTERPRETED = "record runs the kernels on CPU tensors under Triton's interpreter: set TRITON_INTERPRET=1"
@@ -313,18 +328,35 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def widths_argument(arguments: list[str]) -> tuple[tuple[int, ...] | None, list[str]]:
+    """(the head widths of ``--widths W,...``, () without it, None after printing one line for a bad value; the
+    other arguments)."""
+    if "--widths" not in arguments:
+        return (), arguments
+    at = arguments.index("--widths")
+    value = arguments[at + 1] if at + 1 < len(arguments) else ""
+    widths = tuple(int(w) for w in value.split(",") if w.isdigit())
+    if not widths or len(widths) != len(value.split(",")) or not all(1 <= w <= 512 for w in widths):
+        print(f"--widths must be head widths from 1 to 512, separated by commas, got {value!r}", file=sys.stderr)
+        return None, arguments
+    return widths, arguments[:at] + arguments[at + 2:]
+
+
 def main(arguments: list[str]) -> int:
     """The command line: 0 when it did its work, 1 when a launch failed to compile or did not fit, 2 (one line on
     stderr) for a wrong command or a launches file that is missing or not one ``record`` wrote."""
     if len(arguments) < 2 or arguments[0] not in ("record", "compile", "table"):
         print(USAGE, file=sys.stderr)
         return 2
+    widths, arguments = widths_argument(arguments)
+    if widths is None:
+        return 2
     command, paths = arguments[0], [a for a in arguments[1:] if not a.startswith("--")]
     if command == "record" and not interpreted():
         print(NOT_INTERPRETED, file=sys.stderr)
         return 2
     if command == "record":
-        record(paths[0], everything="--all" in arguments, float32="--float32" in arguments)
+        record(paths[0], everything="--all" in arguments, float32="--float32" in arguments, widths=widths)
         return 0
     for path in paths:
         try:

@@ -34,18 +34,19 @@ from torch import Tensor
 
 from .count_windows_triton import looked_up, to_table
 from .tiles_terms import along, dot, program_tile
-from .tiles_triton import (LOG2E, check_own_positions, fits_shared_memory, last_unit, offered_once_checked,
-                           product_kind)
+from .tiles_triton import LOG2E, check_own_positions, last_unit, offered_once_checked, product_kind, widths
 
 #: whether a GPU has run this kernel's CUDA tests; until then ``forms`` offers it on a GPU only where
 #: POSENC_COUNTS_TRITON=1 (``benchmarks/scripts/gpu.sh`` sets it)
 CHECKED_ON_GPU = False
+#: the widest heads (bf16/fp16, float32) whose tiles fit an H100's shared memory, compiled for sm_90: float32 at
+#: 128 and any dtype at 256 did not fit
+WIDEST = (128, 64)
 
 
 def offered(q: Tensor) -> bool:
-    """Whether ``forms`` offers this kernel for q (``tiles_triton.offered_once_checked``): at head widths whose
-    tiles fit (``tiles_triton.fits_shared_memory``), with a table of any size."""
-    return fits_shared_memory(q) and offered_once_checked(q, CHECKED_ON_GPU, "POSENC_COUNTS_TRITON")
+    """Whether ``forms`` offers this kernel for q (``tiles_triton.offered_once_checked``), with a table of any size."""
+    return offered_once_checked(q, CHECKED_ON_GPU, "POSENC_COUNTS_TRITON", WIDEST)
 
 
 def counts_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, *, scale: float, gate_scale: float) -> Tensor:
@@ -282,9 +283,7 @@ def _sizes(q: Tensor, v: Tensor) -> dict:
     key tiles' loop, which holds the windows' loop, once it knows k's rows are 16-byte aligned, as on every GPU
     launch (3.9 compiles it)."""
     block, warps = (16, 1) if q.device.type == "cpu" else (32, 8)
-    return dict(HEAD_DIM=q.shape[-1], VALUE_DIM=v.shape[-1], BLOCK_D=max(16, triton.next_power_of_2(q.shape[-1])),
-                BLOCK_DV=max(16, triton.next_power_of_2(v.shape[-1])), BLOCK=block, DOT=product_kind(q),
-                num_warps=warps, num_stages=1)
+    return dict(**widths(q, v.shape[-1]), BLOCK=block, DOT=product_kind(q), num_warps=warps, num_stages=1)
 
 
 class _CountsAttention(torch.autograd.Function):

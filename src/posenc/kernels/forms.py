@@ -100,12 +100,15 @@ def gpu_score_forms(q: Tensor, at, causal: bool, mask: Tensor | None, plain_caus
 
 
 def tiles_serve(q: Tensor, at, causal: bool) -> bool:
-    """Whether ``tiles_triton`` runs these score terms on q's device: Triton there, and a bias of offsets at any
-    positions (a formula, or ``PositionedEncoding.spanning_offset_table``) or FoX's token values at the model's own
-    positions."""
+    """Whether ``tiles_triton`` runs these score terms on q's device: Triton there, at a head width its tiles fit,
+    and a bias of offsets at any positions (a formula, or ``PositionedEncoding.spanning_offset_table``) or FoX's
+    token values at the model's own positions."""
     encoding = at.encoding
     if not encoding.has_bias or encoding.has_relative_logits or encoding.has_relative_values or (
-            not triton_available()) or not tiles_triton().serves(q):
+            not triton_available()):
+        return False
+    kernel = tiles_triton()
+    if not kernel.serves(q) or not kernel.fits_shared_memory(q, kernel.WIDEST):
         return False
     if encoding.has_token_gates:
         return causal and at.contiguous and at.log_forget is not None

@@ -33,18 +33,19 @@ from torch import Tensor
 
 from .offset_lookup import check_lookup_terms
 from .tiles_terms import along, dot, program_tile
-from .tiles_triton import (LOG2E, check_own_positions, fits_shared_memory, last_unit, offered_once_checked,
-                           product_kind)
+from .tiles_triton import LOG2E, check_own_positions, last_unit, offered_once_checked, product_kind, widths
 
 #: whether a GPU has run this kernel's CUDA tests; until then ``forms`` offers it on a GPU only where
 #: POSENC_LOOKUPS_TRITON=1 (``benchmarks/scripts/gpu.sh`` sets it)
 CHECKED_ON_GPU = False
+#: the widest heads (bf16/fp16, float32) whose tiles fit an H100's shared memory, compiled for sm_90: float32 at
+#: 128 and any dtype at 256 did not fit
+WIDEST = (128, 64)
 
 
 def offered(q: Tensor) -> bool:
-    """Whether ``forms`` offers this kernel for q (``tiles_triton.offered_once_checked``), at head widths whose
-    tiles fit (``tiles_triton.fits_shared_memory``)."""
-    return fits_shared_memory(q) and offered_once_checked(q, CHECKED_ON_GPU, "POSENC_LOOKUPS_TRITON")
+    """Whether ``forms`` offers this kernel for q (``tiles_triton.offered_once_checked``)."""
+    return offered_once_checked(q, CHECKED_ON_GPU, "POSENC_LOOKUPS_TRITON", WIDEST)
 
 
 def lookup_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, *, content_shift: Tensor | None = None,
@@ -316,8 +317,7 @@ def _sizes(q: Tensor, v: Tensor, has_values: bool) -> dict:
     0 / 96 at bf16 width 128 and 32 / 1,408 in float32. With 4 warps everything spilled more."""
     cpu = q.device.type == "cpu"
     small = q.dtype == torch.float32 or max(q.shape[-1], v.shape[-1]) > 64
-    return dict(HEAD_DIM=q.shape[-1], VALUE_DIM=v.shape[-1], BLOCK_D=max(16, triton.next_power_of_2(q.shape[-1])),
-                BLOCK_DV=max(16, triton.next_power_of_2(v.shape[-1])), BLOCK=16 if cpu else 32 if small else 64,
+    return dict(**widths(q, v.shape[-1]), BLOCK=16 if cpu else 32 if small else 64,
                 HAS_VALUES=has_values, DOT=product_kind(q), num_warps=1 if cpu else 8, num_stages=1 if cpu else 2)
 
 

@@ -29,15 +29,17 @@ import triton.language as tl
 from torch import Tensor
 
 from .tiles_terms import along, dot, program_tile
-from .tiles_triton import check_own_positions, last_unit, offered_once_checked, product_kind
+from .tiles_triton import check_own_positions, last_unit, offered_once_checked, product_kind, widths
 #: whether a GPU has run this kernel's CUDA tests; until then ``forms`` offers it on a GPU only where
 #: POSENC_STICKS_TRITON=1 (``benchmarks/scripts/gpu.sh`` sets it), and stick-breaking there computes as eager does
 CHECKED_ON_GPU = False
+#: the widest heads (bf16/fp16, float32) whose tiles (``_blocks``) fit an H100's shared memory, compiled for sm_90
+WIDEST = (256, 128)
 
 
 def offered(q: Tensor) -> bool:
     """Whether ``forms`` offers this kernel for q (``tiles_triton.offered_once_checked``)."""
-    return offered_once_checked(q, CHECKED_ON_GPU, "POSENC_STICKS_TRITON")
+    return offered_once_checked(q, CHECKED_ON_GPU, "POSENC_STICKS_TRITON", WIDEST)
 
 
 def stick_breaking_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, attend_current: bool) -> Tensor:
@@ -166,17 +168,21 @@ def _backward(Q, K, V, DO, DELTA, DQ, DK, DV, s_qb, s_qh, s_qt, s_kb, s_kh, s_kt
 
 def _blocks(q: Tensor) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, warps): 16 × 16 under the interpreter, so a test at a few dozen tokens crosses tiles; on a
-    GPU 64 × 64 with 8 warps, not yet timed for this kernel. Compiled for sm_90 (Triton 3.6, bf16, head width 64),
-    the backward spilled 296 bytes of registers per thread with 4 warps and 120–128 with 8 (``tests/kernels/
-    triton_targets``)."""
-    return (16, 16, 1) if q.device.type == "cpu" else (64, 64, 8)
+    GPU 64 × 64 with 8 warps, not yet timed for this kernel, and 32 × 32 with 4 for heads wider than 128 or float32
+    wider than 64. Compiled for sm_90 (Triton 3.6, ``benchmarks/scripts/sm90_tiles.py``): at 64 × 64 the backward
+    spilled 120–128 bytes of registers per thread in bf16 at width 64, 248 at 128 and 488 in float32 at 64; bf16 at
+    256 asked for 320 KiB of shared memory (a block has 227) and float32 at 128 spilled 4,544 bytes; 32 × 32 fits
+    them in 114 KiB, spilling 152 bytes and none."""
+    if q.device.type == "cpu":
+        return 16, 16, 1
+    narrow = q.shape[-1] <= (64 if q.dtype == torch.float32 else 128)
+    return (64, 64, 8) if narrow else (32, 32, 4)
 
 
 def _sizes(q: Tensor, k: Tensor, v: Tensor, attend_current: bool) -> dict:
     block_m, block_n, warps = _blocks(q)
-    return dict(HEAD_DIM=q.shape[-1], VALUE_DIM=v.shape[-1], BLOCK_D=max(16, triton.next_power_of_2(q.shape[-1])),
-                BLOCK_DV=max(16, triton.next_power_of_2(v.shape[-1])), BLOCK_M=block_m, BLOCK_N=block_n,
-                CURRENT=attend_current, DOT=product_kind(q), num_warps=warps)
+    return dict(**widths(q, v.shape[-1]), BLOCK_M=block_m, BLOCK_N=block_n, CURRENT=attend_current,
+                DOT=product_kind(q), num_warps=warps)
 
 
 class _StickBreaking(torch.autograd.Function):

@@ -43,6 +43,8 @@ FORMULAS = {"linear": tiles_jit.LINEAR, "linear_abs": tiles_jit.LINEAR_ABS, "ker
 #: the formulas timed and checked on a GPU so far; a GPU offers the others beside a dense form, which its first-use
 #: timing keeps should the tiles fail there
 CHECKED_ON_GPU = ("linear", "linear_abs", "kerple_log", "kerple_power")
+#: the widest heads (bf16/fp16, float32) whose tiles (``_blocks``) fit an H100's shared memory, compiled for sm_90
+WIDEST = (256, 128)
 
 
 @dataclass(frozen=True)
@@ -71,18 +73,25 @@ def serves(q: Tensor) -> bool:
     return (q.is_cuda or interpreted) and q.dtype in DTYPES and not torch.compiler.is_compiling()
 
 
-def fits_shared_memory(q: Tensor) -> bool:
-    """Whether the lookups' and counts' tiles at q's head width fit an H100's shared memory, compiled for sm_90
-    (``tests/kernels/triton_targets`` and a review): up to 128 in bf16 and fp16, 64 in float32; float32 at 128 and
-    any dtype at 256 did not fit."""
-    return q.shape[-1] <= (64 if q.dtype == torch.float32 else 128)
+def fits_shared_memory(q: Tensor, widest: tuple[int, int]) -> bool:
+    """Whether a kernel's tiles at q's head width fit an H100's shared memory: ``widest`` (16-bit, float32), the
+    widest heads its tiles fit at, compiled for sm_90 (``tests/kernels/triton_targets``)."""
+    return q.shape[-1] <= widest[q.dtype == torch.float32]
 
 
-def offered_once_checked(q: Tensor, checked: bool, switch: str) -> bool:
-    """Whether ``forms`` offers a Triton kernel for q: it ``serves`` q, and on a GPU it has been checked there
-    (``checked``: its CUDA tests passed on one) or is asked for by the environment variable ``switch`` = 1
-    (``benchmarks/scripts/gpu.sh`` sets it); until then the encoding computes on a GPU as it did before."""
-    return serves(q) and (checked or os.environ.get(switch) == "1" or not q.is_cuda)
+def offered_once_checked(q: Tensor, checked: bool, switch: str, widest: tuple[int, int]) -> bool:
+    """Whether ``forms`` offers a Triton kernel for q: it ``serves`` q at a head width its tiles fit
+    (``fits_shared_memory``), and on a GPU it has been checked there (``checked``: its CUDA tests passed on one) or
+    is asked for by the environment variable ``switch`` = 1 (``benchmarks/scripts/gpu.sh`` sets it); until then the
+    encoding computes on a GPU as it did before."""
+    return serves(q) and fits_shared_memory(q, widest) and (checked or os.environ.get(switch) == "1" or not q.is_cuda)
+
+
+def widths(q: Tensor, value_dim: int) -> dict:
+    """HEAD_DIM (q's width), VALUE_DIM and the blocks that hold them: the next power of two, at least 16, the
+    narrowest operand a GPU's ``tl.dot`` takes (tiles of width 8 failed to compile for sm_90)."""
+    return dict(HEAD_DIM=q.shape[-1], VALUE_DIM=value_dim, BLOCK_D=max(16, triton.next_power_of_2(q.shape[-1])),
+                BLOCK_DV=max(16, triton.next_power_of_2(value_dim)))
 
 
 def check_own_positions(q: Tensor, k: Tensor, v: Tensor) -> None:
@@ -319,8 +328,5 @@ class _Terms:
                 *settings.flat, settings.scale * LOG2E)
 
     def flags(self) -> dict:
-        head_dim = self.q.shape[-1]
-        return dict(HEAD_DIM=head_dim, VALUE_DIM=self.value_dim, BLOCK_D=triton.next_power_of_2(head_dim),
-                    BLOCK_DV=triton.next_power_of_2(self.value_dim), CAUSAL=self.settings.causal,
-                    CONTIGUOUS=self.q_pos is None, BIAS=self.settings.kind, HAS_TOKENS=self.q_values is not None,
-                    DOT=product_kind(self.q))
+        return dict(**widths(self.q, self.value_dim), CAUSAL=self.settings.causal, CONTIGUOUS=self.q_pos is None,
+                    BIAS=self.settings.kind, HAS_TOKENS=self.q_values is not None, DOT=product_kind(self.q))
