@@ -318,6 +318,37 @@ def test_dense_paths_by_query_blocks_on_cuda_equal_float64(monkeypatch, name):
         assert _relative_error(a, b, floor=1.0) < LOOSER.get(name, FLOAT32), (name, what)
 
 
+@pytest.mark.parametrize("dtype, width, tolerance", [(torch.bfloat16, 8, 5e-2), (torch.bfloat16, 256, 5e-2),
+                                                     (torch.float32, 128, 2e-5)])
+def test_the_bias_tiles_and_stick_breaking_at_their_narrowest_and_widest_heads_equal_float64(monkeypatch, dtype,
+                                                                                           width, tolerance):
+    """Head width 8 (held in blocks of 16, the narrowest a GPU's ``tl.dot`` takes), 256 in bf16 and 128 in float32
+    (stick-breaking's 32 × 32 tiles there; its 64 × 64 did not fit at 256): ALiBi in the bias tiles and
+    stick-breaking over 300 queries of a 400-key cache, grouped-query heads; values and the gradients of q, k and v
+    against float64 eager on the CPU."""
+    import posenc
+    from posenc.kernels import forms, sticks_triton
+
+    torch.manual_seed(5)
+    q, k, v = torch.randn(2, 4, 300, width), torch.randn(2, 2, 400, width), torch.randn(2, 2, 400, width)
+    q_pos, k_pos = torch.arange(100, 400), torch.arange(400)
+    scale = width ** -0.5
+    alibi, sticks = posenc.build("alibi", num_heads=4), posenc.build("stick-breaking", attend_current=True)
+    at = copy.deepcopy(alibi).to(CUDA).at(q_pos[None].to(CUDA), k_pos[None].to(CUDA), contiguous=True)
+    runs = {"alibi": lambda *x: forms._tiles_form(*x, at, True, None, scale, True),
+            "stick-breaking": lambda *x: sticks_triton.stick_breaking_attention(*x, scale=scale, attend_current=True)}
+    for name, encoding in (("alibi", alibi), ("stick-breaking", sticks)):
+        exact = [x.to(dtype).double().requires_grad_() for x in (q, k, v)]
+        expected = attention(*exact, encoding, backend="eager", scale=scale, q_positions=q_pos, k_positions=k_pos)
+        upstream = torch.randn_like(expected)
+        wanted = torch.autograd.grad(expected, exact, upstream)
+        fast = [x.to(CUDA, dtype).requires_grad_() for x in (q, k, v)]
+        got = runs[name](*fast)
+        grads = torch.autograd.grad(got, fast, upstream.to(CUDA, dtype))
+        for what, a, b in zip(("out", "dq", "dk", "dv"), (got, *grads), (expected, *wanted)):
+            assert _relative_error(a, b) < tolerance, (name, what, dtype, width)
+
+
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 2e-5), (torch.bfloat16, 5e-2)])
 @pytest.mark.parametrize("attend_current", [False, True])
 def test_stick_breaking_in_triton_tiles_at_the_gpus_tile_sizes_equals_float64(monkeypatch, dtype, tolerance,
