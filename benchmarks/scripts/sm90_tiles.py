@@ -53,7 +53,7 @@ def use(family: str, setting) -> None:
     if family == "sticks":
         sticks_triton._blocks = lambda *_: setting
         return
-    if family == "tiles":  # every setting the rule picks from; it takes two stages beyond a head width of 64
+    if family == "tiles":  # every setting the rule picks from (it takes two stages past width 64, backward 32 past 128)
         for name in ("TIMED", "WIDE", "UNTIMED", "FLOAT32"):
             setattr(tiles_triton, name, tiles_triton.Tiles(*setting))
         return

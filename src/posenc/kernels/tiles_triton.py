@@ -212,17 +212,21 @@ FLOAT32 = Tiles(64, 32, 8, 32, 8, 3)
 
 def _blocks(q: Tensor, kind: int, contiguous: bool) -> Tiles:
     """The tiles for q's device, dtype and head width, the bias kind and whether positions are contiguous; two
-    pipeline stages beyond a head width of 64, where three do not fit an H100's shared memory."""
+    pipeline stages beyond a head width of 64, where three do not fit an H100's shared memory, and a backward tile
+    of 32 beyond 128: in bf16 at 256 the 64 × 64 backward spilled up to 2,392 bytes a thread (FIRE's queries),
+    32 × 32 at most 232 (compiled for sm_90 by Triton 3.6; not timed)."""
     if q.device.type == "cpu":
         return INTERPRETED
-    wide = q.shape[-1] > 64
+    width = q.shape[-1]
     if q.dtype == torch.float32:
         tiles = FLOAT32
     elif not contiguous or kind == tiles_jit.FIRE:
         tiles = UNTIMED
     else:
-        tiles = WIDE if wide else TIMED
-    return tiles._replace(stages=2) if wide else tiles
+        tiles = WIDE if width > 64 else TIMED
+    if width > 128:
+        tiles = tiles._replace(backward=min(tiles.backward, 32))
+    return tiles._replace(stages=2) if width > 64 else tiles
 
 
 def product_kind(q: Tensor) -> int:
