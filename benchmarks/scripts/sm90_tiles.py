@@ -14,6 +14,7 @@ Markdown row per program and setting. FAMILY: tiles, sticks, lookups, counts (al
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -64,10 +65,13 @@ def use(family: str, setting) -> None:
 
 
 def record(folder: Path, float32: bool, width: int, families: list[str]) -> None:
+    """Each candidate's launches at ``width``, also where the kernel refuses it now (its ``WIDEST``), to find a
+    setting that fits there."""
     dtype = torch.float32 if float32 else torch.bfloat16
     folder.mkdir(parents=True, exist_ok=True)
     triton_targets.gpu_sizes()
     for family in families:
+        importlib.import_module(f"posenc.kernels.{family}_triton").WIDEST = (width, width)
         for setting in CANDIDATES[family]:
             use(family, setting)
             with triton_targets.recording() as launches:

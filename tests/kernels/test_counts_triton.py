@@ -229,3 +229,6 @@ def test_the_kernel_refuses_shapes_it_cannot_serve_in_one_line():
         counts_attention(q, k, k, torch.zeros(1, 8), scale=1.0, gate_scale=1.0)
     with pytest.raises(ValueError, match="Tq <= Tk"):
         counts_attention(torch.zeros(1, 2, 5, 8), k, k, torch.zeros(4, 8), scale=1.0, gate_scale=1.0)
+    wide = torch.zeros(1, 2, 4, 65)
+    with pytest.raises(ValueError, match=r"q's head width must be at most 64 in torch.float32 .* got 65"):
+        counts_attention(wide, wide, wide, torch.zeros(4, 65), scale=1.0, gate_scale=1.0)

@@ -191,3 +191,6 @@ def test_the_kernel_refuses_shapes_it_cannot_serve_in_one_line():
     with pytest.raises(ValueError, match="Tq <= Tk"):
         lookup_attention(torch.zeros(1, 2, 5, 8), k, k, torch.zeros(2, 5, 8), content_shift=shift,
                          lookup_shift=shift, scale=1.0)
+    wide = torch.zeros(1, 2, 4, 129, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"q's head width must be at most 128 in torch.bfloat16 .* got 129"):
+        lookup_attention(wide, wide, wide, torch.zeros(2, 4, 129), scale=1.0)

@@ -361,3 +361,27 @@ def test_fire_tiles_read_its_mlp_as_segments_and_equal_float64_eager():
         compare(encoding, True, *window, False, 1)
     print("ok")
     """)
+
+
+def test_the_kernel_refuses_terms_it_cannot_take_in_one_line():
+    """Each before any launch: positions for one side only, token values at explicit positions, a table and a
+    formula at once, a table without a row per head, a head wider than the tiles fit a GPU's shared memory (256 in
+    bf16, 128 in float32: Triton would refuse it only at launch)."""
+    import torch
+
+    from posenc.kernels.tiles_triton import Formula, tiled_attention
+
+    q = torch.zeros(1, 2, 4, 8)
+    positions = torch.arange(4)[None]
+    linear = Formula("linear", torch.zeros(2, 2))
+    for terms, message in (({"q_pos": positions}, "pass both q_pos and k_pos, or neither"),
+                           ({"q_pos": positions, "k_pos": positions, "token_values": torch.zeros(1, 2, 4)},
+                            "token_values take the queries as the last Tq keys"),
+                           ({"table": torch.zeros(2, 4), "formula": linear}, "as a table or as a formula, not both"),
+                           ({"table": torch.zeros(3, 4)}, r"table must be \(H, N\) = \(2, N >= 1\), got \(3, 4\)")):
+        with pytest.raises(ValueError, match=message):
+            tiled_attention(q, q, q, scale=1.0, **terms)
+    for dtype, widest in ((torch.bfloat16, 256), (torch.float32, 128)):
+        wide = torch.zeros(1, 2, 4, widest + 1, dtype=dtype)
+        with pytest.raises(ValueError, match=rf"at most {widest} in {dtype} .* got {widest + 1}"):
+            tiled_attention(wide, wide, wide, scale=1.0, formula=linear)

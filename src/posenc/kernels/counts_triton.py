@@ -60,7 +60,7 @@ def counts_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, *, scale: f
     Returns:
         (B, H, Tq, Dv) in q's dtype; gradients reach q, k, v and the table.
     """
-    check_own_positions(q, k, v)
+    check_own_positions(q, k, v, WIDEST)
     width = q.shape[-1]
     if table.dim() != 2 or table.shape[0] < 2 or table.shape[1] != width:
         raise ValueError(f"table must be (P >= 2, Dh = {width}), got {tuple(table.shape)}")

@@ -68,7 +68,7 @@ def lookup_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, *, content_
         (B, H, Tq, Dv) in q's dtype; gradients reach q, k, v and every table and shift given (products in q's
         dtype, accumulated in float32).
     """
-    check_own_positions(q, k, v)
+    check_own_positions(q, k, v, WIDEST)
     check_lookup_terms(q, v, table, values, value_floor, content_shift, lookup_shift)
     return _LookupAttention.apply(q, k, v, table, values, value_floor, content_shift, lookup_shift, float(scale))
 

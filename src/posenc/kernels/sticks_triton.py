@@ -53,7 +53,7 @@ def stick_breaking_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, a
     Returns:
         (B, H, Tq, Dv) in q's dtype; a row with no allowed key is zeros.
     """
-    check_own_positions(q, k, v)
+    check_own_positions(q, k, v, WIDEST)
     return _StickBreaking.apply(q, k, v, float(scale), bool(attend_current))
 
 

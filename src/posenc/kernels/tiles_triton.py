@@ -94,18 +94,27 @@ def widths(q: Tensor, value_dim: int) -> dict:
                 BLOCK_DV=max(16, triton.next_power_of_2(value_dim)))
 
 
-def check_own_positions(q: Tensor, k: Tensor, v: Tensor) -> None:
+def check_fits(q: Tensor, widest: tuple[int, int]) -> None:
+    """Refuses, in one line, a head wider than a kernel's tiles fit a GPU's shared memory at (``widest``: 16-bit,
+    float32), which Triton would refuse only at launch, deep in its stack."""
+    if not fits_shared_memory(q, widest):
+        raise ValueError(f"q's head width must be at most {widest[q.dtype == torch.float32]} in {q.dtype} for this "
+                         f"kernel (wider tiles do not fit a GPU's shared memory), got {q.shape[-1]}")
+
+
+def check_own_positions(q: Tensor, k: Tensor, v: Tensor, widest: tuple[int, int]) -> None:
     """Refuses, in one line, q, k and v that a kernel at the model's own positions cannot take.
 
     Raises:
         ValueError: unless q (B, H, Tq, Dh), k (B, Hkv, Tk, Dh), v (B, Hkv, Tk, Dv) with Tq ≤ Tk, H a multiple of
-            Hkv, in one of ``DTYPES``.
+            Hkv, in one of ``DTYPES``, Dh within ``widest`` (``check_fits``).
     """
     batch, heads, q_len, width = q.shape
     if k.dim() != 4 or k.shape[0] != batch or heads % k.shape[1] or k.shape[2] < q_len or k.shape[3] != width or (
             v.shape[:3] != k.shape[:3]) or q.dtype not in DTYPES:
         raise ValueError(f"q (B, H, Tq, Dh), k (B, Hkv, Tk, Dh), v (B, Hkv, Tk, Dv) with Tq <= Tk, H a multiple of "
                          f"Hkv, in one of {DTYPES}; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)} {q.dtype}")
+    check_fits(q, widest)
 
 
 def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool = True,
@@ -131,9 +140,12 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bo
             Tq of keys 0..Tk−1 (then the tiles above a causal diagonal are skipped).
     Returns:
         (B, H, Tq, Dv) in q's dtype, laid out token-major as SDPA returns it.
+    Raises:
+        ValueError: for terms that contradict each other or q's shape, or Dh past ``WIDEST`` (``check_fits``).
     """
     batch, heads, q_len, _ = q.shape
     k_len = k.shape[2]
+    check_fits(q, WIDEST)
     if (q_pos is None) != (k_pos is None):
         raise ValueError("pass both q_pos and k_pos, or neither (contiguous positions)")
     if q_pos is not None and token_values is not None:
