@@ -52,7 +52,7 @@ hand-mutants: $(VENV)/.installed-test
 # the suite compiles with its own Triton, which accepted CoPE's kernels where 3.6 failed. Prints each launch's
 # registers, stack (spilled) bytes and shared memory (bf16, then float32) at every head width where a size rule
 # changes (8 is held in blocks of 16; 256 and float32's 128 take smaller tiles); fails on an error or a block past
-# 227 KiB. About 15 minutes on 2 cores.
+# 227 KiB. About 8 minutes on 2 cores the first time.
 GPU_TRITON ?= 3.6.0
 GPU_TRITON_DIR := .triton-$(GPU_TRITON)
 gpu-compile: $(VENV)/.installed-test
