@@ -320,8 +320,8 @@ def test_dense_paths_by_query_blocks_on_cuda_equal_float64(monkeypatch, name):
 
 @pytest.mark.parametrize("dtype, width, tolerance", [(torch.bfloat16, 8, 5e-2), (torch.bfloat16, 256, 5e-2),
                                                      (torch.float32, 128, 2e-5)])
-def test_the_bias_tiles_and_stick_breaking_at_their_narrowest_and_widest_heads_equal_float64(monkeypatch, dtype,
-                                                                                           width, tolerance):
+def test_the_bias_tiles_and_stick_breaking_at_their_narrowest_and_widest_heads_equal_float64(dtype, width,
+                                                                                           tolerance):
     """Head width 8 (held in blocks of 16, the narrowest a GPU's ``tl.dot`` takes), 256 in bf16 and 128 in float32
     (stick-breaking's 32 × 32 tiles there; its 64 × 64 did not fit at 256): ALiBi in the bias tiles and
     stick-breaking over 300 queries of a 400-key cache, grouped-query heads; values and the gradients of q, k and v

@@ -7,7 +7,7 @@ A static guide for settings no GPU has timed; it says nothing of speed beyond wh
     PYTHONPATH=.triton-3.6.0 python3 benchmarks/scripts/sm90_tiles.py table DIR
 
 ``record`` writes DIR/<dtype>-<width>-<family>-<setting>.json per candidate (bfloat16, or float32, at head width
-64, or N);
+64, or N with ``--width N``);
 ``table`` compiles them all (the GPU's Triton on PYTHONPATH, as ``make gpu-compile`` installs it) and prints one
 Markdown row per program and setting. FAMILY: tiles, sticks, lookups, counts (all when none is named).
 """
@@ -24,13 +24,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for tests.kernels
 from tests.kernels import triton_targets  # noqa: E402
 
-#: per family, the settings tried: what its size rule returns on a GPU (tiles_triton._blocks: ``tiles_triton.Tiles``,
-#: forward BLOCK_M, BLOCK_N and warps, backward BLOCK and warps, stages; sticks_triton._blocks: BLOCK_M, BLOCK_N,
-#: warps), or what replaces the rule's answer (lookups' and counts' ``_sizes``)
+#: per family, the settings tried, each recorded as named: what its size rule returns on a GPU (tiles_triton._blocks:
+#: ``tiles_triton.Tiles``, forward BLOCK_M, BLOCK_N and warps, backward BLOCK and warps, stages;
+#: sticks_triton._blocks: BLOCK_M, BLOCK_N, warps), or what replaces the rule's answer (lookups' and counts' ``_sizes``)
 CANDIDATES = {
     "tiles": [(128, 64, 4, 64, 4, 3), (128, 64, 8, 64, 8, 3), (64, 64, 4, 64, 4, 3), (64, 64, 4, 32, 4, 3),
               (64, 32, 4, 32, 4, 3), (32, 32, 4, 32, 4, 3), (64, 64, 8, 64, 8, 3), (64, 32, 8, 32, 8, 3),
-              (32, 32, 8, 32, 8, 3), (64, 32, 8, 32, 8, 2), (64, 32, 8, 16, 8, 3), (32, 32, 4, 16, 4, 3)],
+              (32, 32, 8, 32, 8, 3), (64, 32, 8, 32, 8, 2), (64, 32, 8, 16, 8, 3), (32, 32, 4, 16, 4, 3),
+              # what the rule picks past width 64 (two stages) and past 128 (a backward of 32)
+              (128, 64, 8, 64, 8, 2), (64, 64, 8, 64, 8, 2), (128, 64, 8, 32, 8, 2), (64, 64, 8, 32, 8, 2)],
     "sticks": [(64, 64, 8), (64, 64, 4), (64, 32, 4), (32, 32, 4), (32, 64, 4), (64, 32, 8)],
     "lookups": [dict(BLOCK=64, num_warps=8, num_stages=2), dict(BLOCK=64, num_warps=4, num_stages=2),
                 dict(BLOCK=32, num_warps=4, num_stages=2), dict(BLOCK=32, num_warps=8, num_stages=2),
@@ -48,15 +50,16 @@ def label(setting) -> str:
 
 
 def use(family: str, setting) -> None:
-    """Makes the family's size rule answer ``setting`` (on top of ``triton_targets.gpu_sizes``)."""
+    """Makes the family's size rule answer ``setting`` exactly (on top of ``triton_targets.gpu_sizes``): the tiles'
+    rule's own adjustments by width (two stages past 64, a backward of 32 past 128) are not applied, so each file
+    holds the tiles its name says (three stages past width 64 may not fit: the table shows it)."""
     from posenc.kernels import counts_triton, lookups_triton, sticks_triton, tiles_triton
 
     if family == "sticks":
         sticks_triton._blocks = lambda *_: setting
         return
-    if family == "tiles":  # every setting the rule picks from (it takes two stages past width 64, backward 32 past 128)
-        for name in ("TIMED", "WIDE", "UNTIMED", "FLOAT32"):
-            setattr(tiles_triton, name, tiles_triton.Tiles(*setting))
+    if family == "tiles":
+        tiles_triton._blocks = lambda *_: tiles_triton.Tiles(*setting)
         return
     module = lookups_triton if family == "lookups" else counts_triton
     rule = getattr(module, "_gpu_rule", module._sizes)

@@ -385,3 +385,20 @@ def test_the_kernel_refuses_terms_it_cannot_take_in_one_line():
         wide = torch.zeros(1, 2, 4, widest + 1, dtype=dtype)
         with pytest.raises(ValueError, match=rf"at most {widest} in {dtype} .* got {widest + 1}"):
             tiled_attention(wide, wide, wide, scale=1.0, formula=linear)
+
+
+def test_a_gpu_runs_a_backward_tile_of_32_past_width_128_and_two_stages_past_64():
+    """The rule's adjustments by head width, which the suite's compile check cannot pin (at 256 the 64 × 64 backward
+    fits; it spills up to 2,392 bytes a thread, 32 × 32 at most 232): every kind and dtype."""
+    import torch
+
+    from posenc.kernels import tiles_jit, tiles_triton
+    from tests.kernels.interpreted import gpu_tensor
+
+    for dtype in (torch.bfloat16, torch.float32):
+        for kind, contiguous in ((tiles_jit.LINEAR, True), (tiles_jit.FIRE, True), (tiles_jit.TABLE, False)):
+            rule = {width: tiles_triton._blocks(gpu_tensor(dtype, width), kind, contiguous)
+                    for width in (64, 65, 128, 129)}
+            assert rule[64].stages == 3 and rule[65].stages == rule[129].stages == 2, (dtype, kind)
+            assert rule[128].backward == rule[64].backward and rule[129].backward == min(rule[64].backward, 32)
+            assert rule[129].backward == 32 and rule[129].forward_m == rule[128].forward_m, (dtype, kind)

@@ -336,8 +336,8 @@ def widths_argument(arguments: list[str]) -> tuple[tuple[int, ...] | None, list[
     at = arguments.index("--widths")
     value = arguments[at + 1] if at + 1 < len(arguments) else ""
     widths = tuple(int(w) for w in value.split(",") if w.isdigit())
-    if not widths or len(widths) != len(value.split(",")) or not all(1 <= w <= 512 for w in widths):
-        print(f"--widths must be head widths from 1 to 512, separated by commas, got {value!r}", file=sys.stderr)
+    if not widths or len(widths) != len(value.split(",")) or not all(1 <= w <= 256 for w in widths):
+        print(f"--widths must be head widths from 1 to 256, separated by commas, got {value!r}", file=sys.stderr)
         return None, arguments
     return widths, arguments[:at] + arguments[at + 2:]
 
@@ -352,6 +352,9 @@ def main(arguments: list[str]) -> int:
     if widths is None:
         return 2
     command, paths = arguments[0], [a for a in arguments[1:] if not a.startswith("--")]
+    if not paths:
+        print(USAGE, file=sys.stderr)
+        return 2
     if command == "record" and not interpreted():
         print(NOT_INTERPRETED, file=sys.stderr)
         return 2
