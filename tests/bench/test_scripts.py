@@ -45,7 +45,7 @@ def test_bad_flags_get_one_line(script, arguments, message):
 
 
 def test_the_tile_sweep_records_each_candidate_at_its_own_sizes(tmp_path):
-    """``sm90_tiles.py record --width 256`` under the interpreter: one launches file per candidate of CoPE's
+    """``sm90_tiles.py record --float32 --width 65`` under the interpreter: one launches file per candidate of CoPE's
     kernel, each launch at that width (which the kernel refuses outside the sweep) and at that candidate's tile and
     warps (a sweep whose override did not reach the kernel would record the default sizes six times); a family or
     width it does not take is one line, exit 2."""
@@ -55,15 +55,15 @@ def test_the_tile_sweep_records_each_candidate_at_its_own_sizes(tmp_path):
     pytest.importorskip("triton", reason="needs triton (the test extra)")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     result = subprocess.run([sys.executable, str(SCRIPTS / "sm90_tiles.py"), "record", str(tmp_path), "counts",
-                             "--width", "256"], capture_output=True, text=True, timeout=600, env=env)
+                             "--float32", "--width", "65"], capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
-    files = sorted(tmp_path.glob("bfloat16-256-counts-*.json"))
+    files = sorted(tmp_path.glob("float32-65-counts-*.json"))
     assert len(files) == 6, files
     for path in files:
         block, warps, stages = (int(part[1:]) for part in path.stem.split("-")[-3:])
         launches = json.loads(path.read_text())
         assert {launch["name"] for launch in launches} == {"_forward", "_backward"}, path
-        assert all(launch["constants"]["BLOCK"] == block and launch["constants"]["HEAD_DIM"] == 256 and launch[
+        assert all(launch["constants"]["BLOCK"] == block and launch["constants"]["HEAD_DIM"] == 65 and launch[
             "options"] == {"num_warps": warps, "num_stages": stages} for launch in launches), (path, launches)
     result = run("sm90_tiles.py", "record", str(tmp_path), "nope")
     assert result.returncode == 2 and result.stderr.strip() == (
