@@ -3,11 +3,11 @@ setting of a kernel's size rule is recorded under the interpreter and compiled f
 compiles (``tests/kernels/triton_targets``), and each program's registers, spilled bytes and shared memory printed.
 A static guide for settings no GPU has timed; it says nothing of speed beyond what spills cost.
 
-    TRITON_INTERPRET=1 python3 benchmarks/scripts/sm90_tiles.py record DIR [--float32] [--width N] [FAMILY...]
+    TRITON_INTERPRET=1 python3 benchmarks/scripts/sm90_tiles.py record DIR [--float32] [--widths W,...] [FAMILY...]
     PYTHONPATH=.triton-3.6.0 python3 benchmarks/scripts/sm90_tiles.py table DIR
 
-``record`` writes DIR/<dtype>-<width>-<family>-<setting>.json per candidate (bfloat16, or float32, at head width
-64, or N with ``--width N``);
+``record`` writes DIR/<dtype>-<width>-<family>-<setting>.json per candidate and width (bfloat16, or float32, at
+head width 64, or each of ``--widths``, parsed as ``triton_targets`` parses it);
 ``table`` compiles them all (the GPU's Triton on PYTHONPATH, as ``make gpu-compile`` installs it) and prints one
 Markdown row per program and setting. FAMILY: tiles, sticks, lookups, counts (all when none is named).
 """
@@ -67,22 +67,23 @@ def use(family: str, setting) -> None:
     module._sizes = lambda *args: {**rule(*args), **setting}
 
 
-def record(folder: Path, float32: bool, width: int, families: list[str]) -> None:
-    """Each candidate's launches at ``width``, also where the kernel refuses it now (its ``WIDEST``), to find a
-    setting that fits there."""
+def record(folder: Path, float32: bool, widths: tuple[int, ...], families: list[str]) -> None:
+    """Each candidate's launches at each of ``widths``, also where the kernel refuses one now (its ``WIDEST``), to
+    find a setting that fits there."""
     dtype = torch.float32 if float32 else torch.bfloat16
     folder.mkdir(parents=True, exist_ok=True)
     triton_targets.gpu_sizes()
     for family in families:
-        importlib.import_module(f"posenc.kernels.{family}_triton").WIDEST = (width, width)
-        for setting in CANDIDATES[family]:
-            use(family, setting)
-            with triton_targets.recording() as launches:
-                torch.manual_seed(0)
-                triton_targets.ENTRIES[family](width, dtype)
-            path = folder / f"{str(dtype).split('.')[-1]}-{width}-{family}-{label(setting)}.json"
-            path.write_text(json.dumps(list(launches.values())))
-            print(path, len(launches), flush=True)
+        importlib.import_module(f"posenc.kernels.{family}_triton").WIDEST = (max(widths),) * 2
+        for width in widths:
+            for setting in CANDIDATES[family]:
+                use(family, setting)
+                with triton_targets.recording() as launches:
+                    torch.manual_seed(0)
+                    triton_targets.ENTRIES[family](width, dtype)
+                path = folder / f"{str(dtype).split('.')[-1]}-{width}-{family}-{label(setting)}.json"
+                path.write_text(json.dumps(list(launches.values())))
+                print(path, len(launches), flush=True)
 
 
 def table(folder: Path) -> str:
@@ -109,14 +110,9 @@ def main(arguments: list[str]) -> int:
             return 2
         print(table(folder))
         return 0
-    width, rest = 64, arguments[2:]
-    if "--width" in rest:
-        at = rest.index("--width")
-        value = rest[at + 1] if at + 1 < len(rest) else ""
-        if not value.isdigit() or not 8 <= int(value) <= 256:
-            print(f"--width must be a head width from 8 to 256, got {value!r}", file=sys.stderr)
-            return 2
-        width, rest = int(value), rest[:at] + rest[at + 2:]
+    widths, rest = triton_targets.widths_argument(arguments[2:])
+    if widths is None:
+        return 2
     families = [a for a in rest if not a.startswith("--")] or list(CANDIDATES)
     unknown = sorted(set(families) - set(CANDIDATES))
     if unknown:
@@ -125,7 +121,7 @@ def main(arguments: list[str]) -> int:
     if not triton_targets.interpreted():
         print(triton_targets.NOT_INTERPRETED, file=sys.stderr)
         return 2
-    record(folder, "--float32" in arguments, width, families)
+    record(folder, "--float32" in arguments, widths or (64,), families)
     return 0
 
 

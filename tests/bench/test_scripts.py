@@ -45,7 +45,7 @@ def test_bad_flags_get_one_line(script, arguments, message):
 
 
 def test_the_tile_sweep_records_each_candidate_at_its_own_sizes(tmp_path):
-    """``sm90_tiles.py record --float32 --width 65`` under the interpreter: one launches file per candidate of CoPE's
+    """``sm90_tiles.py record --float32 --widths 65`` under the interpreter: one launches file per candidate of CoPE's
     kernel, each launch at that width (which the kernel refuses outside the sweep) and at that candidate's tile and
     warps (a sweep whose override did not reach the kernel would record the default sizes six times); a family or
     width it does not take is one line, exit 2."""
@@ -55,7 +55,7 @@ def test_the_tile_sweep_records_each_candidate_at_its_own_sizes(tmp_path):
     pytest.importorskip("triton", reason="needs triton (the test extra)")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     result = subprocess.run([sys.executable, str(SCRIPTS / "sm90_tiles.py"), "record", str(tmp_path), "counts",
-                             "--float32", "--width", "65"], capture_output=True, text=True, timeout=600, env=env)
+                             "--float32", "--widths", "65"], capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     files = sorted(tmp_path.glob("float32-65-counts-*.json"))
     assert len(files) == 6, files
@@ -69,9 +69,9 @@ def test_the_tile_sweep_records_each_candidate_at_its_own_sizes(tmp_path):
     assert result.returncode == 2 and result.stderr.strip() == (
         "unknown family nope: choose from tiles, sticks, lookups, counts"), result.stderr
     for width in ("wide", "512", ""):
-        result = run("sm90_tiles.py", "record", str(tmp_path), "counts", "--width", *([width] if width else []))
+        result = run("sm90_tiles.py", "record", str(tmp_path), "counts", "--widths", *([width] if width else []))
         assert result.returncode == 2 and result.stderr.strip() == (
-            f"--width must be a head width from 8 to 256, got {width!r}"), result.stderr
+            f"--widths must be head widths from 1 to 256, separated by commas, got {width!r}"), result.stderr
     for arguments, message in ((("record", str(tmp_path), "counts"), "set TRITON_INTERPRET=1"),
                                (("table", str(tmp_path / "empty")), "no launches files; run `record` first")):
         result = subprocess.run([sys.executable, str(SCRIPTS / "sm90_tiles.py"), *arguments], capture_output=True,

@@ -105,10 +105,7 @@ def tiles_serve(q: Tensor, at, causal: bool) -> bool:
     token values at the model's own positions."""
     encoding = at.encoding
     if not encoding.has_bias or encoding.has_relative_logits or encoding.has_relative_values or (
-            not triton_available()):
-        return False
-    kernel = tiles_triton()
-    if not kernel.serves(q) or not kernel.fits_shared_memory(q, kernel.WIDEST):
+            not triton_available()) or not tiles_triton().offered(q):
         return False
     if encoding.has_token_gates:
         return causal and at.contiguous and at.log_forget is not None

@@ -73,6 +73,12 @@ def serves(q: Tensor) -> bool:
     return (q.is_cuda or interpreted) and q.dtype in DTYPES and not torch.compiler.is_compiling()
 
 
+def offered(q: Tensor) -> bool:
+    """Whether ``forms`` offers these tiles for q: they ``serve`` it, at a head width they fit (``WIDEST``); which
+    terms they are offered for on a GPU is ``forms``' (``CHECKED_ON_GPU``)."""
+    return serves(q) and fits_shared_memory(q, WIDEST)
+
+
 def fits_shared_memory(q: Tensor, widest: tuple[int, int]) -> bool:
     """Whether a kernel's tiles at q's head width fit an H100's shared memory: ``widest`` (16-bit, float32), the
     widest heads its tiles fit at, compiled for sm_90 (``tests/kernels/triton_targets``)."""
