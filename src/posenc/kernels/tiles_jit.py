@@ -4,7 +4,8 @@ the position terms formed inside each (BLOCK_M, BLOCK_N) tile of logits.
 Logits are kept in base 2 (``scale_log2`` = scale · log2 e, each bias term times log2 e) so the softmax is exp2.
 ``BIAS`` picks the score bias of a pair at offset o = q_pos − k_pos:
   - TABLE: ``table[h, o − lowest]``; a tile whose entries all lie at or past ``flat_high`` (or at or before
-    ``flat_low``), where every entry shares one value and one parameter (T5's last bucket), reads one scalar;
+    ``flat_low``), where every entry shares one value and one parameter (T5's last bucket), reads one scalar (in
+    float32 it reads every pair's entry: the branch made ptxas spill) and adds one gradient sum;
   - LINEAR / LINEAR_ABS: ``a_h · o`` / ``a_h · |o|`` (ALiBi: a_h = −slope);
   - KERPLE_LOG / KERPLE_POWER: ``−r1_h · log(1 + r2_h·|o|)`` / ``−r1_h · |o|^r2_h``;
 with ``params`` (H, 2) holding a_h or (r1_h, r2_h);

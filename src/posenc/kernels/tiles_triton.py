@@ -9,7 +9,7 @@ never a (B, H, Tq, Tk) tensor:
   FIRE below its threshold: ``PositionalEncoding.offset_table``), whose gradient is reduced per entry: at
   contiguous positions along each tile's diagonals (two gathers, 2·BLOCK atomic adds), at explicit ones pair by
   pair. Where the table's entries from some offset on share one value and one parameter (T5's last bucket:
-  ``flat``), a tile that lies wholly there reads one number and adds one sum.
+  ``flat``), a tile that lies wholly there reads one number (float32: an entry per pair) and adds one sum.
 - **token values** ``c[b, h, q_i] − c[b, h, k_j]`` (FoX's cumulative log forget gates), kept in float64 and
   differenced in float32 against a per-program reference; their gradient is two row/column sums.
 
@@ -138,7 +138,8 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bo
         table: (H, N) float, the bias of offsets lowest .. lowest + N − 1, covering every offset an allowed pair
             reaches; its gradient flows back (float32).
         flat: (low, high) table entries: entries ≤ low share one value and one parameter, and so do entries
-            ≥ high (−1 and N: none); a tile wholly inside either reads one number.
+            ≥ high (−1 and N: none); a tile wholly inside either adds one gradient sum (and, but in float32,
+            reads one number).
         formula: the bias as a ``Formula`` instead of a table (not both).
         token_values: (B or 1, H, Tk) float (FoX's c = cumsum log f), queries being the last Tq keys; its gradient
             flows back.
