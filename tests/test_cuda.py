@@ -318,19 +318,20 @@ def test_dense_paths_by_query_blocks_on_cuda_equal_float64(monkeypatch, name):
         assert _relative_error(a, b, floor=1.0) < LOOSER.get(name, FLOAT32), (name, what)
 
 
-@pytest.mark.parametrize("dtype, width, tolerance", [(torch.bfloat16, 8, 5e-2), (torch.bfloat16, 256, 5e-2),
-                                                     (torch.float32, 128, 2e-5)])
+@pytest.mark.parametrize("dtype, width, value_width, tolerance", [
+    (torch.bfloat16, 8, 8, 5e-2), (torch.bfloat16, 256, 256, 5e-2), (torch.float32, 128, 128, 2e-5),
+    (torch.bfloat16, 64, 512, 5e-2)])
 def test_the_bias_tiles_and_stick_breaking_at_their_narrowest_and_widest_heads_equal_float64(dtype, width,
-                                                                                           tolerance):
+                                                                                           value_width, tolerance):
     """Head width 8 (held in blocks of 16, the narrowest a GPU's ``tl.dot`` takes), 256 in bf16 and 128 in float32
-    (stick-breaking's 32 × 32 tiles there; its 64 × 64 did not fit at 256): ALiBi in the bias tiles and
-    stick-breaking over 300 queries of a 400-key cache, grouped-query heads; values and the gradients of q, k and v
-    against float64 eager on the CPU."""
+    (stick-breaking's 32 × 32 tiles there; its 64 × 64 did not fit at 256), and heads of 64 with values of 512 (by
+    blocks of 256 columns, whose tiles fit): ALiBi in the bias tiles and stick-breaking over 300 queries of a
+    400-key cache, grouped-query heads; values and the gradients of q, k and v against float64 eager on the CPU."""
     import posenc
     from posenc.kernels import forms, sticks_triton
 
     torch.manual_seed(5)
-    q, k, v = torch.randn(2, 4, 300, width), torch.randn(2, 2, 400, width), torch.randn(2, 2, 400, width)
+    q, k, v = torch.randn(2, 4, 300, width), torch.randn(2, 2, 400, width), torch.randn(2, 2, 400, value_width)
     q_pos, k_pos = torch.arange(100, 400), torch.arange(400)
     scale = width ** -0.5
     alibi, sticks = posenc.build("alibi", num_heads=4), posenc.build("stick-breaking", attend_current=True)

@@ -64,7 +64,7 @@ def main(batch: int = 1, heads: int = 16, length: int = 16384, width: int = 64) 
     }
     original = tiles_triton._blocks
     for setting in SETTINGS:
-        tiles_triton._blocks = lambda x, kind, contiguous, s=setting: s
+        tiles_triton._blocks = lambda x, value_dim, kind, contiguous, s=setting: s
         runs = {name: (lambda f=f, w=[q, k, v, *extra]: torch.autograd.grad(f(), w, upstream))
                 for name, (f, extra) in contenders.items()}
         try:

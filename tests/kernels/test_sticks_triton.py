@@ -85,12 +85,15 @@ def test_a_gpu_is_offered_the_kernel_only_once_checked_there_or_asked_and_where_
 
 def test_a_gpu_runs_64_by_64_tiles_up_to_width_128_and_32_by_32_past_it():
     """Float32 past width 64 too: compiled for sm_90, 64 × 64 asked for 320 KiB of shared memory at 256 in bf16 and
-    spilled 4,544 bytes a thread at 128 in float32; the suite compiles neither (``make gpu-compile`` does)."""
+    spilled 4,544 bytes a thread at 128 in float32; the suite compiles neither (``make gpu-compile`` does). The
+    width is the wider of the heads and the values (narrow heads with values of 512 asked for 416 KiB)."""
     from posenc.kernels import sticks_triton
 
     for dtype, widest in ((torch.bfloat16, 128), (torch.float16, 128), (torch.float32, 64)):
-        assert sticks_triton._blocks(gpu_tensor(dtype, widest)) == (64, 64, 8), dtype
-        assert sticks_triton._blocks(gpu_tensor(dtype, widest + 1)) == (32, 32, 4), dtype
+        assert sticks_triton._blocks(gpu_tensor(dtype, widest), widest) == (64, 64, 8), dtype
+        assert sticks_triton._blocks(gpu_tensor(dtype, widest + 1), widest + 1) == (32, 32, 4), dtype
+        assert sticks_triton._blocks(gpu_tensor(dtype, 16), widest + 1) == (32, 32, 4), dtype
+        assert sticks_triton._blocks(gpu_tensor(dtype, widest + 1), 16) == (32, 32, 4), dtype
 
 
 def test_the_kernel_refuses_shapes_it_cannot_serve_in_one_line():

@@ -139,7 +139,7 @@ def test_tiles_equal_float64_whatever_their_sizes_on_a_gpu():
     torch.manual_seed(2)
     cases = 0
     for tiles in (tiles_triton.Tiles(32, 16, 1, 16, 1, 1), tiles_triton.Tiles(16, 32, 1, 32, 1, 1)):
-        tiles_triton._blocks = lambda q, kind, contiguous, tiles=tiles: tiles
+        tiles_triton._blocks = lambda q, value_dim, kind, contiguous, tiles=tiles: tiles
         for causal in (True, False):
             for heads, kv_heads, q_len, k_len in ((2, 1, 45, 70), (2, 2, 70, 70)):
                 q, k, v = torch.randn(1, heads, q_len, 8), torch.randn(1, kv_heads, k_len, 8), torch.randn(
@@ -390,8 +390,9 @@ def test_the_kernel_refuses_terms_it_cannot_take_in_one_line():
 
 
 def test_a_gpu_runs_a_backward_tile_of_32_past_width_128_and_two_stages_past_64():
-    """The rule's adjustments by head width, which the suite's compile check cannot pin (at 256 the 64 × 64 backward
-    fits; it spills up to 2,392 bytes a thread, 32 × 32 at most 232): every kind and dtype."""
+    """The rule's adjustments by width, which the suite's compile check cannot pin (at 256 the 64 × 64 backward
+    fits; it spills up to 2,392 bytes a thread, 32 × 32 at most 232): every kind and dtype. The width is the wider
+    of the heads and the values (narrow heads with values of 512 asked for 297 KiB of shared memory)."""
     import torch
 
     from posenc.kernels import tiles_jit, tiles_triton
@@ -399,8 +400,11 @@ def test_a_gpu_runs_a_backward_tile_of_32_past_width_128_and_two_stages_past_64(
 
     for dtype in (torch.bfloat16, torch.float32):
         for kind, contiguous in ((tiles_jit.LINEAR, True), (tiles_jit.FIRE, True), (tiles_jit.TABLE, False)):
-            rule = {width: tiles_triton._blocks(gpu_tensor(dtype, width), kind, contiguous)
+            rule = {width: tiles_triton._blocks(gpu_tensor(dtype, width), width, kind, contiguous)
                     for width in (64, 65, 128, 129)}
+            for width in (65, 129):
+                assert tiles_triton._blocks(gpu_tensor(dtype, 16), width, kind, contiguous) == rule[width]
+                assert tiles_triton._blocks(gpu_tensor(dtype, width), 16, kind, contiguous) == rule[width]
             assert rule[64].stages == 3 and rule[65].stages == rule[129].stages == 2, (dtype, kind)
             assert rule[128].backward == rule[64].backward and rule[129].backward == min(rule[64].backward, 32)
             assert rule[129].backward == 32 and rule[129].forward_m == rule[128].forward_m, (dtype, kind)

@@ -34,13 +34,14 @@ from torch import Tensor
 
 from .count_windows_triton import looked_up, to_table
 from .tiles_terms import along, dot, program_tile
-from .tiles_triton import LOG2E, check_own_positions, last_unit, offered_once_checked, product_kind, widths
+from .tiles_triton import (LOG2E, by_value_columns, check_own_positions, last_unit, offered_once_checked,
+                           product_kind, widths)
 
 #: whether a GPU has run this kernel's CUDA tests; until then ``forms`` offers it on a GPU only where
 #: POSENC_COUNTS_TRITON=1 (``benchmarks/scripts/gpu.sh`` sets it)
 CHECKED_ON_GPU = False
-#: the widest heads (bf16/fp16, float32) whose tiles fit an H100's shared memory, compiled for sm_90: float32 at
-#: 128 and any dtype at 256 did not fit
+#: the widest heads and values (bf16/fp16, float32) whose tiles fit an H100's shared memory, compiled for sm_90:
+#: float32 at 128 and any dtype at 256 did not fit (wider values run by blocks of columns: ``by_value_columns``)
 WIDEST = (128, 64)
 
 
@@ -54,7 +55,7 @@ def counts_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, *, scale: f
 
     Args:
         q: (B, H, Tq, Dh); k: (B, Hkv, Tk, Dh); v: (B, Hkv, Tk, Dv), Tq ≤ Tk, H a multiple of Hkv; float16,
-            bfloat16 or float32.
+            bfloat16 or float32; v of any width (past ``WIDEST`` by blocks of columns).
         table: (P, Dh) float, CoPE's ``embeddings``, P ≥ 2.
         scale: the content logits' scale; gate_scale: the gates' (CoPE: 1/√Dh).
     Returns:
@@ -64,7 +65,8 @@ def counts_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, *, scale: f
     width = q.shape[-1]
     if table.dim() != 2 or table.shape[0] < 2 or table.shape[1] != width:
         raise ValueError(f"table must be (P >= 2, Dh = {width}), got {tuple(table.shape)}")
-    return _CountsAttention.apply(q, k, v, table, float(scale), float(gate_scale))
+    return by_value_columns(
+        lambda columns: _CountsAttention.apply(q, k, columns, table, float(scale), float(gate_scale)), v, WIDEST)
 
 
 @triton.jit

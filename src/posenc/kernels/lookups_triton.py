@@ -33,13 +33,14 @@ from torch import Tensor
 
 from .offset_lookup import check_lookup_terms
 from .tiles_terms import along, dot, program_tile
-from .tiles_triton import LOG2E, check_own_positions, last_unit, offered_once_checked, product_kind, widths
+from .tiles_triton import (LOG2E, by_value_columns, check_own_positions, last_unit, offered_once_checked,
+                           product_kind, widths)
 
 #: whether a GPU has run this kernel's CUDA tests; until then ``forms`` offers it on a GPU only where
 #: POSENC_LOOKUPS_TRITON=1 (``benchmarks/scripts/gpu.sh`` sets it)
 CHECKED_ON_GPU = False
-#: the widest heads (bf16/fp16, float32) whose tiles fit an H100's shared memory, compiled for sm_90: float32 at
-#: 128 and any dtype at 256 did not fit
+#: the widest heads and values (bf16/fp16, float32) whose tiles fit an H100's shared memory, compiled for sm_90:
+#: float32 at 128 and any dtype at 256 did not fit (wider values run by blocks of columns: ``by_value_columns``)
 WIDEST = (128, 64)
 
 
@@ -56,7 +57,8 @@ def lookup_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, *, content_
 
     Args:
         q: (B, H, Tq, Dh); k: (B, Hkv, Tk, Dh); v: (B, Hkv, Tk, Dv), Tq ≤ Tk, H a multiple of Hkv; float16,
-            bfloat16 or float32.
+            bfloat16 or float32; v of any width (past ``WIDEST`` by blocks of columns, with ``values`` and
+            ``value_floor``).
         table: (H or 1, N, Dh) float: row d is the vector of offset d (Transformer-XL: N ≥ Tk; Shaw's band: N = K).
         content_shift, lookup_shift: (H, Dh) float, added to q for the content and lookup products; None for 0.
         values: (like the table, N, Dv) float or None: row d is added to the output of every pair at offset d,
@@ -70,7 +72,9 @@ def lookup_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, *, content_
     """
     check_own_positions(q, k, v, WIDEST)
     check_lookup_terms(q, v, table, values, value_floor, content_shift, lookup_shift)
-    return _LookupAttention.apply(q, k, v, table, values, value_floor, content_shift, lookup_shift, float(scale))
+    return by_value_columns(lambda columns, values, value_floor: _LookupAttention.apply(
+        q, k, columns, table, values, value_floor, content_shift, lookup_shift, float(scale)), v, WIDEST, values,
+        value_floor)
 
 
 @triton.jit

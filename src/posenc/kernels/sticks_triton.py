@@ -29,11 +29,13 @@ import triton.language as tl
 from torch import Tensor
 
 from .tiles_terms import along, dot, program_tile
-from .tiles_triton import check_own_positions, last_unit, offered_once_checked, product_kind, widths
+from .tiles_triton import (by_value_columns, check_own_positions, last_unit, offered_once_checked, product_kind,
+                           widths)
 #: whether a GPU has run this kernel's CUDA tests; until then ``forms`` offers it on a GPU only where
 #: POSENC_STICKS_TRITON=1 (``benchmarks/scripts/gpu.sh`` sets it), and stick-breaking there computes as eager does
 CHECKED_ON_GPU = False
-#: the widest heads (bf16/fp16, float32) whose tiles (``_blocks``) fit an H100's shared memory, compiled for sm_90
+#: the widest heads and values (bf16/fp16, float32) whose tiles (``_blocks``) fit an H100's shared memory, compiled
+#: for sm_90 (wider values run by blocks of columns: ``by_value_columns``)
 WIDEST = (256, 128)
 
 
@@ -47,14 +49,15 @@ def stick_breaking_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, a
 
     Args:
         q: (B, H, Tq, Dh); k: (B, Hkv, Tk, Dh); v: (B, Hkv, Tk, Dv), Tq ≤ Tk, H a multiple of Hkv; float16,
-            bfloat16 or float32.
+            bfloat16 or float32; v of any width (past ``WIDEST`` by blocks of columns).
         scale: the logit scale.
         attend_current: whether a query may attend to the key at its own position.
     Returns:
         (B, H, Tq, Dv) in q's dtype; a row with no allowed key is zeros.
     """
     check_own_positions(q, k, v, WIDEST)
-    return _StickBreaking.apply(q, k, v, float(scale), bool(attend_current))
+    return by_value_columns(lambda columns: _StickBreaking.apply(q, k, columns, float(scale), bool(attend_current)),
+                            v, WIDEST)
 
 
 @triton.jit
@@ -166,21 +169,21 @@ def _backward(Q, K, V, DO, DELTA, DQ, DK, DV, s_qb, s_qh, s_qt, s_kb, s_kh, s_kt
              mask=in_queries[:, None] & (offs_d[None, :] < HEAD_DIM))
 
 
-def _blocks(q: Tensor) -> tuple[int, int, int]:
+def _blocks(q: Tensor, value_dim: int) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, warps): 16 × 16 under the interpreter, so a test at a few dozen tokens crosses tiles; on a
-    GPU 64 × 64 with 8 warps, not yet timed for this kernel, and 32 × 32 with 4 for heads wider than 128 or float32
-    wider than 64. Compiled for sm_90 (Triton 3.6, ``benchmarks/scripts/sm90_tiles.py``): at 64 × 64 the backward
+    GPU 64 × 64 with 8 warps, not yet timed for this kernel, and 32 × 32 with 4 for heads or values wider than 128
+    (float32: 64). Compiled for sm_90 (Triton 3.6, ``benchmarks/scripts/sm90_tiles.py``): at 64 × 64 the backward
     spilled 120–128 bytes of registers per thread in bf16 at width 64, 248 at 128 and 488 in float32 at 64; bf16 at
     256 asked for 320 KiB of shared memory (a block has 227) and float32 at 128 spilled 4,544 bytes; 32 × 32 fits
     them in 114 KiB, spilling 152 bytes and none."""
     if q.device.type == "cpu":
         return 16, 16, 1
-    narrow = q.shape[-1] <= (64 if q.dtype == torch.float32 else 128)
+    narrow = max(q.shape[-1], value_dim) <= (64 if q.dtype == torch.float32 else 128)
     return (64, 64, 8) if narrow else (32, 32, 4)
 
 
 def _sizes(q: Tensor, k: Tensor, v: Tensor, attend_current: bool) -> dict:
-    block_m, block_n, warps = _blocks(q)
+    block_m, block_n, warps = _blocks(q, v.shape[-1])
     return dict(**widths(q, v.shape[-1]), BLOCK_M=block_m, BLOCK_N=block_n, CURRENT=attend_current,
                 DOT=product_kind(q), num_warps=warps)
 

@@ -27,6 +27,7 @@ table entries.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -43,7 +44,8 @@ FORMULAS = {"linear": tiles_jit.LINEAR, "linear_abs": tiles_jit.LINEAR_ABS, "ker
 #: the formulas timed and checked on a GPU so far; a GPU offers the others beside a dense form, which its first-use
 #: timing keeps should the tiles fail there
 CHECKED_ON_GPU = ("linear", "linear_abs", "kerple_log", "kerple_power")
-#: the widest heads (bf16/fp16, float32) whose tiles (``_blocks``) fit an H100's shared memory, compiled for sm_90
+#: the widest heads and values (bf16/fp16, float32) whose tiles (``_blocks``) fit an H100's shared memory, compiled
+#: for sm_90 (wider values run by blocks of columns: ``by_value_columns``)
 WIDEST = (256, 128)
 
 
@@ -123,6 +125,20 @@ def check_own_positions(q: Tensor, k: Tensor, v: Tensor, widest: tuple[int, int]
     check_fits(q, widest)
 
 
+def by_value_columns(attend: Callable[..., Tensor], v: Tensor, widest: tuple[int, int],
+                     *beside_v: Tensor | None) -> Tensor:
+    """``attend(v, *beside_v)``, or, for v (B, Hkv, Tk, Dv) wider than a kernel's tiles fit (``widest``: 16-bit,
+    float32), ``attend`` over blocks of that many of v's columns (and the same columns of each of ``beside_v``, by
+    its last dim; None passes), side by side. Exact: the weights do not read v, and autograd sums each block's
+    gradients of q, k and the position terms. Returns (B, H, Tq, Dv)."""
+    step = widest[v.dtype == torch.float32]
+    if v.shape[-1] <= step:
+        return attend(v, *beside_v)
+    blocks = [attend(*(None if x is None else x[..., start:start + step] for x in (v, *beside_v)))
+              for start in range(0, v.shape[-1], step)]
+    return torch.cat(blocks, -1)
+
+
 def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool = True,
                     table: Tensor | None = None, lowest: int = 0, flat: tuple[int, int] | None = None,
                     formula: Formula | None = None, token_values: Tensor | None = None,
@@ -132,7 +148,7 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bo
 
     Args:
         q: (B, H, Tq, Dh); k: (B, Hkv, Tk, Dh); v: (B, Hkv, Tk, Dv); H a multiple of Hkv; float16, bfloat16 or
-            float32.
+            float32; v of any width (past ``WIDEST`` by blocks of columns: ``by_value_columns``).
         scale: the logit scale.
         causal: keys after their query (k_pos > q_pos) are masked.
         table: (H, N) float, the bias of offsets lowest .. lowest + N − 1, covering every offset an allowed pair
@@ -178,7 +194,8 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bo
     entries = 1 if bias is None else bias.shape[1]
     flat = (-1, entries) if flat is None or table is None else (int(flat[0]), int(flat[1]))
     settings = _Settings(kind, int(lowest), flat, causal, float(scale))
-    return _TiledAttention.apply(q, k, v, bias, q_values, k_values, *positions, settings)
+    return by_value_columns(
+        lambda columns: _TiledAttention.apply(q, k, columns, bias, q_values, k_values, *positions, settings), v, WIDEST)
 
 
 @dataclass(frozen=True)
@@ -229,14 +246,14 @@ UNTIMED = Tiles(64, 64, 8, 64, 8, 3)
 FLOAT32 = Tiles(64, 32, 8, 32, 8, 3)
 
 
-def _blocks(q: Tensor, kind: int, contiguous: bool) -> Tiles:
-    """The tiles for q's device, dtype and head width, the bias kind and whether positions are contiguous; two
-    pipeline stages beyond a head width of 64, where three do not fit an H100's shared memory, and a backward tile
-    of 32 beyond 128: in bf16 at 256 the 64 × 64 backward spilled up to 2,392 bytes a thread (FIRE's queries),
-    32 × 32 at most 232 (compiled for sm_90 by Triton 3.6; not timed)."""
+def _blocks(q: Tensor, value_dim: int, kind: int, contiguous: bool) -> Tiles:
+    """The tiles for q's device and dtype, the wider of its head and the values, the bias kind and whether
+    positions are contiguous; two pipeline stages beyond a width of 64, where three do not fit an H100's shared
+    memory, and a backward tile of 32 beyond 128: in bf16 at 256 the 64 × 64 backward spilled up to 2,392 bytes a
+    thread (FIRE's queries), 32 × 32 at most 232 (compiled for sm_90 by Triton 3.6; not timed)."""
     if q.device.type == "cpu":
         return INTERPRETED
-    width = q.shape[-1]
+    width = max(q.shape[-1], value_dim)
     if q.dtype == torch.float32:
         tiles = FLOAT32
     elif not contiguous or kind == tiles_jit.FIRE:
@@ -269,7 +286,7 @@ class _TiledAttention(torch.autograd.Function):
         out = q.new_empty(batch, q_len, heads, v.shape[-1]).transpose(1, 2)  # token-major, as SDPA returns it
         lse = torch.empty(batch * heads, q_len, device=q.device, dtype=torch.float32)
         terms = _Terms(q, k, v, bias, q_values, k_values, q_pos, k_pos, settings)
-        tiles = _blocks(q, settings.kind, q_pos is None)
+        tiles = _blocks(q, v.shape[-1], settings.kind, q_pos is None)
         tiles_jit.forward[(triton.cdiv(q_len, tiles.forward_m) * batch * heads,)](
             q, k, v, out, lse, *terms.pointers(), *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
             *out.stride()[:3], *terms.strides(), heads, terms.group, *terms.sizes(), BLOCK_M=tiles.forward_m,
@@ -292,7 +309,7 @@ class _TiledAttention(torch.autograd.Function):
         token_grad = q_values is not None and (ctx.needs_input_grad[4] or ctx.needs_input_grad[5])
         d_q_values = lse.new_empty(batch, heads, q_len) if token_grad else None
         d_k_values = lse.new_empty(batch, heads, k_len) if token_grad else None
-        tiles = _blocks(q, ctx.settings.kind, q_pos is None)
+        tiles = _blocks(q, v.shape[-1], ctx.settings.kind, q_pos is None)
         block = tiles.backward
         common = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3])
         launch = dict(num_warps=tiles.backward_warps, num_stages=tiles.stages, TOKEN_GRAD=token_grad, **terms.flags())
