@@ -154,8 +154,8 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bo
         table: (H, N) float, the bias of offsets lowest .. lowest + N − 1, covering every offset an allowed pair
             reaches; its gradient flows back (float32).
         flat: (low, high) table entries: entries ≤ low share one value and one parameter, and so do entries
-            ≥ high (−1 and N: none); a tile wholly inside either adds one gradient sum (and, but in float32,
-            reads one number).
+            ≥ high (−1 and N: none); a tile wholly inside either adds one gradient sum and, except in float32,
+            reads one number.
         formula: the bias as a ``Formula`` instead of a table (not both).
         token_values: (B or 1, H, Tk) float (FoX's c = cumsum log f), queries being the last Tq keys; its gradient
             flows back.
