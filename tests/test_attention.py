@@ -200,6 +200,8 @@ def test_refusals_name_a_backend_that_can():
         (lambda q, k, v: posenc.attention(q, k[:, :1], v), r"must share the batch B, and k, v the heads"),
         (lambda q, k, v: posenc.attention(q[:, :1], k, v), r"a multiple of Hkv"),
         (lambda q, k, v: posenc.attention(q, k[..., :4], v), r"same head width"),
+        (lambda q, k, v: posenc.attention(q, k.bfloat16(), v), r"one dtype, got torch.float64, torch.bfloat16 and"),
+        (lambda q, k, v: posenc.attention(q, k, v.float(), posenc.build("alibi", num_heads=2)), r"one dtype"),
         (lambda q, k, v: posenc.attention(q, k, v[:, :, :3]), r"same length Tk"),
         (lambda q, k, v: posenc.attention(q, k, v, posenc.build("alibi", num_heads=3)), r"num_heads=3 .* H=2"),
         (lambda q, k, v: posenc.attention(q, k, v, posenc.build("rope", head_dim=4)), r"head_dim=4 .* Dh=8"),

@@ -70,11 +70,13 @@ def positions(name: str, value: Tensor, length: int, batch: int) -> Tensor:
 
 
 def attention_tensors(q: Tensor, k: Tensor, v: Tensor, encoding) -> None:
-    """q, k, v of ``attention()``: 4-D, shapes that agree with each other and with the encoding."""
+    """q, k, v of ``attention()``: 4-D, of one dtype, shapes that agree with each other and with the encoding."""
     for name, tensor in (("q", q), ("k", k), ("v", v)):
         if not isinstance(tensor, Tensor) or tensor.dim() != 4:
             shape = tuple(tensor.shape) if isinstance(tensor, Tensor) else type(tensor).__name__
             raise ValueError(f"{name} must be a 4-D tensor (B, H, T, D), got {shape}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
     if k.shape[:2] != v.shape[:2] or k.shape[0] != q.shape[0] or q.shape[1] % k.shape[1]:
         raise ValueError(
             "q, k, v must share the batch B, and k, v the heads Hkv, with the query heads H a multiple of "

@@ -104,6 +104,9 @@ def test_the_kernel_refuses_shapes_it_cannot_serve_in_one_line():
         stick_breaking_attention(q, k, k, scale=1.0, attend_current=False)
     with pytest.raises(ValueError, match="Tq <= Tk"):
         stick_breaking_attention(torch.zeros(1, 2, 5, 8), k[:, :, :4], k, scale=1.0, attend_current=False)
+    with pytest.raises(ValueError, match="q, k and v must share one dtype, got torch.float32, torch.float32 and "
+                                         "torch.bfloat16"):  # under the interpreter, mixed dtypes ran and were wrong
+        stick_breaking_attention(k, k, k.bfloat16(), scale=1.0, attend_current=False)
     wide = torch.zeros(1, 2, 4, 129)
     with pytest.raises(ValueError, match=r"q's head width must be at most 128 in torch.float32 .* got 129"):
         stick_breaking_attention(wide, wide, wide, scale=1.0, attend_current=False)

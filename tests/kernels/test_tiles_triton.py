@@ -299,6 +299,24 @@ def test_a_tile_on_a_flat_run_of_the_table_reads_one_entry_and_adds_one_sum():
     """)
 
 
+def test_a_tile_on_a_declared_flat_run_reads_one_number_in_bf16_and_each_pairs_entry_in_float32():
+    """Where a tile lies wholly on a flat run, bf16 logits read the run's one number (part of what the first lend
+    timed for T5) and float32's read each pair's entry (the branch made ptxas spill 7,680 bytes a thread): given a
+    table that is not flat past the entry declared flat, float32 equals the call without ``flat``, bf16 does not."""
+    _run("""
+    torch.manual_seed(6)
+    q, k, v = (torch.randn(1, 2, 40, 8) for _ in range(3))
+    table = torch.randn(2, 40)
+    for dtype in (torch.float32, torch.bfloat16):
+        tensors = [x.to(dtype) for x in (q, k, v)]
+        declared = tiled_attention(*tensors, scale=0.4, table=table, flat=(-1, 9))
+        plain = tiled_attention(*tensors, scale=0.4, table=table)
+        gap = float((declared.float() - plain.float()).abs().max())
+        assert (gap == 0.0) == (dtype == torch.float32), (dtype, gap)
+    print("ok")
+    """)
+
+
 def test_fire_tiles_read_its_mlp_as_segments_and_equal_float64_eager():
     """FIRE through ``forms._tiles_form``, its MLP read as linear segments per pair (``kernels.fire_segments``),
     against float64 eager: the output and the gradients of q, k, v and every parameter (the MLP's weights and
@@ -367,8 +385,8 @@ def test_fire_tiles_read_its_mlp_as_segments_and_equal_float64_eager():
 
 def test_the_kernel_refuses_terms_it_cannot_take_in_one_line():
     """Each before any launch: positions for one side only, token values at explicit positions, a table and a
-    formula at once, a table without a row per head, a head wider than the tiles fit a GPU's shared memory (256 in
-    bf16, 128 in float32: Triton would refuse it only at launch)."""
+    formula at once, a table without a row per head, q, k and v of more than one dtype, a head wider than the tiles
+    fit a GPU's shared memory (256 in bf16, 128 in float32: Triton would refuse it only at launch)."""
     import torch
 
     from posenc.kernels.tiles_triton import Formula, tiled_attention
@@ -383,6 +401,8 @@ def test_the_kernel_refuses_terms_it_cannot_take_in_one_line():
                            ({"table": torch.zeros(3, 4)}, r"table must be \(H, N\) = \(2, N >= 1\), got \(3, 4\)")):
         with pytest.raises(ValueError, match=message):
             tiled_attention(q, q, q, scale=1.0, **terms)
+    with pytest.raises(ValueError, match="one dtype, got torch.bfloat16, torch.float32 and torch.float32"):
+        tiled_attention(q.bfloat16(), q, q, scale=1.0, formula=linear)
     for dtype, widest in ((torch.bfloat16, 256), (torch.float32, 128)):
         wide = torch.zeros(1, 2, 4, widest + 1, dtype=dtype)
         with pytest.raises(ValueError, match=rf"at most {widest} in {dtype} .* got {widest + 1}"):

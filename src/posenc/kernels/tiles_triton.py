@@ -102,9 +102,12 @@ def widths(q: Tensor, value_dim: int) -> dict:
                 BLOCK_DV=max(16, triton.next_power_of_2(value_dim)))
 
 
-def check_fits(q: Tensor, widest: tuple[int, int]) -> None:
-    """Refuses, in one line, a head wider than a kernel's tiles fit a GPU's shared memory at (``widest``: 16-bit,
-    float32), which Triton would refuse only at launch, deep in its stack."""
+def check_fits(q: Tensor, k: Tensor, v: Tensor, widest: tuple[int, int]) -> None:
+    """Refuses, in one line, q, k and v of more than one dtype (the kernels read each in q's; under the interpreter
+    mixed ones ran and were wrong), and a head wider than a kernel's tiles fit a GPU's shared memory at
+    (``widest``: 16-bit, float32), which Triton would refuse only at launch, deep in its stack."""
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
     if not fits_shared_memory(q, widest):
         raise ValueError(f"q's head width must be at most {widest[q.dtype == torch.float32]} in {q.dtype} for this "
                          f"kernel (wider tiles do not fit a GPU's shared memory), got {q.shape[-1]}")
@@ -115,28 +118,29 @@ def check_own_positions(q: Tensor, k: Tensor, v: Tensor, widest: tuple[int, int]
 
     Raises:
         ValueError: unless q (B, H, Tq, Dh), k (B, Hkv, Tk, Dh), v (B, Hkv, Tk, Dv) with Tq ≤ Tk, H a multiple of
-            Hkv, in one of ``DTYPES``, Dh within ``widest`` (``check_fits``).
+            Hkv, in one of ``DTYPES`` (all three), Dh within ``widest`` (``check_fits``).
     """
     batch, heads, q_len, width = q.shape
     if k.dim() != 4 or k.shape[0] != batch or heads % k.shape[1] or k.shape[2] < q_len or k.shape[3] != width or (
             v.shape[:3] != k.shape[:3]) or q.dtype not in DTYPES:
         raise ValueError(f"q (B, H, Tq, Dh), k (B, Hkv, Tk, Dh), v (B, Hkv, Tk, Dv) with Tq <= Tk, H a multiple of "
                          f"Hkv, in one of {DTYPES}; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)} {q.dtype}")
-    check_fits(q, widest)
+    check_fits(q, k, v, widest)
 
 
 def by_value_columns(attend: Callable[..., Tensor], v: Tensor, widest: tuple[int, int],
                      *beside_v: Tensor | None) -> Tensor:
     """``attend(v, *beside_v)``, or, for v (B, Hkv, Tk, Dv) wider than a kernel's tiles fit (``widest``: 16-bit,
     float32), ``attend`` over blocks of that many of v's columns (and the same columns of each of ``beside_v``, by
-    its last dim; None passes), side by side. Exact: the weights do not read v, and autograd sums each block's
-    gradients of q, k and the position terms. Returns (B, H, Tq, Dv)."""
+    its last dim; None passes), side by side. The weights do not read v, so the output is v whole's, and autograd
+    sums each block's gradients of q, k and the position terms (in 16-bit dtypes each block's is rounded first: a
+    rounding step from v whole's). Returns (B, H, Tq, Dv) token-major, as the kernels return it."""
     step = widest[v.dtype == torch.float32]
     if v.shape[-1] <= step:
         return attend(v, *beside_v)
     blocks = [attend(*(None if x is None else x[..., start:start + step] for x in (v, *beside_v)))
               for start in range(0, v.shape[-1], step)]
-    return torch.cat(blocks, -1)
+    return torch.cat([block.transpose(1, 2) for block in blocks], -1).transpose(1, 2)
 
 
 def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bool = True,
@@ -164,11 +168,12 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bo
     Returns:
         (B, H, Tq, Dv) in q's dtype, laid out token-major as SDPA returns it.
     Raises:
-        ValueError: for terms that contradict each other or q's shape, or Dh past ``WIDEST`` (``check_fits``).
+        ValueError: for terms that contradict each other or q's shape, q, k and v of more than one dtype, or Dh
+            past ``WIDEST`` (``check_fits``).
     """
     batch, heads, q_len, _ = q.shape
     k_len = k.shape[2]
-    check_fits(q, WIDEST)
+    check_fits(q, k, v, WIDEST)
     if (q_pos is None) != (k_pos is None):
         raise ValueError("pass both q_pos and k_pos, or neither (contiguous positions)")
     if q_pos is not None and token_values is not None:
@@ -240,9 +245,9 @@ WIDE = Tiles(128, 64, 8, 64, 8, 3)
 UNTIMED = Tiles(64, 64, 8, 64, 8, 3)
 #: not timed: float32, whose exact products run on the CUDA cores, each thread holding its rows and columns of both
 #: operands. With ``TIMED`` most programs spilled 2–21 KB per thread (ALiBi's keys' backward kept 32 registers and
-#: 15,328 bytes of stack); with these the formulas, FIRE and token values spill at most 56, the tables' keys'
-#: backward 248–1,144 and their forward 176–1,496. A 16 × 16 backward spills nothing, but a quarter tile is four
-#: times the programs and the table's atomic adds; half of it cost 2.4× in bf16
+#: 15,328 bytes of stack); with these the formulas, FIRE and token values spill at most 56 at width 64, a table
+#: (read an entry per pair) at most 32, and 496 at 128. A 16 × 16 backward spills nothing, but a quarter tile is
+#: four times the programs and the table's atomic adds; half of it cost 2.4× in bf16
 FLOAT32 = Tiles(64, 32, 8, 32, 8, 3)
 
 
