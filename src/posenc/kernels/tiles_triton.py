@@ -102,7 +102,7 @@ def widths(q: Tensor, value_dim: int) -> dict:
                 BLOCK_DV=max(16, triton.next_power_of_2(value_dim)))
 
 
-def check_fits(q: Tensor, k: Tensor, v: Tensor, widest: tuple[int, int]) -> None:
+def check_inputs(q: Tensor, k: Tensor, v: Tensor, widest: tuple[int, int]) -> None:
     """Refuses, in one line, q, k and v of more than one dtype (the kernels read each in q's; under the interpreter
     mixed ones ran and were wrong), and a head wider than a kernel's tiles fit a GPU's shared memory at
     (``widest``: 16-bit, float32), which Triton would refuse only at launch, deep in its stack."""
@@ -118,14 +118,14 @@ def check_own_positions(q: Tensor, k: Tensor, v: Tensor, widest: tuple[int, int]
 
     Raises:
         ValueError: unless q (B, H, Tq, Dh), k (B, Hkv, Tk, Dh), v (B, Hkv, Tk, Dv) with Tq ≤ Tk, H a multiple of
-            Hkv, in one of ``DTYPES`` (all three), Dh within ``widest`` (``check_fits``).
+            Hkv, in one of ``DTYPES`` (all three), Dh within ``widest`` (``check_inputs``).
     """
     batch, heads, q_len, width = q.shape
     if k.dim() != 4 or k.shape[0] != batch or heads % k.shape[1] or k.shape[2] < q_len or k.shape[3] != width or (
             v.shape[:3] != k.shape[:3]) or q.dtype not in DTYPES:
         raise ValueError(f"q (B, H, Tq, Dh), k (B, Hkv, Tk, Dh), v (B, Hkv, Tk, Dv) with Tq <= Tk, H a multiple of "
                          f"Hkv, in one of {DTYPES}; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)} {q.dtype}")
-    check_fits(q, k, v, widest)
+    check_inputs(q, k, v, widest)
 
 
 def by_value_columns(attend: Callable[..., Tensor], v: Tensor, widest: tuple[int, int],
@@ -169,11 +169,11 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, causal: bo
         (B, H, Tq, Dv) in q's dtype, laid out token-major as SDPA returns it.
     Raises:
         ValueError: for terms that contradict each other or q's shape, q, k and v of more than one dtype, or Dh
-            past ``WIDEST`` (``check_fits``).
+            past ``WIDEST`` (``check_inputs``).
     """
     batch, heads, q_len, _ = q.shape
     k_len = k.shape[2]
-    check_fits(q, k, v, WIDEST)
+    check_inputs(q, k, v, WIDEST)
     if (q_pos is None) != (k_pos is None):
         raise ValueError("pass both q_pos and k_pos, or neither (contiguous positions)")
     if q_pos is not None and token_values is not None:
