@@ -265,10 +265,11 @@ def test_a_tile_on_a_flat_run_of_the_table_reads_one_entry_and_adds_one_sum():
     entry. In bfloat16 such a tile's logits read the run's one number; in float32 every pair reads its entry."""
     _run("""
     torch.manual_seed(4)
-    # runs that start on and off the tiles' grid of entries (16-row tiles: a tile's least entry is 1, 17, ...)
-    runs = ((True, -1, 9), (True, -1, 2), (True, -1, 18), (False, 2, 48), (False, -1, 24))
+    # runs that start on and off the tiles' grid of entries (16-row tiles: a tile's least entry is 1, 17, ...); at
+    # low = 24 the tile of queries 0-15 and keys 32-39 lies wholly on the low run
+    runs = ((True, -1, 9), (True, -1, 2), (True, -1, 18), (False, 2, 48), (False, -1, 24), (False, 24, 48))
     for dtype, tolerance, (causal, low, high) in [(torch.float32, 2e-5, run) for run in runs] + [
-            (torch.bfloat16, 2e-2, run) for run in runs[::3]]:
+            (torch.bfloat16, 2e-2, run) for run in runs[::3] + runs[-1:]]:
         q, k, v = (torch.randn(1, 2, 40, 8).to(dtype).float() for _ in range(3))  # exact in dtype
         lowest = 0 if causal else -39
         table = torch.randn(2, 40 - lowest)
