@@ -65,8 +65,9 @@ def attention(
     """Attention with any positional encoding.
 
     Args:
-        q: (B, H, Tq, Dh) queries; k: (B, Hkv, Tk, Dh) keys; v: (B, Hkv, Tk, Dv) values, with H a multiple of Hkv
-            (Hkv < H: grouped-query attention, each key/value head serving H/Hkv consecutive query heads).
+        q: (B, H, Tq, Dh) queries; k: (B, Hkv, Tk, Dh) keys; v: (B, Hkv, Tk, Dv) values, of one dtype, with H a
+            multiple of Hkv (Hkv < H: grouped-query attention, each key/value head serving H/Hkv consecutive query
+            heads).
         encoding: any module from ``posenc.build``; None means no positional encoding. Input-door encodings act
             before attention (``embed``) and are ignored here. Or ``encoding.at(q_pos, k_pos)``, the encoding at
             fixed positions, which a model builds once per forward so that all its layers share RoPE's cos/sin and
