@@ -75,8 +75,7 @@ def attention_tensors(q: Tensor, k: Tensor, v: Tensor, encoding) -> None:
         if not isinstance(tensor, Tensor) or tensor.dim() != 4:
             shape = tuple(tensor.shape) if isinstance(tensor, Tensor) else type(tensor).__name__
             raise ValueError(f"{name} must be a 4-D tensor (B, H, T, D), got {shape}")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
+    one_dtype(q, k, v)
     if k.shape[:2] != v.shape[:2] or k.shape[0] != q.shape[0] or q.shape[1] % k.shape[1]:
         raise ValueError(
             "q, k, v must share the batch B, and k, v the heads Hkv, with the query heads H a multiple of "
@@ -93,6 +92,12 @@ def attention_tensors(q: Tensor, k: Tensor, v: Tensor, encoding) -> None:
     head_dim = getattr(encoding, "head_dim", None)
     if head_dim is not None and head_dim != q.shape[3]:
         raise ValueError(f"the encoding was built for head_dim={head_dim} but the tensors have Dh={q.shape[3]}")
+
+
+def one_dtype(q: Tensor, k: Tensor, v: Tensor) -> None:
+    """q, k and v of one dtype: attention's kernels read all three in q's."""
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
 
 
 def attention_mask(mask: Tensor, shape: tuple[int, int, int, int]) -> None:

@@ -35,6 +35,7 @@ import torch
 import triton
 from torch import Tensor
 
+from .. import checks
 from . import tiles_jit
 
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x · log2 e): the kernels work in base 2
@@ -106,8 +107,7 @@ def check_inputs(q: Tensor, k: Tensor, v: Tensor, widest: tuple[int, int]) -> No
     """Refuses, in one line, q, k and v of more than one dtype (the kernels read each in q's; under the interpreter
     mixed ones ran and were wrong), and a head wider than a kernel's tiles fit a GPU's shared memory at
     (``widest``: 16-bit, float32), which Triton would refuse only at launch, deep in its stack."""
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
+    checks.one_dtype(q, k, v)
     if not fits_shared_memory(q, widest):
         raise ValueError(f"q's head width must be at most {widest[q.dtype == torch.float32]} in {q.dtype} for this "
                          f"kernel (wider tiles do not fit a GPU's shared memory), got {q.shape[-1]}")
