@@ -19,7 +19,7 @@ from tests.kernels.interpreted import gpu_tensor, run_interpreted
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (the test extra)")
 
-CHECK = textwrap.dedent(
+REFERENCE = textwrap.dedent(
     """
     import torch
     from posenc.encodings.cope import CoPE
@@ -58,46 +58,66 @@ CHECK = textwrap.dedent(
                     start = following
         return jumped
 
+    # the table's gradient is a small difference of each row's sums, and bf16 rounds the weights before they meet v
+    # (as SDPA and eager do): at two rows it moves by 1.7e-2 of its largest magnitude, elsewhere by 8e-3 at most
+    TABLE_BF16 = {2: 5e-2}
+
+    def compare(dtype, tolerance, batch, heads, kv_heads, q_len, k_len, width, value_width, rows, drifting):
+        '''The kernel against the reference on random inputs (``drifting``: rows whose counts drift apart): the output
+        and the gradients of q, k, v and the table, each relative to the reference's largest magnitude.'''
+        q = torch.randn(batch, heads, q_len, width) * 2
+        k = torch.randn(batch, kv_heads, k_len, width) * 2
+        if drifting:  # keys share a direction that every other query opposes: gates near 1 and near 0 by turns,
+            # so neighbouring rows' counts drift apart
+            leaning = torch.where(torch.arange(q_len) % 2 == 0, 1.0, -1.0)[:, None]
+            q, k = torch.randn(1, 1, q_len, width) + leaning, torch.randn(1, 1, k_len, width) + 1.5
+            assert jumped_rows(q, k, width ** -0.5, rows) >= 16  # at least a window of rows no pair reads
+        else:
+            k[:, :, k_len // 2:] = 0.0  # gates of exactly ½ there: every other count an integer, no gradient
+        v = torch.randn(batch, kv_heads, k_len, value_width)
+        table = torch.randn(rows, width)
+        exact = [x.to(dtype).double().requires_grad_() for x in (q, k, v)] + [table.double().requires_grad_()]
+        fast = [x.to(dtype).requires_grad_() for x in (q, k, v)] + [table.clone().requires_grad_()]
+        expected, gate_scale = reference(*exact, 0.3)
+        got = counts_attention(*fast, scale=0.3, gate_scale=gate_scale)
+        assert got.dtype == dtype and got.shape == expected.shape
+        upstream = torch.randn_like(expected)
+        wanted = torch.autograd.grad(expected, exact, upstream)
+        grads = torch.autograd.grad(got, fast, upstream.to(dtype))
+        for name, a, b in zip(("out", "dq", "dk", "dv", "dtable"), (got, *grads), (expected.detach(), *wanted)):
+            error = float((a.detach().double() - b).abs().max() / b.abs().max().clamp_min(1e-12))
+            # float32 sums of 64 gates or more err by up to 2e-5 (the kernel that held the whole table too)
+            allowed = tolerance * (3 if k_len >= 64 else 1)
+            if (name, dtype) == ("dtable", torch.bfloat16):
+                allowed = TABLE_BF16.get(rows, 1e-2)
+            assert error < allowed, (name, error, dtype, tuple(q.shape), tuple(k.shape), rows)
+    """
+)
+
+CHECK = REFERENCE + textwrap.dedent(
+    """
     # per case: (B, H, Hkv, Tq, Tk, Dh, Dv, P, whether rows drift apart)
     CASES = ((2, 2, 1, 37, 37, 8, 8, 3, False), (1, 2, 2, 5, 40, 16, 12, 6, False),
              (1, 1, 1, 48, 48, 12, 20, 64, False), (1, 1, 1, 33, 33, 16, 16, 2, False), (1, 1, 1, 1, 1, 4, 4, 4, False),
              (1, 1, 1, 64, 64, 16, 16, 64, True), (1, 1, 1, 64, 64, 16, 16, 40, True),
              (1, 4, 2, 20, 70, 16, 16, 64, False))
-    # the table's gradient is a small difference of each row's sums, and bf16 rounds the weights before they meet v
-    # (as SDPA and eager do): at two rows it moves by 1.7e-2 of its largest magnitude, elsewhere by 8e-3 at most
-    TABLE_BF16 = {2: 5e-2}
     torch.manual_seed(0)
     cases = 0
     for dtype, tolerance in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2), (torch.float16, 5e-3)):
-        for batch, heads, kv_heads, q_len, k_len, width, value_width, rows, drifting in CASES:
-            q = torch.randn(batch, heads, q_len, width) * 2
-            k = torch.randn(batch, kv_heads, k_len, width) * 2
-            if drifting:  # keys share a direction that every other query opposes: gates near 1 and near 0 by turns,
-                # so neighbouring rows' counts drift apart
-                leaning = torch.where(torch.arange(q_len) % 2 == 0, 1.0, -1.0)[:, None]
-                q, k = torch.randn(1, 1, q_len, width) + leaning, torch.randn(1, 1, k_len, width) + 1.5
-                assert jumped_rows(q, k, width ** -0.5, rows) >= 16  # at least a window of rows no pair reads
-            else:
-                k[:, :, k_len // 2:] = 0.0  # gates of exactly ½ there: every other count an integer, no gradient
-            v = torch.randn(batch, kv_heads, k_len, value_width)
-            table = torch.randn(rows, width)
-            exact = [x.to(dtype).double().requires_grad_() for x in (q, k, v)] + [table.double().requires_grad_()]
-            fast = [x.to(dtype).requires_grad_() for x in (q, k, v)] + [table.clone().requires_grad_()]
-            expected, gate_scale = reference(*exact, 0.3)
-            got = counts_attention(*fast, scale=0.3, gate_scale=gate_scale)
-            assert got.dtype == dtype and got.shape == expected.shape
-            upstream = torch.randn_like(expected)
-            wanted = torch.autograd.grad(expected, exact, upstream)
-            grads = torch.autograd.grad(got, fast, upstream.to(dtype))
-            for name, a, b in zip(("out", "dq", "dk", "dv", "dtable"), (got, *grads), (expected.detach(), *wanted)):
-                error = float((a.detach().double() - b).abs().max() / b.abs().max().clamp_min(1e-12))
-                # float32 sums of 64 gates or more err by up to 2e-5 (the kernel that held the whole table too)
-                allowed = tolerance * (3 if k_len >= 64 else 1)
-                if (name, dtype) == ("dtable", torch.bfloat16):
-                    allowed = TABLE_BF16.get(rows, 1e-2)
-                assert error < allowed, (name, error, dtype, tuple(q.shape), tuple(k.shape), rows)
+        for case in CASES:
+            compare(dtype, tolerance, *case)
             cases += 1
     assert cases == 3 * len(CASES)
+    print("ok")
+    """
+)
+
+EVERY_SHIFT = REFERENCE + textwrap.dedent(
+    """
+    torch.manual_seed(1)
+    for shift in range(16):  # the interpreter's tiles are 16 × 16
+        for rows in (6, 64):  # filled within the first key tiles; never filled
+            compare(torch.float32, 1e-5, 1, 2, 1, 18, 18 + shift, 8, 8, rows, False)
     print("ok")
     """
 )
@@ -188,6 +208,13 @@ def test_cope_tiles_equal_float64_values_and_gradients():
     of q, k, v and the table; float32 to 1e-5 of the reference's largest magnitude (3e-5 past 64 keys), bfloat16 to
     3e-2 (the table's gradient to 1e-2, at two rows 5e-2), float16 to 5e-3."""
     assert run_interpreted(CHECK).strip().endswith("ok")
+
+
+def test_a_kv_cache_step_at_every_shift_of_the_diagonal_equals_float64():
+    """Two query tiles at every shift Tk − Tq modulo the tiles, with a table that fills early and one that never
+    does: where the diagonal falls decides the last key tile a query tile walks back from. A walk one tile short at
+    some shifts passed the test above."""
+    assert run_interpreted(EVERY_SHIFT).strip().endswith("ok")
 
 
 def test_a_large_table_keeps_its_float32_digits_in_16_bit_tiles():

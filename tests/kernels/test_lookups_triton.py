@@ -15,7 +15,7 @@ from tests.kernels.interpreted import gpu_tensor, run_interpreted
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (the test extra)")
 
-CHECK = textwrap.dedent(
+REFERENCE = textwrap.dedent(
     """
     import torch
     from posenc.kernels.lookups_triton import lookup_attention
@@ -37,43 +37,63 @@ CHECK = textwrap.dedent(
             out = out + torch.einsum("bhqk,hqkd->bhqd", weights, value_rows)
         return out if value_floor is None else out + value_floor
 
+    def compare(dtype, tolerance, batch, heads, kv_heads, q_len, k_len, width, value_width, rows, shared, band):
+        '''The kernel against the reference on random inputs: Transformer-XL's table with both shifts, or Shaw's
+        band (``band``) with value rows and a floor; one table for every head (``shared``) or one per head. The
+        output and the gradients of q, k, v and every table and shift, each relative to the reference's largest
+        magnitude.'''
+        q = torch.randn(batch, heads, q_len, width)
+        k = torch.randn(batch, kv_heads, k_len, width)
+        v = torch.randn(batch, kv_heads, k_len, value_width)
+        table_heads = 1 if shared else heads
+        table = torch.randn(table_heads, rows, width)
+        terms = {"values": torch.randn(table_heads, rows, value_width),
+                 "value_floor": torch.randn(value_width)} if band else {
+            "content_shift": torch.randn(heads, width), "lookup_shift": torch.randn(heads, width)}
+        exact = [x.to(dtype).double().requires_grad_() for x in (q, k, v)] + [
+            x.double().requires_grad_() for x in (table, *terms.values())]
+        fast = [x.to(dtype).requires_grad_() for x in (q, k, v)] + [x.clone().requires_grad_()
+                                                                     for x in (table, *terms.values())]
+        zeros = torch.zeros(heads, width, dtype=torch.float64)
+        named = dict(zip(terms, exact[4:]))
+        expected = reference(*exact[:4], named.get("values"), named.get("value_floor"),
+                             named.get("content_shift", zeros), named.get("lookup_shift", zeros), 0.3)
+        got = lookup_attention(*fast[:4], **dict(zip(terms, fast[4:])), scale=0.3)
+        assert got.dtype == dtype and got.shape == expected.shape
+        upstream = torch.randn_like(expected)
+        wanted = torch.autograd.grad(expected, exact, upstream)
+        grads = torch.autograd.grad(got, fast, upstream.to(dtype))
+        names = ("out", "dq", "dk", "dv", "dtable", *("d" + name for name in terms))
+        for name, a, b in zip(names, (got, *grads), (expected.detach(), *wanted)):
+            assert a.dtype == (dtype if name in names[:4] else torch.float32), name
+            # one token's gradients of q and k are exactly 0 (a softmax over one key): held to 1e-2·tolerance
+            error = float((a.detach().double() - b).abs().max() / b.abs().max().clamp_min(1e-2))
+            assert error < tolerance, (name, error, dtype, tuple(q.shape), tuple(k.shape), rows)
+    """
+)
+
+CHECK = REFERENCE + textwrap.dedent(
+    """
     torch.manual_seed(0)
     cases = 0
     for dtype, tolerance in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2), (torch.float16, 5e-3)):
-        for batch, heads, kv_heads, q_len, k_len, width, value_width, rows, shared, band in (
-                (2, 2, 1, 37, 37, 8, 8, 40, False, False), (1, 2, 2, 5, 40, 16, 12, 43, False, False),
-                (1, 1, 1, 33, 33, 12, 20, 36, False, False), (1, 1, 1, 1, 1, 4, 4, 4, False, False),
-                (1, 2, 2, 37, 37, 8, 8, 5, True, True), (2, 2, 1, 33, 40, 16, 12, 20, False, True),
-                (1, 1, 1, 50, 50, 8, 8, 1, True, True), (1, 1, 1, 40, 40, 8, 8, 18, True, True)):
-            q = torch.randn(batch, heads, q_len, width)
-            k = torch.randn(batch, kv_heads, k_len, width)
-            v = torch.randn(batch, kv_heads, k_len, value_width)
-            table_heads = 1 if shared else heads
-            table = torch.randn(table_heads, rows, width)
-            terms = {"values": torch.randn(table_heads, rows, value_width),
-                     "value_floor": torch.randn(value_width)} if band else {
-                "content_shift": torch.randn(heads, width), "lookup_shift": torch.randn(heads, width)}
-            exact = [x.to(dtype).double().requires_grad_() for x in (q, k, v)] + [
-                x.double().requires_grad_() for x in (table, *terms.values())]
-            fast = [x.to(dtype).requires_grad_() for x in (q, k, v)] + [x.clone().requires_grad_()
-                                                                         for x in (table, *terms.values())]
-            zeros = torch.zeros(heads, width, dtype=torch.float64)
-            named = dict(zip(terms, exact[4:]))
-            expected = reference(*exact[:4], named.get("values"), named.get("value_floor"),
-                                 named.get("content_shift", zeros), named.get("lookup_shift", zeros), 0.3)
-            got = lookup_attention(*fast[:4], **dict(zip(terms, fast[4:])), scale=0.3)
-            assert got.dtype == dtype and got.shape == expected.shape
-            upstream = torch.randn_like(expected)
-            wanted = torch.autograd.grad(expected, exact, upstream)
-            grads = torch.autograd.grad(got, fast, upstream.to(dtype))
-            names = ("out", "dq", "dk", "dv", "dtable", *("d" + name for name in terms))
-            for name, a, b in zip(names, (got, *grads), (expected.detach(), *wanted)):
-                assert a.dtype == (dtype if name in names[:4] else torch.float32), name
-                # one token's gradients of q and k are exactly 0 (a softmax over one key): held to 1e-2·tolerance
-                error = float((a.detach().double() - b).abs().max() / b.abs().max().clamp_min(1e-2))
-                assert error < tolerance, (name, error, dtype, tuple(q.shape), tuple(k.shape), rows)
+        for case in ((2, 2, 1, 37, 37, 8, 8, 40, False, False), (1, 2, 2, 5, 40, 16, 12, 43, False, False),
+                     (1, 1, 1, 33, 33, 12, 20, 36, False, False), (1, 1, 1, 1, 1, 4, 4, 4, False, False),
+                     (1, 2, 2, 37, 37, 8, 8, 5, True, True), (2, 2, 1, 33, 40, 16, 12, 20, False, True),
+                     (1, 1, 1, 50, 50, 8, 8, 1, True, True), (1, 1, 1, 40, 40, 8, 8, 18, True, True)):
+            compare(dtype, tolerance, *case)
             cases += 1
     assert cases == 24
+    print("ok")
+    """
+)
+
+EVERY_SHIFT = REFERENCE + textwrap.dedent(
+    """
+    torch.manual_seed(1)
+    for shift in range(16):  # the interpreter's tiles are 16 × 16 (a GPU's are square too)
+        compare(torch.float32, 1e-5, 1, 2, 1, 18, 18 + shift, 8, 8, 18 + shift, False, False)
+        compare(torch.float32, 1e-5, 1, 2, 1, 18, 18 + shift, 8, 8, 5, False, True)
     print("ok")
     """
 )
@@ -145,6 +165,13 @@ def test_lookup_tiles_equal_float64_values_and_gradients():
     (Tq < Tk), head and value widths that are no power of two, one token; the gradients of q, k, v and every table
     and shift; float32 to 1e-5 of the reference's largest magnitude, bfloat16 to 3e-2, float16 to 5e-3."""
     assert run_interpreted(CHECK).strip().endswith("ok")
+
+
+def test_a_kv_cache_step_at_every_shift_of_the_diagonal_equals_float64():
+    """Two query tiles at every shift Tk − Tq modulo the tiles, with a table over every offset and with a band of 5
+    rows: where the diagonal falls decides the last key tile a query tile walks back from and the first that reads
+    the table. A walk one tile short at some shifts passed the test above."""
+    assert run_interpreted(EVERY_SHIFT).strip().endswith("ok")
 
 
 def test_attention_runs_transformer_xl_and_shaw_in_the_tiles_where_a_gpu_offers_them(tmp_path):

@@ -15,7 +15,7 @@ from tests.kernels.interpreted import gpu_tensor, run_interpreted
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (the test extra)")
 
-CHECK = textwrap.dedent(
+REFERENCE = textwrap.dedent(
     """
     import torch
     from posenc.encodings.stick_breaking import StickBreaking
@@ -29,28 +29,47 @@ CHECK = textwrap.dedent(
         allowed = (k_pos[None, :] <= q_pos[:, None]) if current else (k_pos[None, :] < q_pos[:, None])
         return StickBreaking(current).weights((q @ k.transpose(-1, -2)) * scale, allowed[None, None]) @ v
 
+    def compare(dtype, tolerance, current, batch, heads, kv_heads, q_len, k_len, width, value_width):
+        '''The kernel against the reference on random q, k and v: the output and the gradients of q, k and v, each
+        relative to the reference's largest magnitude.'''
+        q = torch.randn(batch, heads, q_len, width) * 2
+        k = torch.randn(batch, kv_heads, k_len, width) * 2
+        v = torch.randn(batch, kv_heads, k_len, value_width)
+        exact = [x.to(dtype).double().requires_grad_() for x in (q, k, v)]
+        fast = [x.to(dtype).requires_grad_() for x in (q, k, v)]
+        expected = reference(*exact, 0.4, current)
+        got = stick_breaking_attention(*fast, scale=0.4, attend_current=current)
+        assert got.dtype == dtype and got.shape == expected.shape
+        upstream = torch.randn_like(expected)
+        wanted = torch.autograd.grad(expected, exact, upstream)
+        grads = torch.autograd.grad(got, fast, upstream.to(dtype))
+        for name, a, b in zip(("out", "dq", "dk", "dv"), (got, *grads), (expected, *wanted)):
+            error = float((a.double() - b).abs().max() / b.abs().max().clamp_min(1e-12))
+            assert error < tolerance, (name, error, dtype, current, tuple(q.shape), tuple(k.shape))
+    """
+)
+
+CHECK = REFERENCE + textwrap.dedent(
+    """
     torch.manual_seed(0)
     cases = 0
     for dtype, tolerance in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2), (torch.float16, 5e-3)):
         for current in (False, True):
-            for batch, heads, kv_heads, q_len, k_len, width, value_width in (
-                    (2, 2, 1, 37, 37, 8, 8), (1, 2, 2, 5, 40, 16, 12), (1, 1, 1, 33, 33, 12, 20), (1, 1, 1, 1, 1, 4, 4)):
-                q = torch.randn(batch, heads, q_len, width) * 2
-                k = torch.randn(batch, kv_heads, k_len, width) * 2
-                v = torch.randn(batch, kv_heads, k_len, value_width)
-                exact = [x.to(dtype).double().requires_grad_() for x in (q, k, v)]
-                fast = [x.to(dtype).requires_grad_() for x in (q, k, v)]
-                expected = reference(*exact, 0.4, current)
-                got = stick_breaking_attention(*fast, scale=0.4, attend_current=current)
-                assert got.dtype == dtype and got.shape == expected.shape
-                upstream = torch.randn_like(expected)
-                wanted = torch.autograd.grad(expected, exact, upstream)
-                grads = torch.autograd.grad(got, fast, upstream.to(dtype))
-                for name, a, b in zip(("out", "dq", "dk", "dv"), (got, *grads), (expected, *wanted)):
-                    error = float((a.double() - b).abs().max() / b.abs().max().clamp_min(1e-12))
-                    assert error < tolerance, (name, error, dtype, current, tuple(q.shape), tuple(k.shape))
+            for shape in ((2, 2, 1, 37, 37, 8, 8), (1, 2, 2, 5, 40, 16, 12), (1, 1, 1, 33, 33, 12, 20),
+                          (1, 1, 1, 1, 1, 4, 4)):
+                compare(dtype, tolerance, current, *shape)
                 cases += 1
     assert cases == 24
+    print("ok")
+    """
+)
+
+EVERY_SHIFT = REFERENCE + textwrap.dedent(
+    """
+    torch.manual_seed(1)
+    for shift in range(16):  # the interpreter's tiles are 16 × 16 (a GPU's are square too)
+        for current in (False, True):
+            compare(torch.float32, 1e-5, current, 1, 2, 1, 18, 18 + shift, 8, 8)
     print("ok")
     """
 )
@@ -62,6 +81,12 @@ def test_stick_breaking_tiles_equal_float64_values_and_gradients():
     float32 to 1e-5 of the reference's largest magnitude, bfloat16 to 3e-2 (1.3e-2 seen), float16 to 5e-3
     (6.7e-4 seen)."""
     assert run_interpreted(CHECK).strip().endswith("ok")
+
+
+def test_a_kv_cache_step_at_every_shift_of_the_diagonal_equals_float64():
+    """Two query tiles at every shift Tk − Tq modulo the tiles: where the diagonal falls decides the last key tile a
+    query tile walks back from. A walk one tile short at some shifts passed the test above."""
+    assert run_interpreted(EVERY_SHIFT).strip().endswith("ok")
 
 
 def test_a_gpu_is_offered_the_kernel_only_once_checked_there_or_asked_and_where_its_tiles_fit(monkeypatch):

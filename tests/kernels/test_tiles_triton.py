@@ -85,7 +85,8 @@ def test_tiles_equal_float64_with_an_offset_table_and_token_values():
     """Causal and bidirectional, grouped-query, a KV-cache step (Tq < Tk), head widths that are no power of two
     and a value width unlike the key's; the table's gradient (reduced along the tiles' diagonals) and the token
     values' gradient (row and column sums) included, the values also near −3·10^4 (each side differenced against a
-    float64 reference, else float32 loses 4e-4); float32 to 1e-5, bfloat16 to 5e-2 (the token values' gradient
+    float64 reference, else float32 loses 4e-4) and falling by 10^5 where a query tile starts (the reference is
+    each tile's own); float32 to 1e-5, bfloat16 to 5e-2 (the token values' gradient
     sums weights rounded to bfloat16 whose exact row sums cancel to 0: 2.7e-2 seen at Tq = 5)."""
     _run("""
     torch.manual_seed(0)
@@ -105,8 +106,13 @@ def test_tiles_equal_float64_with_an_offset_table_and_token_values():
                 cases += 3
                 if causal and dtype == torch.float32:  # c far from 0, as late in a long FoX context: its digits kept
                     compare(dtype, tolerance, 0.3, causal, q, k, v, tokens=tokens.double() - 30000.123456789)
-                    cases += 1
-    assert cases == 39
+                    # a gate that shuts where a query tile starts (c falls by 10^5 there): the later tiles' c is
+                    # differenced against their own tile's first query, not the first query's (c_0 − 10^5 in
+                    # float32 keeps 3 bits after the point)
+                    shut = tokens.double() - 1e5 * (torch.arange(k_len) >= 16)
+                    compare(dtype, tolerance, 0.3, causal, q, k, v, tokens=shut)
+                    cases += 2
+    assert cases == 42
     print("ok")
     """)
 
@@ -156,6 +162,29 @@ def test_tiles_equal_float64_whatever_their_sizes_on_a_gpu():
                     - lowest + 1), lowest=lowest, q_pos=q_pos, k_pos=k_pos)
             cases += 1
     assert cases == 12
+    print("ok")
+    """)
+
+
+def test_a_kv_cache_step_at_every_shift_of_the_diagonal_equals_float64():
+    """Causal, queries the last Tq of the keys at every shift Tk − Tq modulo the tiles (the interpreter's 16 × 16 and
+    a GPU's shapes: 32 × 16 forward tiles with a backward of 16, 16 × 32 with 32), with two query tiles: where the
+    diagonal falls decides the last key tile a query tile visits, the first one it masks, and the query tiles each
+    key tile's backward visits and masks. A span one key off at some shifts passed every other test here."""
+    _run("""
+    from posenc.kernels import tiles_triton
+
+    torch.manual_seed(3)
+    cases = 0
+    for tiles, q_len, period in ((tiles_triton.INTERPRETED, 18, 16), (tiles_triton.Tiles(32, 16, 1, 16, 1, 1), 34, 32),
+                                 (tiles_triton.Tiles(16, 32, 1, 32, 1, 1), 34, 32)):
+        tiles_triton._blocks = lambda q, value_dim, kind, contiguous, tiles=tiles: tiles
+        for shift in range(period):
+            k_len = q_len + shift
+            q, k, v = torch.randn(1, 2, q_len, 8), torch.randn(1, 1, k_len, 8), torch.randn(1, 1, k_len, 8)
+            compare(torch.float32, 1e-5, 0.3, True, q, k, v, table=torch.randn(2, k_len))
+            cases += 1
+    assert cases == 80
     print("ok")
     """)
 
