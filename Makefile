@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: run test extend bench mutate hand-mutants gpu-compile clean
+.PHONY: run test extend bench mutate hand-mutants kernel-mutants gpu-compile clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -47,6 +47,11 @@ mutate: $(VENV)/.installed-test
 # fail tests/experiments/pretrained/test_pretrained.py. Not part of CI; about 10 minutes on 2 cores.
 hand-mutants: $(VENV)/.installed-test
 	$(VENV)/bin/python -m tests.hand_mutants
+
+# Hand-made wrong versions of the Triton kernels (tests/kernel_mutants.py), which mutmut cannot mutate: each must fail
+# its kernel's interpreter tests. Not part of CI; about 25 minutes on 2 cores.
+kernel-mutants: $(VENV)/.installed-test
+	$(VENV)/bin/python -m tests.kernel_mutants
 
 # Every Triton program compiled for an H100/H200 (sm_90) by the Triton a lent GPU has (GPU_TRITON), without a GPU:
 # the suite compiles with its own Triton, which accepted CoPE's kernels where 3.6 failed. Prints each launch's

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 STAGES = "posenc/experiments/pretrained/stages.py"
@@ -62,33 +63,40 @@ MUTANTS = [
 
 def apply(source: Path, mutant: tuple) -> None:
     """Write ``mutant`` into the copy of src/ at ``source``; its text must occur exactly once."""
-    _, path, text, wrong = mutant
+    _, path, text, wrong = mutant[:4]
     original = (source / path).read_text()
     if original.count(text) != 1:
         raise ValueError(f"{path}: the mutant's text occurs {original.count(text)} times, not once: {text!r}")
     (source / path).write_text(original.replace(text, wrong))
 
 
-def main() -> int:
+def run(mutants: list[tuple], tests_of: Callable[[tuple], list[str]]) -> int:
+    """Applies each of ``mutants`` (what goes wrong, file under src/, text, wrong version, ...) to a fresh copy of
+    src/ and runs ``tests_of(mutant)`` against it, stopping at the first failure; prints each one's fate and
+    returns 1 if any survived."""
     root = Path(__file__).resolve().parents[1]
     survived = []
     with tempfile.TemporaryDirectory() as scratch:
         source = Path(scratch) / "src"
-        for mutant in MUTANTS:
+        for mutant in mutants:
             shutil.rmtree(source, ignore_errors=True)
             shutil.copytree(root / "src", source, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
             apply(source, mutant)
             began = time.perf_counter()
             env = {**os.environ, "PYTHONPATH": str(source), "OMP_NUM_THREADS": "1"}
-            run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-n", "0",
-                                  *TESTS], cwd=root, env=env, capture_output=True, text=True)
-            fate = "killed" if run.returncode else "SURVIVED"
-            failed = next((line for line in run.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))), "")
+            outcome = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-n", "0",
+                                      *tests_of(mutant)], cwd=root, env=env, capture_output=True, text=True)
+            fate = "killed" if outcome.returncode else "SURVIVED"
+            failed = next((line for line in outcome.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))), "")
             print(f"{fate:8} {time.perf_counter() - began:5.0f} s  {mutant[0]}  {failed[:120]}", flush=True)
-            if not run.returncode:
+            if not outcome.returncode:
                 survived.append(mutant[0])
-    print(f"{len(MUTANTS) - len(survived)} of {len(MUTANTS)} killed" + (f"; survived: {survived}" if survived else ""))
+    print(f"{len(mutants) - len(survived)} of {len(mutants)} killed" + (f"; survived: {survived}" if survived else ""))
     return 1 if survived else 0
+
+
+def main() -> int:
+    return run(MUTANTS, lambda mutant: TESTS)
 
 
 if __name__ == "__main__":

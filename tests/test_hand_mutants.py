@@ -1,16 +1,19 @@
-"""The hand-made mutants of ``make hand-mutants`` still apply to the code as it is (each text occurs once), and
-applying one changes exactly that text."""
+"""The hand-made mutants of ``make hand-mutants`` and ``make kernel-mutants`` still apply to the code as it is (each
+text occurs once), and applying one changes exactly that text."""
 
 from pathlib import Path
 
 import pytest
 
-from tests import hand_mutants
+from tests import hand_mutants, kernel_mutants
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
-@pytest.mark.parametrize("mutant", hand_mutants.MUTANTS, ids=[m[0] for m in hand_mutants.MUTANTS])
+MUTANTS = hand_mutants.MUTANTS + kernel_mutants.MUTANTS
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=[m[0] for m in MUTANTS])
 def test_each_mutant_applies_once(mutant, tmp_path):
     copy = tmp_path / mutant[1]
     copy.parent.mkdir(parents=True)
@@ -24,3 +27,9 @@ def test_a_text_that_no_longer_occurs_is_refused(tmp_path):
     (tmp_path / "a.py").write_text("x = 1\n")
     with pytest.raises(ValueError, match="occurs 0 times, not once"):
         hand_mutants.apply(tmp_path, ("gone", "a.py", "y = 2", "y = 3"))
+
+
+def test_each_kernel_mutant_names_a_test_file_of_its_kernel():
+    root = SRC.parent
+    for mutant in kernel_mutants.MUTANTS:
+        assert (root / mutant[4]).is_file() and mutant[4].startswith("tests/kernels/test_"), mutant[0]
