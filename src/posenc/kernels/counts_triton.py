@@ -33,7 +33,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .count_windows_triton import looked_up, to_table
-from .tiles_terms import along, dot, program_tile
+from .tiles_terms import along, dot, key_value_tiles, output_grads, program_tile
 from .tiles_triton import (LOG2E, by_value_columns, check_own_positions, last_unit, offered_once_checked,
                            product_kind, widths)
 
@@ -99,11 +99,7 @@ def _key_tile(q, start_n, K, V, s_kt, s_vt, rows, q_pos, q_len, k_len, offs_d, o
     """A query tile against the keys from ``start_n``: (keys, whether within Tk, k (BLOCK, BLOCK_D), v (BLOCK,
     BLOCK_DV), the pairs that may attend, q·kᵀ (BLOCK, BLOCK) float32)."""
     cols = start_n + tl.arange(0, BLOCK)
-    in_keys = cols < k_len
-    k_tile = tl.load(K + along(cols, s_kt)[:, None] + offs_d[None, :],
-                     mask=in_keys[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    v_tile = tl.load(V + along(cols, s_vt)[:, None] + offs_dv[None, :],
-                     mask=in_keys[:, None] & (offs_dv[None, :] < VALUE_DIM), other=0.0)
+    in_keys, k_tile, v_tile = key_value_tiles(K, V, cols, k_len, s_kt, s_vt, offs_d, offs_dv, HEAD_DIM, VALUE_DIM)
     allowed = (cols[None, :] <= q_pos[:, None]) & in_keys[None, :] & (rows < q_len)[:, None]
     return cols, in_keys, k_tile, v_tile, allowed, dot(q, tl.trans(k_tile), DOT)
 
@@ -216,11 +212,8 @@ def _backward(Q, K, V, TABLE, DO, LSE, DELTA, DQ, DK, DV, DTABLE, s_qb, s_qh, s_
     b, h, rows, q_pos, offs_d, offs_dv, q, last_row, at_last, tiles = _query_tile(
         Q, TABLE, s_qb, s_qh, s_qt, heads, q_len, k_len, n_rows, HEAD_DIM, BLOCK_D, BLOCK_DV, BLOCK)
     offs_w = tl.arange(0, BLOCK)
-    in_queries = rows < q_len
-    grad = tl.load(DO + b * s_dob + h * s_doh + along(rows, s_dot)[:, None] + offs_dv[None, :],
-                   mask=in_queries[:, None] & (offs_dv[None, :] < VALUE_DIM), other=0.0)
-    lse = tl.load(LSE + (b * heads + h) * q_len + rows, mask=in_queries, other=float("inf"))
-    delta = tl.load(DELTA + (b * heads + h) * q_len + rows, mask=in_queries, other=0.0)
+    in_queries, grad, lse, delta = output_grads(DO, LSE, DELTA, s_dob, s_doh, s_dot, b, h, heads, rows, q_len,
+                                                offs_dv, VALUE_DIM)
     kv_head = h // group
     K_, V_ = K + b * s_kb + kv_head * s_kh, V + b * s_vb + kv_head * s_vh
     DK_, DV_ = DK + b * s_dkb + kv_head * s_dkh, DV + b * s_dvb + kv_head * s_dvh

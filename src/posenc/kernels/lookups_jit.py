@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles_terms import along, dot, program_tile
+from .tiles_terms import along, dot, key_value_tiles, output_grads, program_tile
 
 
 @triton.jit
@@ -105,11 +105,7 @@ def _key_tile(content, lookup, start_n, base, K, V, s_kt, s_vt, TABLE, s_tn, row
     """A query tile against the keys from ``start_n``, its offsets from ``base``: (keys, k (BLOCK, BLOCK_D),
     v (BLOCK, BLOCK_DV), the base-2 logits (−inf where not allowed)); ``LOOKUPS``: the tile reads table rows."""
     cols = start_n + tl.arange(0, BLOCK)
-    in_keys = cols < k_len
-    k_tile = tl.load(K + along(cols, s_kt)[:, None] + offs_d[None, :],
-                     mask=in_keys[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    v_tile = tl.load(V + along(cols, s_vt)[:, None] + offs_dv[None, :],
-                     mask=in_keys[:, None] & (offs_dv[None, :] < VALUE_DIM), other=0.0)
+    in_keys, k_tile, v_tile = key_value_tiles(K, V, cols, k_len, s_kt, s_vt, offs_d, offs_dv, HEAD_DIM, VALUE_DIM)
     s = dot(content, tl.trans(k_tile), DOT)
     if LOOKUPS:
         lower = _window_half(TABLE, s_tn, base, offs_d, n_entries, HEAD_DIM, BLOCK).to(lookup.dtype)
@@ -229,11 +225,8 @@ def backward(Q, K, V, TABLE, VALUES, SHIFTS, DO, LSE, DELTA, DQ, DK, DV, DTABLE,
     """DQ (B, H, Tq, Dh) in q's dtype; DK, DV, DTABLE, DVALUES and DSHIFTS (2, H, Dh) float32, added to."""
     b, h, start_m, rows, q_pos, offs_d, offs_dv, content, lookup, tiles = _query_tile(
         Q, SHIFTS, s_qb, s_qh, s_qt, heads, q_len, k_len, HEAD_DIM, BLOCK_D, BLOCK_DV, BLOCK)
-    in_queries = rows < q_len
-    grad = tl.load(DO + b * s_dob + h * s_doh + along(rows, s_dot)[:, None] + offs_dv[None, :],
-                   mask=in_queries[:, None] & (offs_dv[None, :] < VALUE_DIM), other=0.0)
-    lse = tl.load(LSE + (b * heads + h) * q_len + rows, mask=in_queries, other=float("inf"))
-    delta = tl.load(DELTA + (b * heads + h) * q_len + rows, mask=in_queries, other=0.0)
+    in_queries, grad, lse, delta = output_grads(DO, LSE, DELTA, s_dob, s_doh, s_dot, b, h, heads, rows, q_len,
+                                                offs_dv, VALUE_DIM)
     kv_head = h // group
     K_, V_ = K + b * s_kb + kv_head * s_kh, V + b * s_vb + kv_head * s_vh
     DK_, DV_ = DK + b * s_dkb + kv_head * s_dkh, DV + b * s_dvb + kv_head * s_dvh

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .tiles_terms import along, dot, program_tile
+from .tiles_terms import along, dot, key_value_tiles, program_tile
 from .tiles_triton import (by_value_columns, check_own_positions, last_unit, offered_once_checked, product_kind,
                            widths)
 #: whether a GPU has run this kernel's CUDA tests; until then ``forms`` offers it on a GPU only where
@@ -72,11 +72,7 @@ def _key_tile(q, start_n, K, V, s_kt, s_vt, rows, q_pos, q_len, k_len, scale, of
     """A query tile against the keys from ``start_n``: (keys, k (BLOCK_N, BLOCK_D), v (BLOCK_N, BLOCK_DV), z,
     allowed, log σ(z), log σ(−z) (0 where not allowed))."""
     cols = start_n + tl.arange(0, BLOCK_N)
-    in_keys = cols < k_len
-    k_tile = tl.load(K + along(cols, s_kt)[:, None] + offs_d[None, :],
-                     mask=in_keys[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    v_tile = tl.load(V + along(cols, s_vt)[:, None] + offs_dv[None, :],
-                     mask=in_keys[:, None] & (offs_dv[None, :] < VALUE_DIM), other=0.0)
+    in_keys, k_tile, v_tile = key_value_tiles(K, V, cols, k_len, s_kt, s_vt, offs_d, offs_dv, HEAD_DIM, VALUE_DIM)
     z = dot(q, tl.trans(k_tile), DOT) * scale
     earlier = (cols[None, :] <= q_pos[:, None]) if CURRENT else (cols[None, :] < q_pos[:, None])
     allowed = earlier & in_keys[None, :] & (rows < q_len)[:, None]

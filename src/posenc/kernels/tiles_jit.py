@@ -25,7 +25,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles_terms import add_diagonal_sums, add_fire_grads, along, dot, parameter_grads, program_tile, tile_logits
+from .tiles_terms import (add_diagonal_sums, add_fire_grads, along, dot, key_value_tiles, output_grads,
+                          parameter_grads, program_tile, tile_logits)
 
 NATIVE, IEEE, UPCAST = 0, 1, 2  # how ``tiles_terms.dot`` multiplies
 NONE, TABLE, LINEAR, LINEAR_ABS, KERPLE_LOG, KERPLE_POWER, FIRE = 0, 1, 2, 3, 4, 5, 6  # BIAS
@@ -199,11 +200,8 @@ def backward_keys(Q, K, V, DO, LSE, DELTA, DK, DV, TABLE, PARAMS, QPOS, KPOS, QV
     cols = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    in_keys = cols < k_len
-    k_tile = tl.load(K + b * s_kb + kv_head * s_kh + along(cols, s_kt)[:, None] + offs_d[None, :],
-                     mask=in_keys[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)  # (BLOCK_N, BLOCK_D)
-    v_tile = tl.load(V + b * s_vb + kv_head * s_vh + along(cols, s_vt)[:, None] + offs_dv[None, :],
-                     mask=in_keys[:, None] & (offs_dv[None, :] < VALUE_DIM), other=0.0)  # (BLOCK_N, BLOCK_DV)
+    in_keys, k_tile, v_tile = key_value_tiles(K + b * s_kb + kv_head * s_kh, V + b * s_vb + kv_head * s_vh, cols,
+                                              k_len, s_kt, s_vt, offs_d, offs_dv, HEAD_DIM, VALUE_DIM)
     k_pos = cols if CONTIGUOUS else tl.load(KPOS + b * s_kpb + cols, mask=in_keys, other=0)
     first = 0  # query tiles first .. unmasked_start − 1 may hold pairs that may not attend; the rest hold none
     unmasked_start = q_len
@@ -300,15 +298,11 @@ def backward_queries(Q, K, V, DO, LSE, DELTA, DQ, TABLE, DTABLE, PARAMS, DPARAMS
                      HAS_TOKENS: tl.constexpr, TOKEN_GRAD: tl.constexpr, DOT: tl.constexpr):
     """dq of one query tile (and Σ_j ds for its token values, and the table's or parameters' gradients)."""
     start_m, b, h, kv_head, rows, offs_d, offs_dv = _query_program(q_len, heads, group, BLOCK, BLOCK_D, BLOCK_DV)
-    in_queries = rows < q_len
     q, q_pos, q_side, reference = _query_rows(Q + b * s_qb + h * s_qh, QPOS + b * s_qpb, QVAL + b * s_qvb + h * s_qvh,
                                               s_qt, start_m, rows, offs_d, q_len, shift, HEAD_DIM, CONTIGUOUS,
                                               HAS_TOKENS)
-    grad = tl.load(DO + b * s_dob + h * s_doh + along(rows, s_dot)[:, None] + offs_dv[None, :],
-                   mask=in_queries[:, None] & (offs_dv[None, :] < VALUE_DIM), other=0.0)
-    row = (b * heads + h) * q_len + rows
-    lse = tl.load(LSE + row, mask=in_queries, other=float("inf"))
-    delta = tl.load(DELTA + row, mask=in_queries, other=0.0)
+    in_queries, grad, lse, delta = output_grads(DO, LSE, DELTA, s_dob, s_doh, s_dot, b, h, heads, rows, q_len,
+                                                offs_dv, VALUE_DIM)
     end, unmasked_end = _key_range(start_m, shift, k_len, BLOCK, BLOCK, CAUSAL, CONTIGUOUS)
     K_, V_ = K + b * s_kb + kv_head * s_kh, V + b * s_vb + kv_head * s_vh
     KPOS_, KVAL_ = KPOS + b * s_kpb, KVAL + b * s_kvb + h * s_kvh
@@ -332,7 +326,7 @@ def backward_queries(Q, K, V, DO, LSE, DELTA, DQ, TABLE, DTABLE, PARAMS, DPARAMS
     tl.store(DQ + b * s_dqb + h * s_dqh + along(rows, s_dqt)[:, None] + offs_d[None, :],
              (dq * scale).to(DQ.dtype.element_ty), mask=in_queries[:, None] & (offs_d[None, :] < HEAD_DIM))
     if TOKEN_GRAD:
-        tl.store(DQVAL + row, d_values, mask=in_queries)
+        tl.store(DQVAL + (b * heads + h) * q_len + rows, d_values, mask=in_queries)
     if TABLE_GRAD:
         tl.atomic_add(DTABLE_ + tl.maximum(flat_low, 0), tl.sum(low_rows), mask=flat_low >= 0)
         tl.atomic_add(DTABLE_ + tl.minimum(flat_high, n_entries - 1), tl.sum(high_rows), mask=flat_high < n_entries)

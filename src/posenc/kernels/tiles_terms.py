@@ -1,7 +1,8 @@
 """What one tile of ``tiles_jit``'s programs adds for the position terms: its base-2 logits with the bias and token
 values (``tile_logits``), and the pieces of their gradients (diagonal sums of a table, sums against the formulas'
-derivatives); and what every tile kernel shares: its products (``dot``), its place in the grid (``program_tile``)
-and int64 row offsets (``along``). The bias kinds (BIAS) and product modes (DOT) are ``tiles_jit``'s.
+derivatives); and what every tile kernel shares: its products (``dot``), its place in the grid (``program_tile``),
+int64 row offsets (``along``), and its loads of a key/value tile (``key_value_tiles``) and of what a query tile's
+backward reads (``output_grads``). The bias kinds (BIAS) and product modes (DOT) are ``tiles_jit``'s.
 """
 
 from __future__ import annotations
@@ -26,6 +27,32 @@ def program_tile(length, heads, BLOCK: tl.constexpr):
     program = tl.program_id(0)
     row = program // tiles  # b·heads + h
     return program % tiles * BLOCK, (row // heads).to(tl.int64), (row % heads).to(tl.int64)
+
+
+@triton.jit
+def key_value_tiles(K, V, cols, k_len, s_kt, s_vt, offs_d, offs_dv, HEAD_DIM: tl.constexpr,
+                    VALUE_DIM: tl.constexpr):
+    """Keys ``cols`` of one key/value head: (whether each lies within Tk, k (BLOCK_N, BLOCK_D), v (BLOCK_N,
+    BLOCK_DV)), zeros past Tk and past the widths. K and V point at the head's first row."""
+    in_keys = cols < k_len
+    k_tile = tl.load(K + along(cols, s_kt)[:, None] + offs_d[None, :],
+                     mask=in_keys[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    v_tile = tl.load(V + along(cols, s_vt)[:, None] + offs_dv[None, :],
+                     mask=in_keys[:, None] & (offs_dv[None, :] < VALUE_DIM), other=0.0)
+    return in_keys, k_tile, v_tile
+
+
+@triton.jit
+def output_grads(DO, LSE, DELTA, s_dob, s_doh, s_dot, b, h, heads, rows, q_len, offs_dv, VALUE_DIM: tl.constexpr):
+    """What a query tile's backward reads of its rows: (whether each lies within Tq, dO (BLOCK, BLOCK_DV), the
+    base-2 log-sum-exp (+inf past Tq: weights 0) and D = dO·out (BLOCK,)). LSE and DELTA are (B·H, Tq)."""
+    in_queries = rows < q_len
+    grad = tl.load(DO + b * s_dob + h * s_doh + along(rows, s_dot)[:, None] + offs_dv[None, :],
+                   mask=in_queries[:, None] & (offs_dv[None, :] < VALUE_DIM), other=0.0)
+    row = (b * heads + h) * q_len + rows
+    lse = tl.load(LSE + row, mask=in_queries, other=float("inf"))
+    delta = tl.load(DELTA + row, mask=in_queries, other=0.0)
+    return in_queries, grad, lse, delta
 
 
 @triton.jit
