@@ -49,7 +49,7 @@ hand-mutants: $(VENV)/.installed-test
 	$(VENV)/bin/python -m tests.hand_mutants
 
 # Hand-made wrong versions of the Triton kernels (tests/kernel_mutants.py), which mutmut cannot mutate: each must fail
-# its kernel's interpreter tests. Not part of CI; about 25 minutes on 2 cores.
+# its kernel's interpreter tests. Not part of CI; about 22 minutes on 2 cores.
 kernel-mutants: $(VENV)/.installed-test
 	$(VENV)/bin/python -m tests.kernel_mutants
 

@@ -87,12 +87,21 @@ def run(mutants: list[tuple], tests_of: Callable[[tuple], list[str]]) -> int:
             outcome = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-n", "0",
                                       *tests_of(mutant)], cwd=root, env=env, capture_output=True, text=True)
             fate = "killed" if outcome.returncode else "SURVIVED"
-            failed = next((line for line in outcome.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))), "")
-            print(f"{fate:8} {time.perf_counter() - began:5.0f} s  {mutant[0]}  {failed[:120]}", flush=True)
+            print(f"{fate:8} {time.perf_counter() - began:5.0f} s  {mutant[0]}  {_why(outcome.stdout)}", flush=True)
             if not outcome.returncode:
                 survived.append(mutant[0])
     print(f"{len(mutants) - len(survived)} of {len(mutants)} killed" + (f"; survived: {survived}" if survived else ""))
     return 1 if survived else 0
+
+
+def _why(report: str) -> str:
+    """The first failed test and the last error line pytest printed for it (for a child process's check, what the
+    child raised, or how it died), so a wrong number reads apart from a crash."""
+    lines = report.splitlines()
+    failed = next((line for line in lines if line.startswith(("FAILED", "ERROR"))), "").split(" - ")[0]
+    errors = [line[1:].strip() for line in lines if line.startswith("E ") and not line[1:].strip().startswith(
+        ("assert ", "+", "where", "and "))]
+    return f"{failed[:100]}  {errors[-1][:160] if errors else ''}"
 
 
 def main() -> int:

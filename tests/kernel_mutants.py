@@ -7,7 +7,7 @@ FIRE): the interpreter tests are all that would notice a wrong number. So these 
 about: a relative shift one off, a window half dropped, a gradient summed in the wrong direction or over the wrong
 heads, a count clamped one row early, a scale left out. ``make kernel-mutants`` applies each to a copy of ``src/``
 and runs its kernel's test file against it (stopping at the first failure); it prints each mutant's fate and exits 1
-if any survived. About 25 minutes on 2 cores.
+if any survived. About 22 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ MUTANTS = [
     ("lookups: the lookup shift's gradient given the content's", LOOKUPS, "tl.sum(d_lookup, 0) * scale",
      "tl.sum(d_content, 0) * scale", LOOKUPS_TESTS),
     ("lookups: the diagonal tile's last table half not added", LOOKUPS,
-     "_add_half(DTABLE_, s_tn, last_base, carried * scale", "_add_half(DTABLE_, s_tn, last_base + BLOCK, carried * scale",
+     "_add_half(DTABLE_, s_tn, last_base, carried * scale",
+     "_add_half(DTABLE_, s_tn, last_base + BLOCK, carried * scale",
      LOOKUPS_TESTS),
     ("lookups: dl without the window's upper half", LOOKUPS,
      "d_lookup += dot(d_lower, lower, DOT) + dot(d_upper, upper, DOT)", "d_lookup += dot(d_lower, lower, DOT)",
@@ -89,7 +90,8 @@ MUTANTS = [
     ("cope: the filled tiles' table gradient added to row P − 2", COUNTS,
      "tl.atomic_add(DTABLE + (n_rows - 1) * HEAD_DIM", "tl.atomic_add(DTABLE + (n_rows - 2) * HEAD_DIM",
      COUNTS_TESTS),
-    ("cope: the next window starts at a ⌈p⌉, skipping a ⌊p⌋", WINDOWS, "tl.where(low >= after, low, high)", "high",
+    ("cope: the next window starts at a ⌈p⌉, skipping a ⌊p⌋", WINDOWS, "tl.where(low >= after, low, high)",
+     "high",
      COUNTS_TESTS),
     ("cope: the binary search's last step dropped", WINDOWS,
      "return found + (tl.gather(low, found, 1) >= rows).to(tl.int32)", "return found", COUNTS_TESTS),

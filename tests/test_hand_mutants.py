@@ -33,3 +33,15 @@ def test_each_kernel_mutant_names_a_test_file_of_its_kernel():
     root = SRC.parent
     for mutant in kernel_mutants.MUTANTS:
         assert (root / mutant[4]).is_file() and mutant[4].startswith("tests/kernels/test_"), mutant[0]
+
+
+def test_a_mutants_fate_names_the_failed_test_and_what_failed_a_wrong_number_apart_from_a_crash():
+    report = ("FAILED tests/kernels/test_x.py::test_y - AssertionError: exit 1: ...\n"
+              "E       AssertionError: exit 1: Traceback (most recent call last):\n"
+              "E       AssertionError: ('dq', 4.6, torch.float32)\n"
+              "E       assert 1 == 0\n"
+              "E        +  where 1 = CompletedProcess(...).returncode\n")
+    assert hand_mutants._why(report) == ("FAILED tests/kernels/test_x.py::test_y  "
+                                         "AssertionError: ('dq', 4.6, torch.float32)")
+    crash = "FAILED tests/kernels/test_x.py::test_y - AssertionError\nE       AssertionError: exit -11: \n"
+    assert hand_mutants._why(crash).endswith("AssertionError: exit -11:")
