@@ -97,8 +97,8 @@ MUTANTS = [
      "return found + (tl.gather(low, found, 1) >= rows).to(tl.int32)", "return found", COUNTS_TESTS),
     ("cope: ⌈p⌉'s share taken from the row above, not below", WINDOWS,
      "over_first_keys(on_high, from_row_below)", "over_first_keys(on_high, from_row_above)", COUNTS_TESTS),
-    ("cope: the float32 table's low part dropped in 16-bit products", WINDOWS,
-     "        product += dot((a - a_high.to(tl.float32)).to(dtype), b_high, DOT)\n", "", COUNTS_TESTS),
+    ("cope: the float32 table's low part dropped in 16-bit products", WINDOWS, "    if a.dtype == tl.float32:\n",
+     "    if a.dtype == tl.float64:\n", COUNTS_TESTS),
     ("cope: the backward's binary search one level short", COUNTS, 'LOG_BLOCK=sizes["BLOCK"].bit_length() - 1',
      'LOG_BLOCK=sizes["BLOCK"].bit_length() - 2', COUNTS_TESTS),
     # FIRE, grouped-query keys' backward, token values, masks (the table and the formulas: docs/history/mutation.md)
@@ -130,7 +130,8 @@ MUTANTS = [
     ("tiles: bidirectional, the ragged last key tile left unmasked", TILES,
      "unmasked_end = k_len // BLOCK_N * BLOCK_N", "unmasked_end = k_len", TILES_TESTS),
     ("tiles: explicit positions' table gradient added pair by pair at the wrong entry", TILES,
-     "tl.atomic_add(dtable + entry, ds, mask=ds != 0.0)", "tl.atomic_add(dtable + entry + 1, ds, mask=ds != 0.0)",
+     "tl.atomic_add(dtable + entry, ds, mask=ds != 0.0)",
+     "tl.atomic_add(dtable + tl.minimum(entry + 1, n_entries - 1), ds, mask=ds != 0.0)",
      TILES_TESTS),
     # the edges of a tile's spans
     ("sticks: a query tile's last key tile missed at some KV-cache shifts", STICKS,
