@@ -33,7 +33,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .count_windows_triton import looked_up, to_table
-from .tiles_terms import along, dot, key_value_tiles, output_grads, program_tile
+from .tiles_terms import along, dot, key_value_tiles, output_grads, program_tile, softmax_step
 from .tiles_triton import (LOG2E, by_value_columns, check_own_positions, last_unit, offered_once_checked,
                            product_kind, widths)
 
@@ -167,13 +167,7 @@ def _forward(Q, K, V, TABLE, OUT, LSE, s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb,
             counted += tl.sum(gates, 1)
         else:
             s = _filled_logits(products, allowed, at_last, scale_log2)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # padding rows past Tq see no key
-        p = tl.math.exp2(s - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        sums = sums * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + dot(p.to(v_tile.dtype), v_tile, DOT)
-        m_i = m_new
+        acc, m_i, sums, _ = softmax_step(acc, m_i, sums, s, v_tile, DOT)
     in_queries = rows < q_len
     out = acc / tl.where(in_queries, sums, 1.0)[:, None]
     tl.store(OUT + b * s_ob + h * s_oh + along(rows, s_ot)[:, None] + offs_dv[None, :], out.to(OUT.dtype.element_ty),

@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles_terms import along, dot, key_value_tiles, output_grads, program_tile
+from .tiles_terms import along, dot, key_value_tiles, output_grads, program_tile, softmax_step
 
 
 @triton.jit
@@ -126,18 +126,12 @@ def _forward_span(acc, m_i, sums, content, lookup, K, V, s_kt, s_vt, TABLE, s_tn
         cols, in_keys, k_tile, v_tile, s = _key_tile(
             content, lookup, tile * BLOCK, base, K, V, s_kt, s_vt, TABLE, s_tn, rows, q_pos, q_len, k_len,
             n_entries, scale_log2, offs_d, offs_dv, HEAD_DIM, VALUE_DIM, BLOCK, LOOKUPS, DOT)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # padding rows past Tq see no key
-        p = tl.math.exp2(s - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        sums = sums * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + dot(p.to(v_tile.dtype), v_tile, DOT)
+        acc, m_i, sums, p = softmax_step(acc, m_i, sums, s, v_tile, DOT)
         if LOOKUPS and HAS_VALUES:
             p_lower, p_upper = _halves(p, BLOCK)
             lower = _window_half(VALUES, s_vn, base, offs_dv, n_entries, VALUE_DIM, BLOCK).to(v_tile.dtype)
             upper = _window_half(VALUES, s_vn, base + BLOCK, offs_dv, n_entries, VALUE_DIM, BLOCK).to(v_tile.dtype)
             acc += dot(p_lower.to(v_tile.dtype), lower, DOT) + dot(p_upper.to(v_tile.dtype), upper, DOT)
-        m_i = m_new
     return acc, m_i, sums
 
 

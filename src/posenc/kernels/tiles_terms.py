@@ -1,8 +1,8 @@
 """What one tile of ``tiles_jit``'s programs adds for the position terms: its base-2 logits with the bias and token
 values (``tile_logits``), and the pieces of their gradients (diagonal sums of a table, sums against the formulas'
 derivatives); and what every tile kernel shares: its products (``dot``), its place in the grid (``program_tile``),
-int64 row offsets (``along``), and its loads of a key/value tile (``key_value_tiles``) and of what a query tile's
-backward reads (``output_grads``). The bias kinds (BIAS) and product modes (DOT) are ``tiles_jit``'s.
+int64 row offsets (``along``), one key tile of the online softmax (``softmax_step``), and its loads of a key/value
+tile (``key_value_tiles``) and of what a query tile's backward reads (``output_grads``). The bias kinds (BIAS) and product modes (DOT) are ``tiles_jit``'s.
 """
 
 from __future__ import annotations
@@ -27,6 +27,18 @@ def program_tile(length, heads, BLOCK: tl.constexpr):
     program = tl.program_id(0)
     row = program // tiles  # b·heads + h
     return program % tiles * BLOCK, (row // heads).to(tl.int64), (row % heads).to(tl.int64)
+
+
+@triton.jit
+def softmax_step(acc, m_i, sums, s, v_tile, DOT: tl.constexpr):
+    """One key tile of the online softmax, from its base-2 logits s (BLOCK_M, BLOCK_N), −inf where a pair may not
+    attend: (acc (BLOCK_M, BLOCK_DV), the running maximum and the running sum (BLOCK_M,), each rescaled to the new
+    maximum and added to; the tile's weights p against that maximum)."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that sees no key yet
+    p = tl.math.exp2(s - m_safe[:, None])
+    alpha = tl.math.exp2(m_i - m_safe)
+    return acc * alpha[:, None] + dot(p.to(v_tile.dtype), v_tile, DOT), m_new, sums * alpha + tl.sum(p, 1), p
 
 
 @triton.jit
