@@ -354,7 +354,15 @@ def test_fire_tiles_read_its_mlp_as_segments_and_equal_float64_eager():
     KV-cache step) and at explicit ones (a window at offset 14, shuffled), grouped-query heads, widths 5, 32 and 33
     (P = 8, 64, 64 keys), W1 with negative and zero entries and kinks of both signs exactly at x = 0, where every
     diagonal pair lies (torch's relu'(0) = 0 there). Width 5's kinks lie below 0.35, so tiles far from the diagonal
-    lie in one segment (one FMA per pair), near it they span several and step through the kinks in their range."""
+    lie in one segment (one FMA per pair), near it they span several and step through the kinks in their range.
+    And c = 10^-4, with no kink below x = 0 (elsewhere a unit's key is −inf and segment 0 holds no pair), where
+    ψ(u) = log(1 + c·u) needs log1p's digits (rounded at 1 + u, x loses 3 of them).
+
+    The parameters' gradients sum ds over every pair, and each row's ds sums to 0: their float32 error follows
+    the sum of the terms, not the result. Over seeds 1, 2, 5, 7 and 8 the tiles' worst (per max |gradient|, at least
+    1) was 1.5e-5 for the MLP's, 9.5e-5 for L's, 9.2e-5 for c's, 2.3e-2 for c's at c = 10^-4, whose two terms cancel
+    to c·max(q, L) of their size (float32 eager's c: up to 1.8e-4 and 3.0e-2 on the same draws); the bounds are 2-5
+    times those. The output and dq, dk, dv stay at 2e-5."""
     _run("""
     import copy
     import posenc
@@ -363,7 +371,7 @@ def test_fire_tiles_read_its_mlp_as_segments_and_equal_float64_eager():
 
     torch.manual_seed(5)
 
-    def fire(width, spread):
+    def fire(width, spread, c=None):
         encoding = posenc.build("fire", num_heads=2, width=width, init_threshold=12.0)
         with torch.no_grad():
             w1, b1 = encoding.mlp[0].weight[:, 0], encoding.mlp[0].bias
@@ -372,7 +380,11 @@ def test_fire_tiles_read_its_mlp_as_segments_and_equal_float64_eager():
             b1.copy_(-w1 * torch.rand(width) * spread)  # kinks in [0, spread], where x lies
             b1[1], b1[3], b1[4] = 0.3, 0.0, 0.0  # a constant unit; kinks at x = 0 of both signs
             encoding.mlp[2].weight.normal_()
-            encoding.log_scale.add_(0.05)
+            if c is not None:  # and unit 4's kink at x = 0.1: no key below 0, the diagonal pairs in segment 0
+                encoding.log_scale.fill_(c)
+                b1[4] = -w1[4] * 0.1
+            else:
+                encoding.log_scale.add_(0.05)
         return encoding
 
     def compare(encoding, causal, q_pos, k_pos, contiguous, kv_heads):
@@ -390,15 +402,18 @@ def test_fire_tiles_read_its_mlp_as_segments_and_equal_float64_eager():
         wanted = torch.autograd.grad(expected, exact + list(reference.parameters()), upstream)
         grads = torch.autograd.grad(got, fast + list(encoding.parameters()), upstream.float())
         names = ("out", "dq", "dk", "dv", *(name for name, _ in encoding.named_parameters()))
+        small_c = encoding.log_scale.item() < 1e-3
+        bounds = {"log_scale": 5e-2 if small_c else 5e-4, "threshold": 5e-4, "out": 2e-5, "dq": 2e-5, "dk": 2e-5,
+                  "dv": 2e-5}  # the MLP's weights and biases: 5e-5 (see the docstring)
         for name, a, b in zip(names, (got, *grads), (expected, *wanted)):
             error = float((a.double() - b).abs().max() / b.abs().max().clamp_min(1.0))
-            assert error < 2e-5, (encoding, causal, contiguous, kv_heads, name, error)
+            assert error < bounds.get(name, 5e-5), (encoding, causal, contiguous, kv_heads, name, error)
 
     contiguous = torch.arange(40)[None]
     window = (torch.arange(14, 35)[None], torch.arange(35)[None])
     shuffled = (torch.randperm(40)[:21][None], torch.randperm(40)[:35][None])
-    for width, spread in ((5, 0.35), (32, 1.0), (33, 1.2)):
-        encoding = fire(width, spread)
+    for width, spread, c in ((5, 0.35, None), (32, 1.0, None), (33, 1.2, None), (5, 0.35, 1e-4)):
+        encoding = fire(width, spread, c)
         if width == 5:  # 16 x 16 tiles of the 40 x 40 pairs in one segment, and across several
             x = encoding.interpolated_distance(contiguous, contiguous, torch.float32)[0]
             keys = encoding.offset_formula()[1][0, :8]

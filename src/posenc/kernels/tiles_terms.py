@@ -226,33 +226,30 @@ def _fire_bias(x, fire, n_entries):
 def add_fire_grads(DFIRE, ds, q_pos, k_pos, fire, n_entries):
     """Add one tile's Σ ds and Σ ds · x per segment (the gradients of its intercept and slope) to this head's
     gradient row (two atomic adds per segment the tile spans); return its rows' Σ_j ds · ∂bias/∂c and ∂bias/∂L
-    (BLOCK_M,) each, which the caller sums over its tiles."""
+    (BLOCK_M,) each, which the caller sums over its tiles. Each segment finds its pairs by two compares and sums
+    them per row: a tile of each pair's segment and slope, kept across the segments, made the queries' backward
+    spill 704 bytes a thread at bf16 width 64 (now 464; ``benchmarks/sm90.md``)."""
     keys = (n_entries - 2) // 3
     x, denominator, normalizer = _fire_input(q_pos, k_pos, fire, n_entries)
-    low, high = _fire_range(x, fire, keys)
-    weighted = ds * x
-    if low == high:
-        tl.atomic_add(DFIRE + keys + low, tl.sum(weighted))
-        tl.atomic_add(DFIRE + 2 * keys + low, tl.sum(ds))
-        pulled = ds * tl.load(fire + keys + low)  # ds · ∂bias/∂x
-    else:
-        segment = tl.zeros(x.shape, tl.int32) + low
-        slope = tl.zeros_like(x) + tl.load(fire + keys + low)
-        for r in range(low, high):  # as in _fire_bias
-            past = tl.load(fire + r) < x
-            segment += past.to(tl.int32)
-            slope = tl.where(past, tl.load(fire + keys + r + 1), slope)
-        for s in range(low, high + 1):
-            inside = segment == s
-            tl.atomic_add(DFIRE + keys + s, tl.sum(tl.where(inside, weighted, 0.0)))
-            tl.atomic_add(DFIRE + 2 * keys + s, tl.sum(tl.where(inside, ds, 0.0)))
-        pulled = ds * slope
     c = tl.load(fire + n_entries - 2)
     threshold = tl.load(fire + n_entries - 1)
     distance = tl.abs(q_pos[:, None] - k_pos[None, :]).to(tl.float32)
+    weighted = ds * x
+    through_c = ds * (distance / (1.0 + c * distance))  # ds · ∂ψ(|o|)/∂c
+    low, high = _fire_range(x, fire, keys)
+    along = tl.zeros_like(denominator)  # Σ_j ds · ∂bias/∂x · x per row
+    from_distance = tl.zeros_like(denominator)  # Σ_j ds · ∂bias/∂x · ∂ψ(|o|)/∂c per row
+    for s in range(low, high + 1):  # segment s: the pairs with fire[s − 1] < x ≤ fire[s] (the last kink is +inf)
+        lower_kink = tl.where(s > 0, tl.load(fire + tl.maximum(s - 1, 0)), float("-inf"))
+        inside = (lower_kink < x) & (x <= tl.load(fire + s))
+        weighted_rows = tl.sum(tl.where(inside, weighted, 0.0), 1)
+        ds_rows = tl.sum(tl.where(inside, ds, 0.0), 1)
+        tl.atomic_add(DFIRE + keys + s, tl.sum(weighted_rows))
+        tl.atomic_add(DFIRE + 2 * keys + s, tl.sum(ds_rows))
+        slope = tl.load(fire + keys + s)
+        along += slope * weighted_rows
+        from_distance += slope * tl.sum(tl.where(inside, through_c, 0.0), 1)
     grown = (normalizer / (1.0 + c * normalizer)) / denominator  # ∂ log(ψ(max(q, L)) + ε) / ∂c, per row
     chosen = tl.where(threshold > q_pos.to(tl.float32), 1.0, tl.where(threshold == q_pos.to(tl.float32), 0.5, 0.0))
     at_threshold = chosen * (c / (1.0 + c * normalizer)) / denominator  # a tie splits max's gradient, as torch's
-    along = tl.sum(pulled * x, 1)  # Σ_j ds · ∂bias/∂x · x per row
-    from_c = tl.sum(pulled * (distance / (1.0 + c * distance)), 1) / denominator - along * grown
-    return from_c, -along * at_threshold
+    return from_distance / denominator - along * grown, -along * at_threshold

@@ -240,8 +240,8 @@ WIDE = Tiles(128, 64, 8, 64, 8, 3)
 #: not timed: FIRE and positions given explicitly. Compiled for sm_90 (Triton 3.6,
 #: ``benchmarks/scripts/sm90_tiles.py``, bf16) their forwards spill nothing at widths 64 and 128 (128 × 64 with 8
 #: warps: FIRE's 16 and 176 bytes per thread; explicit positions' 1,136 at width 64 with 4 warps, 176 at 128 with
-#: 8); the backward keeps its 64 × 64 tile with 8 warps (FIRE's queries' backward still spills 704 bytes at width
-#: 64, 1,392 at 128: its parameters' gradient)
+#: 8); the backward keeps its 64 × 64 tile with 8 warps (FIRE's queries' backward still spills 464 bytes at width
+#: 64, 1,272 at 128: its parameters' gradient)
 UNTIMED = Tiles(64, 64, 8, 64, 8, 3)
 #: not timed: float32, whose exact products run on the CUDA cores, each thread holding its rows and columns of both
 #: operands. With ``TIMED`` most programs spilled 2–21 KB per thread (ALiBi's keys' backward kept 32 registers and
