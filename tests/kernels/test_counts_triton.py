@@ -38,13 +38,21 @@ REFERENCE = textwrap.dedent(
         logits = scale * q @ k.transpose(-1, -2) + cope.relative_logits(q, k, q_pos, k_pos, allowed)
         return logits.masked_fill(~allowed, float("-inf")).softmax(-1) @ v, cope.gate_scale
 
-    def jumped_rows(q, k, gate_scale, rows, window=16):
+    def counts_of(q, k):
+        '''CoPE's counts p_ij = Σ_{i ≥ l ≥ j} σ(q_i·k_l / √Dh), unclamped (B, H, Tq, Tk), 0 where j may not be
+        attended; and which pairs may (Tq, Tk). Queries are the last Tq keys; GQA by repeating k.'''
+        heads, q_len, k_len = q.shape[1], q.shape[2], k.shape[2]
+        k = k.repeat_interleave(heads // k.shape[1], 1)
+        gates = torch.sigmoid(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5)
+        allowed = torch.arange(k_len)[None, :] <= torch.arange(k_len - q_len, k_len)[:, None]
+        return (gates * allowed).flip(-1).cumsum(-1).flip(-1), allowed
+
+    def jumped_rows(q, k, rows, window=16):
         '''How many table rows the kernel's windows jump over, summed over (query tile, key tile): walking windows
         of 16 rows from the tile's smallest ⌊p⌋, each from the next row some allowed pair reads.'''
         q_len, k_len = q.shape[-2], k.shape[-2]
-        gates = torch.sigmoid(q @ k.transpose(-1, -2) * gate_scale)[0, 0]
-        allowed = torch.arange(k_len)[None, :] <= torch.arange(k_len - q_len, k_len)[:, None]
-        counts = (gates * allowed).flip(-1).cumsum(-1).flip(-1).clamp(max=rows - 1)
+        counts, allowed = counts_of(q, k)
+        counts = counts[0, 0].clamp(max=rows - 1)
         jumped = 0
         for first_row in range(0, q_len, window):
             for first_key in range(0, k_len, window):
@@ -67,11 +75,7 @@ REFERENCE = textwrap.dedent(
         '''Whether a count lies within 1e-5 of an integer it is not: float32's count may fall on the integer's other
         side, where the interpolation's derivative is another pair of rows' difference (the gradients then differ
         by O(1): 0.07 of dk's largest seen). Exact integers (sums of gates of exactly ½) are no kink to the kernel.'''
-        heads, q_len, k_len = q.shape[1], q.shape[2], k.shape[2]
-        k = k.repeat_interleave(heads // k.shape[1], 1)
-        gates = torch.sigmoid(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5)
-        allowed = torch.arange(k_len)[None, :] <= torch.arange(k_len - q_len, k_len)[:, None]
-        counts = (gates * allowed).flip(-1).cumsum(-1).flip(-1)
+        counts, _ = counts_of(q, k)
         apart = (counts - counts.round()).abs()
         return bool(((apart > 0) & (apart < 1e-5)).any())
 
@@ -87,7 +91,7 @@ REFERENCE = textwrap.dedent(
                 # so neighbouring rows' counts drift apart
                 leaning = torch.where(torch.arange(q_len) % 2 == 0, 1.0, -1.0)[:, None]
                 q, k = torch.randn(1, 1, q_len, width) + leaning, torch.randn(1, 1, k_len, width) + 1.5
-                if jumped_rows(q, k, width ** -0.5, rows) < 16:  # at least a window of rows no pair reads
+                if jumped_rows(q, k, rows) < 16:  # at least a window of rows no pair reads
                     continue
             else:
                 k[:, :, k_len // 2:] = 0.0  # gates of exactly ½ there: every other count an integer, no gradient
@@ -105,9 +109,7 @@ REFERENCE = textwrap.dedent(
         grads = torch.autograd.grad(got, fast, upstream.to(dtype))
         for name, a, b in zip(("out", "dq", "dk", "dv", "dtable"), (got, *grads), (expected.detach(), *wanted)):
             error = float((a.detach().double() - b).abs().max() / b.abs().max().clamp_min(0.1))
-            allowed = tolerance
-            if (name, dtype) == ("dtable", torch.bfloat16):
-                allowed = TABLE_BF16.get(rows, 5e-2)
+            allowed = TABLE_BF16.get(rows, 5e-2) if (name, dtype) == ("dtable", torch.bfloat16) else tolerance
             assert error < allowed, (name, error, dtype, tuple(q.shape), tuple(k.shape), rows)
     """
 )

@@ -57,7 +57,9 @@ def _forward_span(acc, m_i, l_i, q, q_pos, q_side, reference, K, V, s_kt, s_vt, 
                   HEAD_DIM: tl.constexpr, VALUE_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                   MASKED: tl.constexpr, CONTIGUOUS: tl.constexpr, BIAS: tl.constexpr, HAS_TOKENS: tl.constexpr,
                   DOT: tl.constexpr):
-    """The online softmax over key tiles start, start + BLOCK_N, … < end."""
+    """The online softmax over key tiles start, start + BLOCK_N, … < end. Its own lines, not
+    ``tiles_terms.softmax_step``: that loads v before the weights, which changed 23 of these programs' registers
+    for sm_90 with no GPU to time them."""
     for start_n in range(start, end, BLOCK_N):
         cols, in_keys, k_tile, k_pos, s, entry, shared = _key_tile(
             q, q_pos, q_side, reference, start_n, K, s_kt, KPOS, KVAL, table, params, n_entries, lowest, flat_low,

@@ -2,7 +2,8 @@
 values (``tile_logits``), and the pieces of their gradients (diagonal sums of a table, sums against the formulas'
 derivatives); and what every tile kernel shares: its products (``dot``), its place in the grid (``program_tile``),
 int64 row offsets (``along``), one key tile of the online softmax (``softmax_step``), and its loads of a key/value
-tile (``key_value_tiles``) and of what a query tile's backward reads (``output_grads``). The bias kinds (BIAS) and product modes (DOT) are ``tiles_jit``'s.
+tile (``key_value_tiles``) and of what a query tile's backward reads (``output_grads``). The bias kinds (BIAS) and
+product modes (DOT) are ``tiles_jit``'s.
 """
 
 from __future__ import annotations
