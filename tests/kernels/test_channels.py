@@ -86,6 +86,13 @@ def at_dtype(enc, q, k, v, dtype):
     return (copy.deepcopy(enc).to(dtype), *(t.detach().to(dtype).requires_grad_() for t in (q, k, v)))
 
 
+def with_rounded_weights(enc, dtype):
+    """A float64 copy of the encoding whose parameters were first rounded to ``dtype``: the reference for FIRE at a
+    lower precision. Rounding its first layer moves each ReLU's kink −b/w by up to |kink|·2⁻⁸ in bf16, past pairs
+    whose x lies that close, and the gradient of b1 and W1 jumps by their share there, whatever the kernel does."""
+    return copy.deepcopy(enc).to(dtype).double()
+
+
 def assert_all_close(got, expected, atol):
     for a, b in zip(got, expected, strict=True):
         torch.testing.assert_close(a.double(), b.double(), rtol=0, atol=atol * max(1.0, float(b.detach().abs().max())))

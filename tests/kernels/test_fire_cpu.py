@@ -6,8 +6,6 @@ The reference is autograd through ``softmax(scale·q·kᵀ + FIRE.score_bias(q_p
 the gradients of q, k, v, the MLP's weights, c and L.
 """
 
-import copy
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -17,7 +15,7 @@ import posenc
 from posenc.kernels import dispatch, offset_bias
 from posenc.verify import tolerance
 from tests.helpers import kernel_calls, make_encoding, saved_step_bytes
-from tests.kernels.test_channels import CASES, assert_all_close, at_dtype, outputs_and_grads, tensors
+from tests.kernels.test_channels import CASES, assert_all_close, at_dtype, outputs_and_grads, tensors, with_rounded_weights
 
 pytestmark = pytest.mark.skipif(offset_bias.extension() is None, reason="no C++ toolchain to build the kernel")
 
@@ -114,13 +112,12 @@ def test_the_threshold_and_the_scale_get_their_gradient(threshold):
 
 @pytest.mark.parametrize("first_position", [5, 2**20])
 def test_float32_is_within_verify_tolerance_of_float64(first_position):
-    """Against float64 from the same weights, keys 5.. or 2^20.. (L = 30: every query past it)."""
-    enc = fire(3, 30.0, seed=2)
+    """Against float64 from the same (float32) weights, keys 5.. or 2^20.. (L = 30: every query past it)."""
+    low = fire(3, 30.0, seed=2, dtype=torch.float32)
     generator = torch.Generator().manual_seed(1)
     q, k, v, upstream = (torch.randn(2, 3, 300, 16, generator=generator, dtype=torch.float64) for _ in range(4))
     call = dict(first_position=first_position, causal=True, scale=0.25)
-    expected = outputs_and_all_grads(by_reference, enc, upstream, q, k, v, **call)
-    low = copy.deepcopy(enc).float()
+    expected = outputs_and_all_grads(by_reference, with_rounded_weights(low, torch.float32), upstream, q, k, v, **call)
     got = outputs_and_all_grads(by_kernel, low, upstream, q.float(), k.float(), v.float(), **call)
     for a, b in zip(got, expected, strict=True):
         assert a.dtype == torch.float32
@@ -169,7 +166,7 @@ def test_low_precision_within_verify_tolerance(dtype, spy):
     with torch.no_grad():
         enc.threshold.fill_(20 / 512)
     q, k, v = tensors(q_len=70, k_len=70)
-    expected = outputs_and_grads(enc, q, k, v, "eager")
+    expected = outputs_and_grads(with_rounded_weights(enc, dtype), q, k, v, "eager")
     got = outputs_and_grads(*at_dtype(enc, q, k, v, dtype), "sdpa")
     assert spy and got[0].dtype == dtype
     assert_all_close(got, expected, atol=tolerance(dtype, 4))
