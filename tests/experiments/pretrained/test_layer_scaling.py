@@ -66,7 +66,7 @@ def test_the_numbers_are_the_documents_losses_paired_and_the_model_comes_back(tm
     none = results["rows"]["none"]["per_document"]
     comparison = results["comparisons"]["linear, every layer − none"]
     assert list(comparison["per_document"].values()) == pytest.approx([a - b for a, b in zip(expected, none)])
-    assert min(abs(d) for d in comparison["per_document"].values()) > 1e-3  # the scaling did reach the model
+    assert all(d != 0 for d in comparison["per_document"].values())  # exactly 0 where scaling missed the model
     assert comparison["comparisons"] == 4 and comparison["p_holm"] >= comparison["p"]
     mean = results["rows"]["none"]["mean"]
     assert mean["mean"] == pytest.approx(sum(none) / 3) and mean["low"] < mean["mean"] < mean["high"]

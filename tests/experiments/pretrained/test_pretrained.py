@@ -458,8 +458,9 @@ def test_fine_tuning_under_torchrun_with_two_cpu_processes_matches_one(smoke, tm
     # four the far in-context haystacks')
     made = [int(n) for n in re.findall(r"rank \d: made (\d+) of 34 measurements", done.stdout)]
     assert sorted(made) == [16, 16], done.stdout[-2000:]
+    # kept shares divide by sums of loss gaps; their t intervals over the few documents reach ±25: relative too
     assert got["context_use"]["targets"] == want["context_use"]["targets"] and numbers(got["context_use"]) == pytest.approx(
-        numbers(want["context_use"]), abs=1e-5)
+        numbers(want["context_use"]), rel=1e-5, abs=1e-5)
     assert got["retrieval_format"] == want["retrieval_format"] and numbers(got["calibration"]) == pytest.approx(
         numbers(want["calibration"]), abs=1e-5)
     assert got["processes"] == 2 and got["best_row"] == want["best_row"]
