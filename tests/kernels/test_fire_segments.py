@@ -4,6 +4,8 @@ on a kink reads one value from both sides and torch's relu'(0) = 0 gradient; eac
 exactly where its unit's pre-activation changes sign. The kernel reads these tables: tests/kernels/test_tiles_triton.py.
 """
 
+from fractions import Fraction
+
 import pytest
 import torch
 
@@ -19,8 +21,8 @@ def mlp(x, w1, b1, w2, b2):
 
 
 def weights(width: int, seed: int):
-    """float64 (w1, b1, w2, b2) with W1 of both signs and a zero, and a bias of 0 (a kink at x = 0) when W allows;
-    kinks spread over [0, 1], where FIRE's x lies, and some outside it."""
+    """float64 (w1, b1, w2, b2) with W1 of both signs and two zeros (a unit always active, one never), and a bias of
+    0 (a kink at x = 0) when W allows; kinks spread over [0, 1], where FIRE's x lies, and some outside it."""
     g = torch.Generator().manual_seed(seed)
     w1 = torch.randn(width, generator=g, dtype=torch.float64) * 3
     kinks = torch.rand(width, generator=g, dtype=torch.float64) * 1.4 - 0.2
@@ -28,6 +30,8 @@ def weights(width: int, seed: int):
     if width >= 4:
         w1[1], w1[2], b1[3] = 0.0, -abs(float(w1[2])), 0.0
         b1[1] = 0.5  # constant relu(0.5)
+    if width >= 5:
+        w1[4], b1[4] = 0.0, -0.5  # constant relu(−0.5) = 0
     w2 = torch.randn(HEADS, width, generator=g, dtype=torch.float64)
     b2 = torch.randn(HEADS, generator=g, dtype=torch.float64)
     return [w.float().double() for w in (w1, b1, w2, b2)]  # float32 values, as a module's
@@ -97,12 +101,41 @@ def test_each_key_is_crossed_where_its_units_preactivation_changes_sign():
     keys = relu_segments(w1, b1, torch.zeros(1, 64, dtype=torch.float64), torch.zeros(1, dtype=torch.float64))[0]
     unsorted = kink_keys(w1, b1)  # (W,) in the units' order
     assert keys.shape == (128,) and torch.equal(keys[:64], unsorted.sort().values) and (keys[64:] == float("inf")).all()
+    assert keys.dtype == unsorted.dtype == torch.float32  # as the kernel compares them with its float32 x
     t = (-b1 / w1).float()
     x = torch.cat([t, torch.nextafter(t, t + 1), torch.nextafter(t, t - 1), torch.zeros(1)]).clamp_min(0)
     x = x[torch.isfinite(x)].double()
-    active = x[:, None] * w1 + b1 > 0  # (N, W)
-    changed = torch.where(w1 > 0, active, torch.where(w1 < 0, ~active, torch.zeros_like(active)))
-    assert torch.equal(unsorted.double() < x[:, None], changed)
+    assert torch.equal(unsorted.double() < x[:, None], changes_sign(x, w1, b1))
+    # the search rounds x to the keys' dtype first: a float64 x just past a key, equal to it in float32, is not past
+    finite = keys[torch.isfinite(keys) & (keys > 0)]
+    assert torch.equal(segment_of(finite.double() * (1 + 1e-12), keys), segment_of(finite, keys))
+
+
+def test_float64_keys_are_crossed_where_float64_x_changes_the_unit():
+    """Keys for float64 x, at two float64 steps either side of each kink, rounded to float32 ones are not (a float32
+    key lies up to 2^-24 of the kink away)."""
+    g = torch.Generator().manual_seed(8)
+    w1, b1 = torch.randn(32, generator=g).double(), torch.randn(32, generator=g).double()
+    keys = relu_segments(w1, b1, torch.zeros(1, 32, dtype=torch.float64), torch.zeros(1, dtype=torch.float64),
+                         torch.float64)[0]
+    assert keys.dtype == torch.float64
+    beside = []
+    for direction in (float("inf"), -float("inf")):
+        x = -b1 / w1  # (W,) the kinks
+        for _ in range(2):
+            x = torch.nextafter(x, torch.full_like(x, direction))
+        beside.append(x)
+    x = torch.cat(beside)
+    x = x[x > 0]
+    assert torch.equal(kink_keys(w1, b1, torch.float64) < x[:, None], changes_sign(x, w1, b1))
+
+
+def changes_sign(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor) -> torch.Tensor:
+    """(N, W) bool: whether unit k at x differs from its state at small x (w1 > 0: active; w1 < 0: inactive), by
+    the sign of w1·x + b1 in exact arithmetic (fractions: float64's product and sum would round)."""
+    exact = [[Fraction(float(xi)) * Fraction(float(w)) + Fraction(float(b)) > 0 for w, b in zip(w1, b1)] for xi in x]
+    active = torch.tensor(exact, dtype=torch.bool).reshape(x.shape[0], w1.shape[0])
+    return torch.where(w1 > 0, active, torch.where(w1 < 0, ~active, torch.zeros_like(active)))
 
 
 @pytest.mark.parametrize("width, keys", [(1, 2), (5, 8), (7, 8), (8, 16), (32, 64), (33, 64)])
