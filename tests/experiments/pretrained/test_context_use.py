@@ -19,6 +19,7 @@ def test_a_target_needs_the_long_context_at_the_thresholds_and_only_past_the_sho
     assert needed.tolist() == [False] * short_context(ORIGINAL) + [True] * (20 - short_context(ORIGINAL))
     short[10] = long[10] + GAIN - 1e-3  # just short of the gain
     long[12], short[12] = CEILING + 1e-3, CEILING + 5  # a large gain, but still lost
+    long[13], short[13] = CEILING, CEILING + 5  # a loss exactly at the ceiling counts
     scored = torch.ones(20, dtype=torch.bool)
     scored[14] = False  # a needle's token
     needed = needing_long_context(long, short, scored, ORIGINAL)
@@ -60,10 +61,11 @@ def test_the_summary_is_read_from_the_files_with_intervals_over_documents(tmp_pa
         _document(tmp_path, i, {"yarn": torch.full((length,), row_at_19), "lost": long.clone()}, long, short)
         kept_past.append((4.0 - row_at_19) / 4.0)
     save_losses(tmp_path, "unfinished-test0", torch.zeros(length))  # a row without every document's file
-    summary = summarise(tmp_path, ["yarn", "lost", "unfinished"], [scored] * 3, ORIGINAL, control_stride=4)
+    assert context_use.losses_path(tmp_path, "yarn-test0") == tmp_path / "measurements" / "losses-yarn-test0.safetensors"
+    summary = summarise(tmp_path, ["unfinished", "yarn", "lost"], [scored] * 3, ORIGINAL, control_stride=4)
     assert summary["targets"] == {"inside": [0, 0, 0], "past": [1, 1, 1]}
     assert summary["long"] == {"inside": [1, 16], "past": [13, 16]} and summary["short"] == 4
-    assert list(summary["rows"]) == ["yarn", "lost"]
+    assert summary["short_stride"] == 2 and list(summary["rows"]) == ["yarn", "lost"]
     cell = summary["rows"]["yarn"]["past"]["kept"]
     low, high = t_interval(kept_past)
     assert (cell["mean"], cell["low"], cell["high"], cell["documents"]) == pytest.approx(
@@ -73,10 +75,25 @@ def test_the_summary_is_read_from_the_files_with_intervals_over_documents(tmp_pa
     assert summary["rows"]["yarn"]["inside"] == {"loss": None, "kept": None}  # no document has a target inside
     assert summary["short reader"]["past"]["loss"]["mean"] == pytest.approx(4.0)
     header, body = context_use.table_rows(summary)
+    assert header == ["row", "loss inside", "kept inside", "loss past", "kept past"]
     assert body[0] == ["yarn", "—", "—", f"2.000 [{2 - (high - low) * 4 / 2:.3f}, {2 + (high - low) * 4 / 2:.3f}]",
                        f"+{sum(kept_past) / 3:.2f} [{low:+.2f}, {high:+.2f}]"]
+    assert body[-1] == ["short reader (≤ 4 tokens)", "—", "+0.00", "4.000 [4.000, 4.000]", "+0.00"]
     assert "1 past it over 3 test documents" not in context_use.description(summary)
     assert "3 past it over 3 test documents" in context_use.description(summary)
+
+
+def test_a_cell_takes_two_documents_or_more(tmp_path):
+    """Two documents have a t interval; one does not (its cell is empty, not an interval of width 0 or infinity)."""
+    length, scored = 20, torch.ones(20, dtype=torch.bool)
+    for i, row_at_19 in enumerate((1.0, 3.0)):
+        long, short = torch.full((length,), 1.0), torch.full((length,), 1.5)
+        long[19], short[19] = 0.0, 4.0
+        _document(tmp_path, i, {"yarn": torch.full((length,), row_at_19)}, long, short)
+    two = summarise(tmp_path, ["yarn"], [scored] * 2, ORIGINAL, control_stride=4)["rows"]["yarn"]["past"]["loss"]
+    low, high = t_interval([1.0, 3.0])
+    assert two == pytest.approx({"mean": 2.0, "low": low, "high": high, "documents": 2})
+    assert summarise(tmp_path, ["yarn"], [scored], ORIGINAL, control_stride=4)["rows"]["yarn"]["past"]["loss"] is None
 
 
 def test_a_run_measured_before_the_readers_were_filed_has_no_summary(tmp_path):
