@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from posenc import attention, build
-from posenc.bench.long_context import BASELINE, FLEX, _flex, _short, bench_long_context, outcome, run_child
+from posenc.bench.long_context import (BASELINE, FLEX, _flex, _short, bench_long_context, outcome, run_child,
+                                      timed_encodings)
 from posenc.cli import main
 from posenc.lm.runtime import cpu_model
 
@@ -56,6 +57,13 @@ def test_an_error_is_one_short_line_and_out_of_memory_says_so():
         "out of memory: CUDA out of memory. Tried to allocate 16.00 GiB.")
     assert _short(ValueError("first\nsecond")) == "ValueError: first"
     assert len(_short(RuntimeError("x" * 1000))) == 160
+
+
+def test_the_table_times_every_encoding_inside_attention_and_none_on_the_input():
+    """The issue's rows, whatever else is registered: learned tables and sinusoids act on the input, not here."""
+    timed = set(timed_encodings())
+    assert {"none", "rope", "xpos", "alibi", "sandwich", "kerple", "t5", "fox", "fire", "stick-breaking",
+            "transformer_xl", "shaw", "cope"} <= timed and not {"learned", "sinusoidal"} & timed
 
 
 def test_flex_contenders_compute_sdpa_and_posencs_alibi():
