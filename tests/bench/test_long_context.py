@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from posenc import attention, build
-from posenc.bench.long_context import (BASELINE, FLEX, _flex, _short, bench_long_context, outcome, run_child,
-                                      timed_encodings)
+from posenc.bench.long_context import (BASELINE, FLEX, _contender, _flex, _short, bench_long_context, measure,
+                                      outcome, run_child, timed_encodings)
 from posenc.cli import main
 from posenc.lm.runtime import cpu_model
 
@@ -64,6 +64,29 @@ def test_the_table_times_every_encoding_inside_attention_and_none_on_the_input()
     timed = set(timed_encodings())
     assert {"none", "rope", "xpos", "alibi", "sandwich", "kerple", "t5", "fox", "fire", "stick-breaking",
             "transformer_xl", "shaw", "cope"} <= timed and not {"learned", "sinusoidal"} & timed
+
+
+def test_each_child_times_causal_attention_with_its_encoding():
+    """In process, what a child runs: the baseline is causal SDPA, an encoding's row is causal attention() with it
+    (ALiBi's slopes are fixed, so its output is known), FoX's row hands over forget gates that get a gradient;
+    ``measure`` then reports a time and, on CPU, no peak memory."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 32, 8, requires_grad=True) for _ in range(3))
+    attend, leaves = _contender(BASELINE, q)
+    torch.testing.assert_close(attend(q, k, v), F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    assert leaves == []
+    attend, leaves = _contender("alibi", q)
+    torch.testing.assert_close(attend(q, k, v), attention(q, k, v, build("alibi", num_heads=4), backend="eager"))
+    attend, leaves = _contender("fox", q)
+    out = attend(q, k, v)
+    later = v.detach().clone()
+    later[:, :, 20:] += 1.0  # keys after query 19: a causal row does not see them
+    torch.testing.assert_close(attend(q, k, later)[:, :, :20], out[:, :, :20])
+    out.sum().backward()
+    gates = leaves[-1]
+    assert gates.shape == (1, 4, 32) and (gates < 0).all() and bool((gates.grad != 0).any())  # log forget gates
+    row = measure("alibi", [1, 2, 32, 8], "cpu", "float32", calls=2)
+    assert set(row) == {"ms", "peak_gib"} and row["ms"] > 0 and row["peak_gib"] is None
 
 
 def test_flex_contenders_compute_sdpa_and_posencs_alibi():
