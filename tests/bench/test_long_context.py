@@ -40,6 +40,35 @@ def test_long_table_times_each_contender_in_its_own_process_against_sdpa():
         assert row["x_sdpa_nope"] is None and row["peak_gib"] is None
 
 
+def test_each_shapes_ratios_divide_by_its_own_sdpa_and_rows_carry_the_childs_numbers(monkeypatch, capsys):
+    """With the children stood in for: a row's ms and peak memory are its child's, its ratio divides by SDPA's ms
+    at its own shape, none where SDPA failed there (not the shape before's), and the timeout reaches every child."""
+    from posenc.bench import long_context
+
+    asked = []
+
+    def child(name, shape, device, dtype, calls, timeout):
+        asked.append((name, shape[0], calls, timeout))
+        if name == "t5" or (name == BASELINE and shape[0] == 3):
+            return {"error": "out of memory: asked for 16 GiB"}
+        return {"ms": (2.0 if name == BASELINE else 3.0) * shape[0], "peak_gib": 0.25 * shape[0]}
+
+    monkeypatch.setattr(long_context, "run_child", child)
+    rows = bench_long_context("cpu", "float32", shapes=((1, 2, 64, 16), (2, 2, 64, 16), (3, 2, 64, 16)),
+                              encodings=("alibi", "t5"), calls=3, timeout=9.0)
+    names = [BASELINE, *FLEX, "alibi", "t5"]
+    assert asked == [(name, batch, 3, 9.0) for batch in (1, 2, 3) for name in names]
+    table = {(row["encoding"], row["B"]): row for row in rows}
+    for batch in (1, 2):
+        assert table[BASELINE, batch]["x_sdpa_nope"] == 1.0 and table["alibi", batch]["x_sdpa_nope"] == 1.5
+        assert table["alibi", batch]["ms"] == 3.0 * batch and table["alibi", batch]["peak_gib"] == 0.25 * batch
+    assert table["t5", 1]["error"] == "out of memory: asked for 16 GiB" and table["t5", 1]["x_sdpa_nope"] is None
+    assert table["alibi", 3]["ms"] == 9.0 and table["alibi", 3]["x_sdpa_nope"] is None  # SDPA failed at B = 3
+    printed = capsys.readouterr().err.splitlines()
+    assert len(printed) == len(rows) and printed[4].startswith("long 1x2x64x16 t5: error: out of memory: asked")
+    assert printed[3].startswith("long 1x2x64x16 alibi: 3.00 ms (")
+
+
 def test_a_child_past_its_timeout_is_killed_and_is_an_error_row():
     assert run_child(BASELINE, (1, 2, 64, 16), "cpu", "float32", 2, timeout=0.2) == {"error": "timed out after 0.2 s"}
 
