@@ -97,15 +97,16 @@ def test_the_table_times_every_encoding_inside_attention_and_none_on_the_input()
 
 def test_each_child_times_causal_attention_with_its_encoding():
     """In process, what a child runs: the baseline is causal SDPA, an encoding's row is causal attention() with it
-    (ALiBi's slopes are fixed, so its output is known), FoX's row hands over forget gates that get a gradient;
-    ``measure`` then reports a time and, on CPU, no peak memory."""
+    (ALiBi's slopes and RoPE's frequencies are fixed, so their outputs are known), FoX's row hands over forget gates
+    that get a gradient; ``measure`` then reports a time and, on CPU, no peak memory."""
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 4, 32, 8, requires_grad=True) for _ in range(3))
     attend, leaves = _contender(BASELINE, q)
     torch.testing.assert_close(attend(q, k, v), F.scaled_dot_product_attention(q, k, v, is_causal=True))
     assert leaves == []
-    attend, leaves = _contender("alibi", q)
-    torch.testing.assert_close(attend(q, k, v), attention(q, k, v, build("alibi", num_heads=4), backend="eager"))
+    for name, kwargs in (("alibi", {"num_heads": 4}), ("rope", {"head_dim": 8})):  # built from the shape's sizes
+        attend, leaves = _contender(name, q)
+        torch.testing.assert_close(attend(q, k, v), attention(q, k, v, build(name, **kwargs), backend="eager"))
     attend, leaves = _contender("fox", q)
     out = attend(q, k, v)
     later = v.detach().clone()
