@@ -77,7 +77,7 @@ def test_a_child_that_crashed_reports_its_last_stderr_line():
     assert outcome(-11, "", "loading\nFatal Python error: Segmentation fault\n\n") == {
         "error": "exited with code -11: Fatal Python error: Segmentation fault"}
     assert outcome(1, "{not json\n", "") == {"error": "exited with code 1: no output"}
-    reported = '{"ms": 1.5, "peak_gib": 0.25}\n{"a stray": "print"}\n'
+    reported = '{"ms": 1.5, "peak_gib": 0.25}\n{"a stray": "print"}\na stray line\n'
     assert outcome(0, reported, "warnings") == {"ms": 1.5, "peak_gib": 0.25}
 
 

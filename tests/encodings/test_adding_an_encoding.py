@@ -115,6 +115,15 @@ def test_the_long_table_times_it_in_a_fresh_process(registered):
     finally:
         unregister("sqrt-decay-script")
     assert "error" in row and "cannot import" in row["error"], row
+    from posenc.bench.long_context import registration
+
+    nested = type("Nested", (SqrtDecay,), {"__module__": __name__, "__qualname__": "a_test.<locals>.Nested"})
+    register(Entry("sqrt-decay-nested", nested, "score bias", "", ""))
+    try:
+        with pytest.raises(ValueError, match=r"its class a_test.<locals>.Nested is defined in tests\.encodings"):
+            registration("sqrt-decay-nested")
+    finally:
+        unregister("sqrt-decay-nested")
 
 
 def test_the_long_table_imports_it_from_where_the_parent_did(tmp_path, monkeypatch):
