@@ -65,7 +65,8 @@ def test_the_summary_is_read_from_the_files_with_intervals_over_documents(tmp_pa
     summary = summarise(tmp_path, ["unfinished", "yarn", "lost"], [scored] * 3, ORIGINAL, control_stride=4)
     assert summary["targets"] == {"inside": [0, 0, 0], "past": [1, 1, 1]}
     assert summary["long"] == {"inside": [1, 16], "past": [13, 16]} and summary["short"] == 4
-    assert summary["short_stride"] == 2 and list(summary["rows"]) == ["yarn", "lost"]
+    assert summary["short_stride"] == 2 and isinstance(summary["short_stride"], int)
+    assert list(summary["rows"]) == ["yarn", "lost"]
     cell = summary["rows"]["yarn"]["past"]["kept"]
     low, high = t_interval(kept_past)
     assert (cell["mean"], cell["low"], cell["high"], cell["documents"]) == pytest.approx(
@@ -81,6 +82,18 @@ def test_the_summary_is_read_from_the_files_with_intervals_over_documents(tmp_pa
     assert body[-1] == ["short reader (≤ 4 tokens)", "—", "+0.00", "4.000 [4.000, 4.000]", "+0.00"]
     assert "1 past it over 3 test documents" not in context_use.description(summary)
     assert "3 past it over 3 test documents" in context_use.description(summary)
+
+
+def test_the_table_puts_each_cell_in_its_column_and_signs_the_shares():
+    def cell(mean):
+        return {"mean": mean, "low": mean - 0.5, "high": mean + 0.5, "documents": 3}
+
+    summary = {"short": 2048, "rows": {"yarn": {"inside": {"loss": cell(1.0), "kept": cell(0.25)},
+                                                "past": {"loss": cell(2.0), "kept": cell(-0.5)}}},
+               "short reader": {"inside": {"loss": cell(3.0)}, "past": {"loss": cell(4.0)}}}
+    assert context_use.table_rows(summary)[1] == [
+        ["yarn", "1.000 [0.500, 1.500]", "+0.25 [-0.25, +0.75]", "2.000 [1.500, 2.500]", "-0.50 [-1.00, +0.00]"],
+        ["short reader (≤ 2,048 tokens)", "3.000 [2.500, 3.500]", "+0.00", "4.000 [3.500, 4.500]", "+0.00"]]
 
 
 def test_a_cell_takes_two_documents_or_more(tmp_path):
