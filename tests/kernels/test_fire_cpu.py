@@ -15,7 +15,8 @@ import posenc
 from posenc.kernels import dispatch, offset_bias
 from posenc.verify import tolerance
 from tests.helpers import kernel_calls, make_encoding, saved_step_bytes
-from tests.kernels.test_channels import CASES, assert_all_close, at_dtype, outputs_and_grads, tensors, with_rounded_weights
+from tests.kernels.test_channels import (CASES, assert_all_close, at_dtype, outputs_and_grads, tensors,
+                                         with_rounded_weights)
 
 pytestmark = pytest.mark.skipif(offset_bias.extension() is None, reason="no C++ toolchain to build the kernel")
 

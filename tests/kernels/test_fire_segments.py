@@ -112,8 +112,8 @@ def test_each_key_is_crossed_where_its_units_preactivation_changes_sign():
 
 
 def test_float64_keys_are_crossed_where_float64_x_changes_the_unit():
-    """Keys for float64 x, at two float64 steps either side of each kink, rounded to float32 ones are not (a float32
-    key lies up to 2^-24 of the kink away)."""
+    """Keys for float64 x classify x two float64 steps either side of each kink as exact arithmetic does; keys
+    rounded to float32 would not (a float32 key lies up to 2^-24 of the kink away: 16 x-unit pairs here)."""
     g = torch.Generator().manual_seed(8)
     w1, b1 = torch.randn(32, generator=g).double(), torch.randn(32, generator=g).double()
     keys = relu_segments(w1, b1, torch.zeros(1, 32, dtype=torch.float64), torch.zeros(1, dtype=torch.float64),
