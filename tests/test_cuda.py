@@ -81,6 +81,25 @@ def _encoding(name: str) -> torch.nn.Module:
     return encoding
 
 
+@pytest.mark.parametrize("name", ["alibi", "fire"])
+def test_compiled_flex_masks_each_head_with_its_own_mask(name):
+    """A mask per head whose first head keeps every pair, 300 tokens (three of Flex's 128-token blocks): compiled
+    FlexAttention skips a block its block mask calls full, so a block mask built for one head and shared by all
+    would let the other heads read keys their masks drop. Eager on the CPU in float64 is the reference."""
+    encoding = _encoding(name)
+    generator = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 4, 300, 32, generator=generator) for _ in range(3))
+    mask = torch.rand(1, 4, 300, 300, generator=generator) > 0.5
+    mask[:, 0] = True
+    mask[..., 0] = True  # every query keeps a key
+    expected = attention(*(t.double() for t in (q, k, v)), copy.deepcopy(encoding).double(), causal=False,
+                         mask=mask, backend="eager")
+    with torch.no_grad():
+        got = attention(q.to(CUDA), k.to(CUDA), v.to(CUDA), encoding.to(CUDA), causal=False, mask=mask.to(CUDA),
+                        backend="flex")
+    assert _relative_error(got, expected, floor=1.0) < FLOAT32
+
+
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("name", ATTENTION_ENCODINGS)
 def test_every_cuda_backend_equals_float64_eager_values_and_gradients(name, causal):
