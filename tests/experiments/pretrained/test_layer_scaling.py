@@ -11,7 +11,7 @@ import transformers
 
 from posenc import hf
 from posenc.experiments.pretrained import layer_scaling
-from posenc.experiments.pretrained.measure import position_losses
+from posenc.experiments.pretrained.measure import binned, position_losses
 
 OWN = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
        "full_attention": {"rope_type": "default", "rope_theta": 1e6}}
@@ -70,7 +70,15 @@ def test_the_numbers_are_the_documents_losses_paired_and_the_model_comes_back(tm
     assert comparison["comparisons"] == 4 and comparison["p_holm"] >= comparison["p"]
     mean = results["rows"]["none"]["mean"]
     assert mean["mean"] == pytest.approx(sum(none) / 3) and mean["low"] < mean["mean"] < mean["high"]
-    assert len(results["rows"]["none"]["bands"]) == 4
+    per_document_bands = [binned(position_losses(model, d["ids"]), 4)["loss"] for d in docs]  # still linear
+    assert results["rows"]["linear, every layer"]["bands"] == pytest.approx(
+        [sum(column) / 3 for column in zip(*per_document_bands)], abs=1e-6)  # the mean over documents per band
+    assert results["factor"] == 4.0 and results["length"] == 48 and results["model"]["type"] == "gemma3_text"
+    assert results["model"]["context"] == 64 and set(results["model"]["rope_parameters"]) == {
+        "sliding_attention", "full_attention"}
+    assert results["rows"]["none"]["scaling"] is None and results["rows"]["yarn, global layers"]["scaling"] == {
+        "rope_type": "yarn", "layers": "global layers"}
+    assert "provenance" in results and results["wall_time_s"] > 0
     assert results["model"]["layers"] == ["sliding_attention", "full_attention"] and results["model"]["window"] == 8
     assert json.loads((tmp_path / "results.json").read_text())["rows"]["none"]["per_document"] == none
     header, body = layer_scaling.table_rows(results)
@@ -93,8 +101,9 @@ def test_a_model_with_one_rope_or_a_factor_of_one_is_refused(tmp_path):
 
     with pytest.raises(ValueError, match="one RoPE for every layer; .* needs a per-layer-type model"):
         layer_scaling.run(tiny_llama(), documents(), 4.0, tmp_path)
-    with pytest.raises(ValueError, match="factor must be a number > 1"):
-        layer_scaling.run(tiny_gemma(), documents(), 1.0, tmp_path)
+    for factor in (1.0, float("inf"), True):
+        with pytest.raises(ValueError, match="factor must be a number > 1"):
+            layer_scaling.run(tiny_gemma(), documents(), factor, tmp_path)
 
 
 class BytesTokenizer:
