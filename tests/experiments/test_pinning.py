@@ -154,3 +154,14 @@ def test_a_pretrained_run_pinned_before_finetune_existed_was_zero_shot_and_may_a
     del held["hf"]["finetune"]  # written before --finetune existed: a zero-shot run
     storage.write_json(tmp_path / "config.json", held)
     pin(tmp_path, PretrainedConfig.from_preset("smoke", finetune="pose"), resume=True)  # adds the fine-tuned rows
+
+
+def test_changed_fields_reads_tuples_as_lists_names_one_sided_fields_and_fills_defaults():
+    from posenc.experiments.pinning import changed_fields
+
+    current = {"same": (1, (2, 3)), "item": (1, 2), "value": 5, "only_now": 1}
+    held = {"same": [1, [2, 3]], "item": [1, 3], "value": 6, "only_then": 2}
+    assert changed_fields(current, held, "extend") == ["item", "only_now", "only_then", "value"]
+    assert changed_fields(current, held, "extend", fields=["value", "same"]) == ["value"]
+    assert changed_fields({"x": 3}, {}, "extend", defaults={"x": 3}) == []  # the pin's missing field, as default
+    assert changed_fields({"x": 3}, {}, "extend", defaults={"x": 4}) == ["x"]
