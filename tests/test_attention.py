@@ -1,4 +1,5 @@
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -52,24 +53,6 @@ def test_every_backend_agrees_with_eager(key, backend, causal):
         expected = posenc.attention(q, k, v, enc, backend="eager", **kwargs)
         got = posenc.attention(q, k, v, enc, backend=backend, **kwargs)
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
-
-
-def test_compiled_flex_masks_each_head_with_its_own_mask(monkeypatch):
-    """Compiled (as on a GPU; here by the CPU's compiler), FlexAttention skips the mask inside a block its block mask
-    calls full. 300 tokens (three 128-token blocks) and a first head that keeps every pair: a block mask built for
-    one head and shared by all lets the other heads read keys their masks drop (0.53 off; the code is within 1e-5).
-    Uncompiled, FlexAttention applies every mask densely and cannot tell."""
-    monkeypatch.setenv("POSENC_FLEX_COMPILE", "1")
-    enc = make_encoding("alibi")
-    generator = torch.Generator().manual_seed(3)
-    q, k, v = (torch.randn(1, HEADS, 300, HEAD_DIM, generator=generator) for _ in range(3))
-    mask = torch.rand(1, HEADS, 300, 300, generator=generator) > 0.5
-    mask[:, 0] = True
-    mask[..., 0] = True  # every query keeps a key
-    with torch.no_grad():
-        expected = posenc.attention(q.double(), k.double(), v.double(), enc, causal=False, mask=mask, backend="eager")
-        got = posenc.attention(q, k, v, enc.float(), causal=False, mask=mask, backend="flex")
-    torch.testing.assert_close(got.double(), expected, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("key, backend", cases())
@@ -413,6 +396,36 @@ def test_grouped_query_attention_equals_repeated_keys_and_values(key, backend):
     torch.testing.assert_close(grouped, repeated, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(weights, repeated_weights, rtol=1e-10, atol=1e-10)
     assert weights.shape == (2, heads, 6, 9)
+
+
+def test_compiled_flex_masks_each_head_with_its_own_mask(monkeypatch):
+    """Compiled (as on a GPU; here by the CPU's compiler), FlexAttention skips the mask inside a block its block mask
+    calls full. 300 tokens (three 128-token blocks) and a first head that keeps every pair: a block mask built for
+    one head and shared by all lets the other heads read keys their masks drop (0.53 off; the code is within 1e-5).
+    Uncompiled, FlexAttention applies every mask densely and cannot tell."""
+    monkeypatch.setenv("POSENC_FLEX_COMPILE", "1")
+    enc = make_encoding("alibi")
+    generator = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, HEADS, 300, HEAD_DIM, generator=generator) for _ in range(3))
+    mask = torch.rand(1, HEADS, 300, 300, generator=generator) > 0.5
+    mask[:, 0] = True
+    mask[..., 0] = True  # every query keeps a key
+    with torch.no_grad():
+        expected = posenc.attention(q.double(), k.double(), v.double(), enc, causal=False, mask=mask, backend="eager")
+        got = posenc.attention(q, k, v, enc.float(), causal=False, mask=mask, backend="flex")
+    torch.testing.assert_close(got.double(), expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("setting, on_gpu, compiles", [
+    (None, False, False), (None, True, True), ("auto", False, False), ("auto", True, True), ("1", False, True),
+    ("0", True, False), ("yes", True, False)])
+def test_posenc_flex_compile_compiles_on_a_gpu_unless_told(monkeypatch, setting, on_gpu, compiles):
+    """Unset or "auto": compiled on CUDA only; "1": always; "0" (or anything else): never."""
+    if setting is None:
+        monkeypatch.delenv("POSENC_FLEX_COMPILE", raising=False)
+    else:
+        monkeypatch.setenv("POSENC_FLEX_COMPILE", setting)
+    assert flex._flex_compiles(SimpleNamespace(is_cuda=on_gpu)) is compiles
 
 
 def test_compiled_flex_bfloat16_with_biases(monkeypatch):
