@@ -114,6 +114,15 @@ def documents_for(model_name: str, tokens, corpus: str, count: int, length: int)
                           count, length)
 
 
+def table_rows(results: dict) -> tuple[list[str], list[list[str]]]:
+    """The rows' mean loss over documents [95% t interval], and over their first and last band of positions."""
+    width = results["length"] // len(results["rows"]["none"]["bands"])
+    header = ["row", "loss, nats/token [95% t over documents]", f"first {width:,} tokens", f"last {width:,} tokens"]
+    body = [[name, f"{row['mean']['mean']:.4f} [{row['mean']['low']:.4f}, {row['mean']['high']:.4f}]",
+             f"{row['bands'][0]:.4f}", f"{row['bands'][-1]:.4f}"] for name, row in results["rows"].items()]
+    return header, body
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m posenc.experiments.pretrained.layer_scaling``: load, pick documents, run, print the rows."""
     import argparse
@@ -153,12 +162,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-
-
-def table_rows(results: dict) -> tuple[list[str], list[list[str]]]:
-    """The rows' mean loss over documents [95% t interval], and over their first and last band of positions."""
-    width = results["length"] // len(results["rows"]["none"]["bands"])
-    header = ["row", "loss, nats/token [95% t over documents]", f"first {width:,} tokens", f"last {width:,} tokens"]
-    body = [[name, f"{row['mean']['mean']:.4f} [{row['mean']['low']:.4f}, {row['mean']['high']:.4f}]",
-             f"{row['bands'][0]:.4f}", f"{row['bands'][-1]:.4f}"] for name, row in results["rows"].items()]
-    return header, body
