@@ -36,6 +36,15 @@ def seeded_randn(*shape, seed: int = 0, dtype: torch.dtype = torch.float64) -> t
     return torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
 
+def mask_per_head(heads: int, length: int, seed: int = 3) -> torch.Tensor:
+    """(1, heads, length, length) bool: random per head, except that the first head keeps every pair (its block mask
+    is all full blocks) and every query keeps key 0."""
+    mask = torch.rand(1, heads, length, length, generator=torch.Generator().manual_seed(seed)) > 0.5
+    mask[:, 0] = True
+    mask[..., 0] = True
+    return mask
+
+
 def make_encoding(key: str, dtype=torch.float64, heads: int = HEADS):
     name = key.split("_")[0] if key.startswith(("rope", "alibi", "t5", "kerple")) else key
     kwargs = {**ATTENTION_ENCODINGS[key], **({"num_heads": heads} if "num_heads" in ATTENTION_ENCODINGS[key] else {})}

@@ -16,6 +16,7 @@ from posenc.encodings import build_for_model
 from posenc.encodings.registry import one_axis
 from posenc.kernels import dispatch, rope_cos_sin, rotate_pairs
 from posenc.lm.model import LanguageModel, ModelConfig
+from tests.helpers import mask_per_head
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -89,9 +90,7 @@ def test_compiled_flex_masks_each_head_with_its_own_mask(name):
     encoding = _encoding(name)
     generator = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 4, 300, 32, generator=generator) for _ in range(3))
-    mask = torch.rand(1, 4, 300, 300, generator=generator) > 0.5
-    mask[:, 0] = True
-    mask[..., 0] = True  # every query keeps a key
+    mask = mask_per_head(4, 300)
     expected = attention(*(t.double() for t in (q, k, v)), copy.deepcopy(encoding).double(), causal=False,
                          mask=mask, backend="eager")
     with torch.no_grad():

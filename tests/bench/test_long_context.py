@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from posenc import attention, build
+from posenc.bench import long_context
 from posenc.bench.long_context import (BASELINE, FLEX, _contender, _flex, _short, bench_long_context, measure,
                                       outcome, run_child, timed_encodings)
 from posenc.cli import main
@@ -43,8 +44,6 @@ def test_long_table_times_each_contender_in_its_own_process_against_sdpa():
 def test_each_shapes_ratios_divide_by_its_own_sdpa_and_rows_carry_the_childs_numbers(monkeypatch, capsys):
     """With the children stood in for: a row's ms and peak memory are its child's, its ratio divides by SDPA's ms
     at its own shape, none where SDPA failed there (not the shape before's), and the timeout reaches every child."""
-    from posenc.bench import long_context
-
     asked = []
 
     def child(name, shape, device, dtype, calls, timeout):

@@ -103,7 +103,7 @@ def test_bench_times_it(registered):
 def test_the_long_table_times_it_in_a_fresh_process(registered):
     """Each row of ``posenc bench --tables long`` runs in a new process, which registers the encoding again from its
     class's module; a class no new process can import is an error row that says so."""
-    from posenc.bench.long_context import run_child, timed_encodings
+    from posenc.bench.long_context import registration, run_child, timed_encodings
 
     assert NAME in timed_encodings()
     row = run_child(NAME, (1, 2, 32, 8), "cpu", "float32", calls=1, timeout=300)
@@ -115,8 +115,6 @@ def test_the_long_table_times_it_in_a_fresh_process(registered):
     finally:
         unregister("sqrt-decay-script")
     assert "error" in row and "cannot import" in row["error"], row
-    from posenc.bench.long_context import registration
-
     nested = type("Nested", (SqrtDecay,), {"__module__": __name__, "__qualname__": "a_test.<locals>.Nested"})
     register(Entry("sqrt-decay-nested", nested, "score bias", "", ""))
     try:

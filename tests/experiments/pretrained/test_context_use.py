@@ -52,12 +52,19 @@ def _document(tmp_path, i, row_losses: dict, long, short):
         save_losses(tmp_path, f"{name}-test{i}", losses)
 
 
+def _one_target_past_the_context(length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The long and short readers' losses (length,): no gain anywhere (no target needed) but at the last target,
+    past the context, where the long reader gains 4 nats."""
+    long, short = torch.full((length,), 1.0), torch.full((length,), 1.5)
+    long[-1], short[-1] = 0.0, 4.0
+    return long, short
+
+
 def test_the_summary_is_read_from_the_files_with_intervals_over_documents(tmp_path):
     length, scored = 20, torch.ones(20, dtype=torch.bool)
     kept_past = []
     for i, row_at_19 in enumerate((1.0, 3.0, 2.0)):  # three documents, one target past the context each
-        long, short = torch.full((length,), 1.0), torch.full((length,), 1.5)  # no gain: not needed
-        long[19], short[19] = 0.0, 4.0
+        long, short = _one_target_past_the_context(length)
         _document(tmp_path, i, {"yarn": torch.full((length,), row_at_19), "lost": long.clone()}, long, short)
         kept_past.append((4.0 - row_at_19) / 4.0)
     save_losses(tmp_path, "unfinished-test0", torch.zeros(length))  # a row without every document's file
@@ -100,8 +107,7 @@ def test_a_cell_takes_two_documents_or_more(tmp_path):
     """Two documents have a t interval; one does not (its cell is empty, not an interval of width 0 or infinity)."""
     length, scored = 20, torch.ones(20, dtype=torch.bool)
     for i, row_at_19 in enumerate((1.0, 3.0)):
-        long, short = torch.full((length,), 1.0), torch.full((length,), 1.5)
-        long[19], short[19] = 0.0, 4.0
+        long, short = _one_target_past_the_context(length)
         _document(tmp_path, i, {"yarn": torch.full((length,), row_at_19)}, long, short)
     two = summarise(tmp_path, ["yarn"], [scored] * 2, ORIGINAL, control_stride=4)["rows"]["yarn"]["past"]["loss"]
     low, high = t_interval([1.0, 3.0])
