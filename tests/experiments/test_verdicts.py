@@ -186,3 +186,46 @@ def test_a_tiny_headline_names_comparisons_without_values_and_survives_having_no
     only_missing = tiny_results({"a": a, "b": b}, [{"a": "a", "b": "b", "factor": 2}])
     assert " ".join(verdicts.tiny_headline(only_missing)).startswith(
         "No declared comparison has values in both rows. No value (a row has none at that length): a − b at 2×.")
+
+
+def test_a_headline_names_up_to_three_comparisons_of_a_kind_and_counts_more():
+    around_zero = [[(-1) ** k * 0.1 + 0.001 * j for k in range(16)] for j in range(4)]
+    names = [f"loss past: row{j} − base" for j in range(4)]
+    three = " ".join(verdicts.headline(family(*around_zero[:3], names=names[:3]), "document"))
+    assert three.endswith("No verdict: row0 − base (loss past), row1 − base (loss past), row2 − base (loss past).")
+    four = " ".join(verdicts.headline(family(*around_zero, names=names), "document"))
+    assert four.endswith("No verdict: 4 comparisons.")
+
+
+def test_wrapping_breaks_neither_a_long_word_nor_a_hyphenated_one():
+    hyphenated = "x" * 100 + " Bonferroni-corrected interval"
+    assert verdicts.wrapped([hyphenated]) == ["x" * 100, "Bonferroni-corrected interval"]
+    long_word = "- see " + "y" * 130 + " next"
+    assert verdicts.wrapped([long_word]) == ["- see", "  " + "y" * 130, "  next"]
+    assert verdicts.wrapped(["", "short"]) == ["", "short"]
+
+
+def test_every_comparison_without_a_value_is_named_once():
+    a = [{"16": 2.0 + s, "32": 2.5, "64": 2.6} for s in (0.0, 0.1, 0.3, 0.2, 0.4)]
+    b = [{"16": 2.1 + s, "32": None, "64": None} for s in (0.0, 0.1, 0.3, 0.2, 0.5)]
+    results = tiny_results({"a": a, "b": b}, [{"a": "a", "b": "b", "factor": f} for f in (1, 2, 4)])
+    named = "No value (a row has none at that length): a − b at 2×, a − b at 4×."
+    assert "- " + named in verdicts.tiny_lines(results)
+    assert named in " ".join(verdicts.tiny_headline(results))
+
+
+def test_when_a_family_was_fixed_reads_results_that_predate_families():
+    assert verdicts.when_fixed({}) == "When the family was fixed: not recorded."
+    assert verdicts.when_fixed({"family": {"declared": None}}) == "When the family was fixed: not recorded."
+    assert verdicts.family_line({}) == "When the family was fixed: not recorded (the run predates declared families)."
+
+
+def test_refusals_name_the_rows_and_nothing_else():
+    with pytest.raises(ValueError, match=r"'fire' is not a row of this run; its rows: alibi, sandwich$"):
+        verdicts.expand_family(verdicts.parse_family("alibi:fire"), ["alibi", "sandwich"], (1,))
+    with pytest.raises(ValueError, match=r"^--compare: a comparison is named twice$"):
+        verdicts.expand_family(verdicts.parse_family("alibi:sandwich@1,alibi:sandwich"), ["alibi", "sandwich"], (1,))
+    for lines in (verdicts.tiny_lines, verdicts.tiny_headline):
+        with pytest.raises(ValueError, match=r"^this results file declares no family of comparisons \(extrapolate "
+                                             r"--compare\)$"):
+            lines({"rows": []})

@@ -1,0 +1,101 @@
+"""extend's stages around the training they call: which files the from-scratch stage writes, reads back on resume
+and removes, what it passes to training, and which seed's LongRoPE factors the export takes. Training itself is
+stood in for (``tests/experiments/extend/test_extend.py`` runs it end to end)."""
+
+import json
+from pathlib import Path
+
+import torch
+
+from posenc import storage
+from posenc.experiments import extrapolate
+from posenc.experiments.extend import searching, tuning
+from posenc.experiments.extend.config import ExtendConfig, make_rows
+from posenc.experiments.extend.plan import Plan
+from posenc.lm.data import Corpus, Split
+from posenc.lm.runtime import Runtime
+
+
+def _plan(out: Path) -> Plan:
+    config = ExtendConfig.from_preset("smoke", methods=("pi",), seeds=1, from_scratch=True)
+    base = extrapolate.ExperimentConfig.from_preset("smoke", seed=0)
+    split = Split(torch.arange(4096, dtype=torch.int64).remainder(256).to(torch.uint8), ("a.py",), (0,))
+    return Plan(config, base, out / "base", out, Corpus(split, split, split, {"sha256": "x"}), 128, [32, 64, 128],
+                make_rows(config, True), True)
+
+
+class StandInTraining:
+    """Records what ``train`` was asked and leaves a checkpoint file behind, as the real one does mid-run."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, model, data, config, *, checkpoint, **kwargs):
+        self.calls.append({"model": model, "config": config, "checkpoint": checkpoint, **kwargs})
+        checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        checkpoint.write_bytes(b"partial")
+        return {"wall_time_s": 2.0}
+
+
+def test_from_scratch_trains_once_at_the_target_and_keeps_only_the_weights(tmp_path, monkeypatch):
+    p = _plan(tmp_path)
+    training = StandInTraining()
+    monkeypatch.setattr(tuning, "train", training)
+    runtime = Runtime(torch.device("cpu"), torch.bfloat16, rank=0, world_size=1)
+    logged = []
+    metrics = tuning.train_from_scratch(p, 3, runtime, logged.append)
+    (call,) = training.calls
+    folder = tmp_path / "scratch" / "seed3"
+    assert call["checkpoint"] == folder / "last.pt" and not (folder / "last.pt").exists()
+    assert call["config"] == tuning.scratch_config(p, 3) and call["model"].config.max_positions == 128
+    assert call["autocast_dtype"] == torch.bfloat16 and (call["rank"], call["world_size"]) == (0, 1)
+    assert call["label"] == "train rope @ 128 from scratch (seed 3)"
+    config = call["config"]
+    assert metrics == storage.read_json(folder / "train.json") == {
+        "wall_time_s": 2.0, "tokens": config.steps * config.batch_size * 128}
+    assert set(storage.load_weights(folder / "model.safetensors")) == set(call["model"].state_dict())
+    assert logged == ["rope trained at 128 from scratch (seed 3): 2s"]
+
+    assert tuning.train_from_scratch(p, 3, runtime, logged.append) == metrics and len(training.calls) == 1
+    (folder / "model.safetensors").unlink()  # a run killed between its two writes trains again
+    tuning.train_from_scratch(p, 3, runtime, logged.append)
+    assert len(training.calls) == 2
+
+
+def test_from_scratch_on_another_rank_writes_nothing(tmp_path, monkeypatch):
+    p = _plan(tmp_path)
+    training = StandInTraining()
+    monkeypatch.setattr(tuning, "train", training)
+    runtime = Runtime(torch.device("cpu"), None, rank=1, world_size=2)
+    assert tuning.train_from_scratch(p, 0, runtime, print)["tokens"] > 0
+    assert (training.calls[0]["rank"], training.calls[0]["world_size"]) == (1, 2)
+    assert not (tmp_path / "scratch" / "seed0" / "train.json").exists()
+
+
+def test_the_scratch_budget_is_pretraining_plus_one_fine_tuning_in_whole_batches(tmp_path):
+    p = _plan(tmp_path)
+    config = tuning.scratch_config(p, 5)
+    per_step = p.config.finetune_batch * 128
+    assert (config.steps - 1) * per_step < tuning.scratch_tokens(p) <= config.steps * per_step
+    assert (config.seed, config.lr, config.warmup, config.length) == (5, p.base.lr, p.base.warmup, 128)
+    assert config.checkpoint_every == p.base.checkpoint_every
+
+
+def summary(loss_best: float, loss_plain: float, n_hat: int, factor: float) -> dict:
+    return {"loss_best_n_hat": loss_best, "loss_n_hat_0": loss_plain, "best": {"n_hat": n_hat},
+            "rope_parameters": {"rope_type": "longrope", "long_factor": [factor, factor]}}
+
+
+def test_the_export_takes_the_seed_best_without_n_hat(tmp_path):
+    """Seed 1 has the better search loss with its n̂, seed 2 without: the export (n̂ = 0) takes seed 2."""
+    p = _plan(tmp_path)
+    summaries = {1: summary(2.0, 2.6, 4, 1.5), 2: summary(2.2, 2.4, 8, 2.5), 0: summary(2.1, 2.5, 0, 3.5)}
+    chosen = searching.export(p, summaries)
+    assert chosen == {**summaries[2], "exported_seed": 2}
+    written = json.loads((tmp_path / "rope_parameters.json").read_text())
+    assert written["rope_parameters"] == {"rope_type": "longrope", "long_factor": [2.5, 2.5]}
+    metadata = written["metadata"]
+    assert metadata["chosen"] == "seed 2 of [0, 1, 2], lowest dev loss with n_hat = 0" and metadata["n_hat"] == 0
+    assert metadata["search_loss_nats"] == {"best_n_hat": 2.2, "n_hat_0": 2.4, "split": "dev"}
+    assert metadata["n_hat_note"].endswith("(the search's best had n_hat = 8)")
+    assert metadata["found_by"].startswith("posenc extend: LongRoPE")
