@@ -13,7 +13,7 @@ from posenc.experiments.extrapolate.config import TRAINING_FIELDS
 from posenc.experiments.extrapolate.rows import parse_rows
 from posenc.experiments.extrapolate.stages import prepare_run_dir
 from posenc.experiments.pinning import WHEN_ABSENT, open_pin
-from posenc.experiments.pretrained.config import PretrainedConfig
+from posenc.experiments.pretrained.config import PretrainedConfig, plan_rows
 from posenc.experiments.pretrained.pins import declared_family, pin
 from posenc.experiments.tasks import TaskConfig
 from posenc.experiments.tasks.stages import _prepare
@@ -165,3 +165,20 @@ def test_changed_fields_reads_tuples_as_lists_names_one_sided_fields_and_fills_d
     assert changed_fields(current, held, "extend", fields=["value", "same"]) == ["value"]
     assert changed_fields({"x": 3}, {}, "extend", defaults={"x": 3}) == []  # the pin's missing field, as default
     assert changed_fields({"x": 3}, {}, "extend", defaults={"x": 4}) == ["x"]
+
+
+def test_a_pretrained_family_is_declared_by_its_first_rows_and_exploratory_once_rows_join(tmp_path):
+    """The rows the first invocation planned date the family; a resume that adds rows makes it exploratory and says
+    which joined, in the order of the rows; a resume that measures fewer rows keeps it declared."""
+    first = PretrainedConfig.from_preset("smoke", methods=("none", "yarn"), finetune="none")
+    pin(tmp_path, first, resume=False)
+    declared = {"declared": "before the run: extend --hf's fixed comparisons of the rows its first invocation "
+                            "planned", "exploratory": False}
+    assert declared_family(tmp_path, plan_rows(first)) == declared
+    assert declared_family(tmp_path, {"yarn": {}}) == declared
+    grown = PretrainedConfig.from_preset("smoke", methods=("none", "ntk", "yarn", "dca"), finetune="none")
+    pin(tmp_path, grown, resume=True)
+    assert storage.read_json(tmp_path / "config.json")["first_rows"] == ["none", "yarn"]  # kept from the first
+    assert declared_family(tmp_path, plan_rows(grown)) == {
+        "declared": "after results were seen: ntk, dca joined on --resume a run whose earlier rows had been measured",
+        "exploratory": True}

@@ -73,6 +73,8 @@ def test_every_comparison_carries_its_documents_and_the_run_wide_correction(smok
     _, results = smoke
     family = results["comparisons"]
     assert len(family) == 18 and all(c["comparisons"] == 18 for c in family.values())
+    assert results["family"] == {"declared": "before the run: extend --hf's fixed comparisons of the rows its first "
+                                             "invocation planned", "exploratory": False, "comparisons": list(family)}
     assert sum(name.startswith("farthest keys: ") for name in family) == len(ROWS) - 1  # every row but none
     for name, c in family.items():
         assert list(c["per_document"]) == results["documents"]["test"], name  # pairs stay pairs
@@ -431,6 +433,8 @@ def test_resume_adds_fine_tuned_rows_to_a_zero_shot_run_and_keeps_its_files(smok
         assert [w["past"] for w in got["rows"][name]["test"]] == pytest.approx([w["past"] for w in row["test"]],
                                                                               abs=1e-6), name
     assert got["best_row"] == reference["best_row"]
+    assert got["family"]["exploratory"] and got["family"]["declared"].startswith(
+        "after results were seen: yarn+pose, yarn+control joined on --resume")
     assert main(base + ["--finetune", "none", "--resume"]) == 2  # a fine-tuned run does not shrink back
     assert "differs in ['finetune']" in capsys.readouterr().err
 
