@@ -182,3 +182,13 @@ def test_a_pretrained_family_is_declared_by_its_first_rows_and_exploratory_once_
     assert declared_family(tmp_path, plan_rows(grown)) == {
         "declared": "after results were seen: ntk, dca joined on --resume a run whose earlier rows had been measured",
         "exploratory": True}
+
+
+def test_a_pretrained_resume_names_the_missing_run_and_both_corpora(tmp_path):
+    config = PretrainedConfig.from_preset("smoke")
+    with pytest.raises(ValueError, match=rf"holds no posenc pretrained run \(no config.json there\); start one with: "
+                                         rf"posenc pretrained {config.model} --out {tmp_path}$"):
+        pin(tmp_path, config, resume=True)
+    pin(tmp_path, config, resume=False, corpus={"files": 3})  # a fingerprint without a source or hash
+    with pytest.raises(ValueError, match=r"another corpus \(\?, sha256 \?, not kjv, sha256 0123456789ab\); its "):
+        pin(tmp_path, config, resume=True, corpus={"source": "kjv", "sha256": "0123456789abcdef"})

@@ -34,8 +34,9 @@ def test_ranks_take_alternate_measurements_and_file_each_once(tmp_path):
 
 
 def test_calibration_in_two_processes_asks_each_dev_document_once(tmp_path, monkeypatch):
-    """"made-up" finds the keys of the even documents only (1/2, under the bar), so "remember" (every key) is asked
-    next, and calibration stops there: each (document, wording) asked once in all, each rank its own half."""
+    """"made-up" finds the keys of the first three documents (3 of 5, under the bar), so "remember" (4 of 5: the bar,
+    0.8, reached) is asked next, and calibration stops there: each (document, wording) asked once in all, each rank
+    its own share."""
     asked = []
     monkeypatch.setattr(keys, "use_attention", lambda model, implementation: None)
     monkeypatch.setattr(keys, "haystack", lambda tokens, ids, length, config, index, wording: (index, wording))
@@ -43,14 +44,14 @@ def test_calibration_in_two_processes_asks_each_dev_document_once(tmp_path, monk
     def retrieve(model, planted, encode, decode):
         index, wording = planted
         asked.append((threading.current_thread().name, index, wording))
-        return [{"correct": index % 2 == 0 or wording == "remember", "band": 0, "log_prob": -1.0 - index}]
+        return [{"correct": index < {"made-up": 3, "remember": 4}[wording], "band": 0, "log_prob": -1.0 - index}]
 
     monkeypatch.setattr(keys.retrieval, "retrieve", retrieve)
     barrier, calibrations = threading.Barrier(2, timeout=30), {}
 
     def rank(r: int):
         runtime = SimpleNamespace(rank=r, world_size=2, barrier=barrier.wait)
-        dev = [{"ids": torch.arange(64)} for _ in range(4)]
+        dev = [{"ids": torch.arange(64)} for _ in range(5)]
         calibrations[r] = keys.calibrate(None, SimpleNamespace(encode=None, decode=None), dev,
                                          ["made-up", "remember", "secret-word"], SimpleNamespace(bands=1), 32,
                                          tmp_path, runtime)
@@ -60,7 +61,7 @@ def test_calibration_in_two_processes_asks_each_dev_document_once(tmp_path, monk
         thread.start()
     for thread in threads:
         thread.join(60)
-    assert sorted(asked) == sorted((f"rank{i % 2}", i, w) for w in ("made-up", "remember") for i in range(4))
+    assert sorted(asked) == sorted((f"rank{i % 2}", i, w) for w in ("made-up", "remember") for i in range(5))
     assert calibrations[0] == calibrations[1]
     assert [(w, c["accuracy"], c["log_prob"]) for w, c in calibrations[0].items()] == [
-        ("made-up", 0.5, -2.5), ("remember", 1.0, -2.5)]
+        ("made-up", 0.6, -3.0), ("remember", 0.8, -3.0)]
