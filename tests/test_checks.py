@@ -77,6 +77,8 @@ def test_attention_tensors_agree_with_each_other_and_the_encoding():
     checks.attention_tensors(q, kv, kv, SimpleNamespace(num_heads=4, head_dim=8))
     with refused("v must be a 4-D tensor (B, H, T, D), got (2, 7, 8)"):
         checks.attention_tensors(q, kv, kv[0], any_encoding)
+    with refused("q must be a 4-D tensor (B, H, T, D), got (4, 5, 8)"):
+        checks.attention_tensors(q[0], kv, kv, any_encoding)
     with refused("k must be a 4-D tensor (B, H, T, D), got list"):
         checks.attention_tensors(q, [], kv, any_encoding)
     with refused("q, k and v must share one dtype, got torch.float32, torch.float32 and torch.float64"):
