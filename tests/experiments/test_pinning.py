@@ -2,6 +2,8 @@
 hand the old way, without a field that came later. The field reads as what the old run did, so the resume goes
 ahead when the new config does the same, and is refused, with the field named, when it does not."""
 
+import dataclasses
+
 import pytest
 
 from posenc import storage
@@ -182,6 +184,9 @@ def test_a_pretrained_family_is_declared_by_its_first_rows_and_exploratory_once_
     assert declared_family(tmp_path, plan_rows(grown)) == {
         "declared": "after results were seen: ntk, dca joined on --resume a run whose earlier rows had been measured",
         "exploratory": True}
+    pin(tmp_path, dataclasses.replace(grown, preset="quick"), resume=True)  # a preset's name: only its rows differ
+    with pytest.raises(ValueError, match=r"differs in \['chunk'\]"):
+        pin(tmp_path, dataclasses.replace(grown, chunk=grown.chunk * 2), resume=True)
 
 
 def test_a_pretrained_resume_names_the_missing_run_and_both_corpora(tmp_path):

@@ -1,17 +1,19 @@
-"""extend's stages around the training they call: which files the from-scratch stage writes, reads back on resume
-and removes, what it passes to training, and which seed's LongRoPE factors the export takes. Training itself is
-stood in for (``tests/experiments/extend/test_extend.py`` runs it end to end)."""
+"""extend's stages around the training they call: the run it reads its RoPE checkpoints from, which files the
+from-scratch stage writes, reads back on resume and removes, what it passes to training, and which seed's LongRoPE
+factors the export takes. Training itself is stood in for (``tests/experiments/extend/test_extend.py`` runs it end to
+end)."""
 
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from posenc import storage
 from posenc.experiments import extrapolate
 from posenc.experiments.extend import searching, tuning
 from posenc.experiments.extend.config import ExtendConfig, make_rows
-from posenc.experiments.extend.plan import Plan
+from posenc.experiments.extend.plan import Plan, _read_run
 from posenc.lm.data import Corpus, Split
 from posenc.lm.runtime import Runtime
 
@@ -99,3 +101,30 @@ def test_the_export_takes_the_seed_best_without_n_hat(tmp_path):
     assert metadata["search_loss_nats"] == {"best_n_hat": 2.2, "n_hat_0": 2.4, "split": "dev"}
     assert metadata["n_hat_note"].endswith("(the search's best had n_hat = 8)")
     assert metadata["found_by"].startswith("posenc extend: LongRoPE")
+
+
+def test_the_run_read_names_what_it_lacks_and_takes_only_its_own_seeds(tmp_path):
+    config = ExtendConfig.from_preset("smoke", seeds=2)
+    with pytest.raises(ValueError, match=rf"^--run {tmp_path} is not a posenc extrapolate run \(no config.json "
+                                         rf"there\)$"):
+        _read_run(tmp_path, config, None)
+    base = extrapolate.ExperimentConfig.from_preset("smoke", seed=2, device="auto")
+    storage.write_json(tmp_path / "config.json", base.to_dict())
+    lacking = rf"^--run {tmp_path} has no finished RoPE checkpoint for {{}} \(checkpoints/<name>/model.safetensors\); "
+    train = rf"\. Train one with: posenc extrapolate --resume --out {tmp_path} --encodings rope --seeds 2$"
+    with pytest.raises(ValueError, match=lacking.format("rope-seed2, rope-seed3") + "it has: no finished checkpoints"
+                                         + train):
+        _read_run(tmp_path, config, None)
+    for name in ("rope-seed0", "rope-seed1", "alibi-seed2", "rope-seed2", "rope-seed3x"):  # 0, 1: not this run's
+        (tmp_path / "checkpoints" / name).mkdir(parents=True)
+        (tmp_path / "checkpoints" / name / "model.safetensors").write_bytes(b"")
+    (tmp_path / "checkpoints" / "rope-seed3").mkdir()  # begun, not finished
+    with pytest.raises(ValueError, match=lacking.format("rope-seed3") + "it has: alibi-seed2, rope-seed0, rope-seed1, "
+                                         "rope-seed2, rope-seed3x" + train):
+        _read_run(tmp_path, config, None)
+    (tmp_path / "checkpoints" / "rope-seed3" / "model.safetensors").write_bytes(b"")
+    assert _read_run(tmp_path, config, None) == (base, False)  # no alibi-seed3: no ALiBi rows
+    (tmp_path / "checkpoints" / "alibi-seed3").mkdir()
+    (tmp_path / "checkpoints" / "alibi-seed3" / "model.safetensors").write_bytes(b"")
+    read, has_alibi = _read_run(tmp_path, config, "cpu")
+    assert has_alibi and read.device == "cpu" and read.seed == 2 and base.device == "auto"
