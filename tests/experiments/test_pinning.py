@@ -197,3 +197,19 @@ def test_a_pretrained_resume_names_the_missing_run_and_both_corpora(tmp_path):
     pin(tmp_path, config, resume=False, corpus={"files": 3})  # a fingerprint without a source or hash
     with pytest.raises(ValueError, match=r"another corpus \(\?, sha256 \?, not kjv, sha256 0123456789ab\); its "):
         pin(tmp_path, config, resume=True, corpus={"source": "kjv", "sha256": "0123456789abcdef"})
+
+
+def test_an_extend_resume_may_change_its_rows_not_its_run_or_its_results(tmp_path):
+    config, base = ExtendConfig.from_preset("smoke"), extrapolate_config()
+    with pytest.raises(ValueError, match=rf"holds no posenc extend run \(no config.json there\); start one with: "
+                                         rf"posenc extend --out {tmp_path}$"):
+        pin_config(tmp_path, config, base, tmp_path / "a", resume=True)
+    pin_config(tmp_path, config, base, tmp_path / "a", resume=False)
+    assert storage.read_json(tmp_path / "config.json")["run"] == str(tmp_path / "a")
+    pin_config(tmp_path, dataclasses.replace(config, methods=("pi",), seeds=3), base, tmp_path / "a", resume=True)
+    refused = rf"^--resume: {tmp_path} was run with a different config \(differs in {{}}\); only --methods, --seeds, "
+    for run in (tmp_path / "b", None):
+        with pytest.raises(ValueError, match=refused.format(r"\['--run'\]")):
+            pin_config(tmp_path, config, base, run, resume=True)
+    with pytest.raises(ValueError, match=refused.format(r"\['factor'\]")):
+        pin_config(tmp_path, dataclasses.replace(config, factor=config.factor * 2), base, tmp_path / "a", resume=True)
