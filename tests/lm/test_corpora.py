@@ -51,6 +51,7 @@ def test_kjv_books_are_documents_split_by_name():
     assert corpus.fingerprint["files"] == 66 and corpus.fingerprint["file_is_pinned_release"]
     files = {split: getattr(corpus, split).files for split in ("train", "dev", "test")}
     assert sum(map(len, files.values())) == 66 and not set(files["test"]) & set(files["dev"])
+    assert [len(files[split]) for split in ("train", "dev", "test")] == [15, 10, 41]  # buckets 0-4 test, 5-6 dev
     assert "kjv/Genesis" in files["test"] and "kjv/Psalms" in files["dev"]
     genesis = corpus.test.files.index("kjv/Genesis")
     start = corpus.test.starts[genesis]
@@ -74,10 +75,11 @@ def test_joined_corpora_prefix_their_documents_and_keep_each_split():
 def test_joined_splits_follow_each_other_and_prefix_names_once():
     first = Split(torch.tensor([1, 2, 3], dtype=torch.uint8), ("a.py", "kjv/b", "kjvnotes"), (0, 1, 2))
     second = Split(torch.tensor([4, 5], dtype=torch.uint8), ("c",), (0,))
-    joined = corpora._join([("kjv", first), ("stdlib", second)])
-    assert joined.data.tolist() == [1, 2, 3, 4, 5] and joined.data.dtype == torch.uint8
-    assert joined.files == ("kjv/a.py", "kjv/b", "kjv/kjvnotes", "stdlib/c") and joined.starts == (0, 1, 2, 3)
-    assert joined.file_at(3) == "stdlib/c"
+    third = Split(torch.tensor([6, 7, 8], dtype=torch.uint8), ("d", "e"), (0, 2))
+    joined = corpora._join([("kjv", first), ("stdlib", second), ("pydocs", third)])
+    assert joined.data.tolist() == [1, 2, 3, 4, 5, 6, 7, 8] and joined.data.dtype == torch.uint8
+    assert joined.files == ("kjv/a.py", "kjv/b", "kjv/kjvnotes", "stdlib/c", "pydocs/d", "pydocs/e")
+    assert joined.starts == (0, 1, 2, 3, 5, 7) and joined.file_at(3) == "stdlib/c"
     empty = corpora._join([])
     assert empty.data.dtype == torch.uint8 and len(empty) == 0 and empty.files == empty.starts == ()
 
