@@ -171,6 +171,8 @@ MUTANTS = [
      "tl.cdiv(tl.maximum(0, start_n + BLOCK_N - 2 - shift), BLOCK_M)", TILES_TESTS),
     ("tiles: token values differenced against the first query, not the tile's", TILES,
      "reference = tl.load(QVAL + tl.minimum(start_m, q_len - 1))", "reference = tl.load(QVAL)", TILES_TESTS),
+    ("tiles: a learned term's gradient from D of the bf16-rounded output", TILES_RULES,
+     "wide = q.dtype != torch.float32 and any(ctx.needs_input_grad[3:6])", "wide = False", TILES_TESTS),
     ("fire: the last segment a tile spans gets no gradient", TERMS, "for s in range(low, high + 1):",
      "for s in range(low, high):", TILES_TESTS),
     # values wider than the tiles

@@ -49,9 +49,10 @@ REFERENCE = textwrap.dedent(
         return torch.softmax(logits, -1).nan_to_num(0.0) @ v
 
     def compare(dtype, tolerance, scale, causal, q, k, v, table=None, lowest=0, tokens=None, q_pos=None,
-                k_pos=None):
+                k_pos=None, learned=None):
         '''The kernel in ``dtype`` against the reference: output and every input's gradient, each relative to
-        the reference's largest magnitude; the reference reads q, k and v as rounded to ``dtype``.'''
+        the reference's largest magnitude, the table's and token values' within ``learned`` where given; the
+        reference reads q, k and v as rounded to ``dtype``.'''
         inputs = [x for x in (q, k, v, table, tokens) if x is not None]
         exact = [(x.to(dtype) if i < 3 else x).double().requires_grad_() for i, x in enumerate(inputs)]  # as rounded
         fast = [x.to(dtype if i < 3 else torch.float32 if x is table else torch.float64).detach().requires_grad_()
@@ -72,7 +73,8 @@ REFERENCE = textwrap.dedent(
         for name, a, b in zip(("out", "dq", "dk", "dv", "d_table" if table is not None else "d_tokens", "d_tokens"),
                               (got, *grads), (expected, *wanted)):
             error = float((a.double() - b).abs().max() / b.abs().max())
-            assert error < tolerance, (name, error, dtype, causal, tuple(q.shape), tuple(k.shape))
+            bound = learned if learned is not None and name in ("d_table", "d_tokens") else tolerance
+            assert error < bound, (name, error, dtype, causal, tuple(q.shape), tuple(k.shape))
     """
 )
 
@@ -86,12 +88,14 @@ def test_tiles_equal_float64_with_an_offset_table_and_token_values():
     and a value width unlike the key's; the table's gradient (reduced along the tiles' diagonals) and the token
     values' gradient (row and column sums) included, the values also near −3·10^4 (each side differenced against a
     float64 reference, else float32 loses 4e-4) and falling by 10^5 where a query tile starts (the reference is
-    each tile's own); float32 to 1e-5, bfloat16 to 5e-2 (the token values' gradient
-    sums weights rounded to bfloat16 whose exact row sums cancel to 0: 2.7e-2 seen at Tq = 5)."""
+    each tile's own); float32 to 1e-5, bfloat16 to 5e-2, and its table's and token values' gradients to 2e-2.
+    Those sum dS = P·(dP − D) over pairs whose exact sums cancel; with D from the bf16-rounded output (as
+    FlashAttention takes it) the table's missed by 0.144 at one seed of five (each of 0, 1,000, …, 4,000 added to
+    every seed), by 7.6e-3 at worst with D from the float32 output the kernel now keeps for them."""
     _run("""
     torch.manual_seed(0)
     cases = 0
-    for dtype, tolerance in ((torch.float32, 1e-5), (torch.bfloat16, 5e-2)):
+    for dtype, tolerance, learned in ((torch.float32, 1e-5, 1e-5), (torch.bfloat16, 5e-2, 2e-2)):
         for causal in (True, False):
             for batch, heads, kv_heads, q_len, k_len, width, value_width in (
                     (2, 4, 2, 37, 37, 8, 8), (1, 2, 2, 5, 40, 16, 8), (2, 2, 1, 33, 33, 12, 20)):
@@ -101,8 +105,9 @@ def test_tiles_equal_float64_with_an_offset_table_and_token_values():
                 table = torch.randn(heads, k_len - lowest)
                 tokens = (torch.randn(1, heads, k_len) - 1).cumsum(-1) * 3 if causal else None  # FoX: causal only
                 compare(dtype, tolerance, 0.3, causal, q, k, v)
-                compare(dtype, tolerance, 0.3, causal, q, k, v, table=table, lowest=lowest)
-                compare(dtype, tolerance, 0.3, causal, q, k, v, table=table, lowest=lowest, tokens=tokens)
+                compare(dtype, tolerance, 0.3, causal, q, k, v, table=table, lowest=lowest, learned=learned)
+                compare(dtype, tolerance, 0.3, causal, q, k, v, table=table, lowest=lowest, tokens=tokens,
+                        learned=learned)
                 cases += 3
                 if causal and dtype == torch.float32:  # c far from 0, as late in a long FoX context: its digits kept
                     compare(dtype, tolerance, 0.3, causal, q, k, v, tokens=tokens.double() - 30000.123456789)

@@ -288,7 +288,10 @@ class _TiledAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, bias, q_values, k_values, q_pos, k_pos, settings):
         q, k, v = (last_unit(x) for x in (q, k, v))
         batch, heads, q_len, _ = q.shape
-        out = q.new_empty(batch, q_len, heads, v.shape[-1]).transpose(1, 2)  # token-major, as SDPA returns it
+        # A learned term's gradient sums dS = P·(dP − D) over many pairs whose exact sums cancel, so D = Σ dout·out
+        # taken from a bf16-rounded output misses it by that rounding: such a call keeps its output in float32.
+        wide = q.dtype != torch.float32 and any(ctx.needs_input_grad[3:6])
+        out = q.new_empty(batch, q_len, heads, v.shape[-1], dtype=torch.float32 if wide else q.dtype).transpose(1, 2)
         lse = torch.empty(batch * heads, q_len, device=q.device, dtype=torch.float32)
         terms = _Terms(q, k, v, bias, q_values, k_values, q_pos, k_pos, settings)
         tiles = _blocks(q, v.shape[-1], settings.kind, q_pos is None)
@@ -298,7 +301,7 @@ class _TiledAttention(torch.autograd.Function):
             BLOCK_N=tiles.forward_n, num_warps=tiles.forward_warps, num_stages=tiles.stages, **terms.flags())
         ctx.save_for_backward(q, k, v, out, lse, bias, q_values, k_values, q_pos, k_pos)
         ctx.settings = settings
-        return out
+        return out.to(q.dtype)  # token-major, as SDPA returns it
 
     @staticmethod
     def backward(ctx, grad_out):
