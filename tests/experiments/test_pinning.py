@@ -110,12 +110,13 @@ def test_pretrained_reads_a_pin_from_before_corpora_commits_and_families(tmp_pat
     no first rows: the family was not declared, and a resume does not declare it after the fact."""
     config = PretrainedConfig.from_preset("smoke", retrieval_format="secret-word")
     storage.write_json(tmp_path / "config.json", {"hf": config.to_dict()})
-    assert declared_family(tmp_path, {})["declared"].startswith("not recorded")
+    not_recorded = {"declared": "not recorded (the run was pinned before families were)", "exploratory": False}
+    assert declared_family(tmp_path, {}) == not_recorded
     stdlib = {"source": "python3.11.7 stdlib", "sha256": "6542f7510a0b9f4f"}
     assert pin(tmp_path, config, resume=True, corpus=stdlib, commit="b2") == ["b2"]
     held = storage.read_json(tmp_path / "config.json")
     assert held["corpus"] == stdlib and held["first_rows"] is None
-    assert declared_family(tmp_path, {"none": {}})["declared"].startswith("not recorded")
+    assert declared_family(tmp_path, {"none": {}}) == not_recorded
     with pytest.raises(ValueError, match=r"was measured on another corpus \(python3.11.7 stdlib"):
         pin(tmp_path, config, resume=True, corpus={"source": "python3.12.3 stdlib", "sha256": "01234567"})
 
@@ -185,7 +186,8 @@ def test_a_pretrained_family_is_declared_by_its_first_rows_and_exploratory_once_
         "declared": "after results were seen: ntk, dca joined on --resume a run whose earlier rows had been measured",
         "exploratory": True}
     pin(tmp_path, dataclasses.replace(grown, preset="quick"), resume=True)  # a preset's name: only its rows differ
-    with pytest.raises(ValueError, match=r"differs in \['chunk'\]"):
+    with pytest.raises(ValueError, match=rf"^--resume: {tmp_path} was run with a different config \(differs in "
+                                         r"\['chunk'\]\)$"):
         pin(tmp_path, dataclasses.replace(grown, chunk=grown.chunk * 2), resume=True)
 
 

@@ -12,8 +12,8 @@ from posenc.lm.data import Split, split_of
 
 
 def test_parse_corpora_names_the_bad_one():
-    assert corpora.parse_corpora("kjv, stdlib") == ("kjv", "stdlib")
-    for bad in ("", "kjv,kjv", "kjv,bible"):
+    assert corpora.parse_corpora("kjv, stdlib") == ("kjv", "stdlib") == corpora.parse_corpora(["kjv", "stdlib"])
+    for bad in ("", "kjv,kjv", "kjv,bible", ("kjv", "bible"), ()):
         with pytest.raises(ValueError, match="--corpus must be one or more of stdlib, kjv, pydocs"):
             corpora.parse_corpora(bad)
 

@@ -30,12 +30,13 @@ class StandInTraining:
     """Records what ``train`` was asked and leaves a checkpoint file behind, as the real one does mid-run."""
 
     def __init__(self):
-        self.calls = []
+        self.calls, self.leaves_checkpoint = [], True
 
     def __call__(self, model, data, config, *, checkpoint, **kwargs):
         self.calls.append({"model": model, "config": config, "checkpoint": checkpoint, **kwargs})
         checkpoint.parent.mkdir(parents=True, exist_ok=True)
-        checkpoint.write_bytes(b"partial")
+        if self.leaves_checkpoint:
+            checkpoint.write_bytes(b"partial")
         return {"wall_time_s": 2.0}
 
 
@@ -60,6 +61,7 @@ def test_from_scratch_trains_once_at_the_target_and_keeps_only_the_weights(tmp_p
 
     assert tuning.train_from_scratch(p, 3, runtime, logged.append) == metrics and len(training.calls) == 1
     (folder / "model.safetensors").unlink()  # a run killed between its two writes trains again
+    training.leaves_checkpoint = False  # (as a run that finished before its first checkpoint)
     tuning.train_from_scratch(p, 3, runtime, logged.append)
     assert len(training.calls) == 2
 
