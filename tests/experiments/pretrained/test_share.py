@@ -4,7 +4,7 @@ world_size-th; a filed measurement is read back, not made again."""
 from posenc.experiments.pretrained.share import Share
 
 
-def test_ranks_take_alternate_measurements_and_file_each_once(tmp_path):
+def test_each_rank_takes_every_third_of_three_and_files_each_once(tmp_path):
     made = []
 
     def measure(name: str):
