@@ -3,8 +3,10 @@ from-scratch stage writes, reads back on resume and removes, what it passes to t
 factors the export takes. Training itself is stood in for (``tests/experiments/extend/test_extend.py`` runs it end to
 end)."""
 
+import dataclasses
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,7 +16,9 @@ from posenc.experiments import extrapolate
 from posenc.experiments.extend import searching, tuning
 from posenc.experiments.extend.config import ExtendConfig, make_rows
 from posenc.experiments.extend.plan import Plan, _read_run
+from posenc.extension.methods import method_scaling
 from posenc.lm.data import Corpus, Split
+from posenc.lm.model import LanguageModel
 from posenc.lm.runtime import Runtime
 
 
@@ -130,3 +134,45 @@ def test_the_run_read_names_what_it_lacks_and_takes_only_its_own_seeds(tmp_path)
     (tmp_path / "checkpoints" / "alibi-seed3" / "model.safetensors").write_bytes(b"")
     read, has_alibi = _read_run(tmp_path, config, "cpu")
     assert has_alibi and read.device == "cpu" and read.seed == 2 and base.device == "auto"
+
+
+def test_each_row_loads_its_base_checkpoint_with_its_scaling_and_length(tmp_path):
+    p = _plan(tmp_path)
+    rows = {row.name: row for row in p.rows}
+    pi = method_scaling("pi", p.config.factor, p.base.train_length)
+    for encoding in ("rope", "alibi"):
+        storage.save_weights(tmp_path / f"{encoding}.safetensors",
+                             LanguageModel(p.model_config(encoding)).state_dict())
+    scaled = tuning.load(p, rows["rope+pi fine-tuned"], pi, tmp_path / "rope.safetensors")
+    assert scaled.config.encoding_kwargs == {"scaling": pi} and scaled.config.max_positions == p.base.train_length
+    alibi = tuning.load(p, rows["alibi fine-tuned"], pi, tmp_path / "alibi.safetensors")  # a scaling is RoPE's only
+    assert alibi.config.encoding == "alibi" and alibi.config.encoding_kwargs == {}
+    scratch = tuning.load(p, rows["rope trained at target"], None, tmp_path / "rope.safetensors")
+    assert scratch.config.max_positions == 128 and scratch.config.encoding_kwargs == {}
+
+
+def test_fine_tuning_reads_and_writes_where_the_layout_says(tmp_path, monkeypatch):
+    """finetune/<row>/seed<k>/lr<rate>/ per rate, scratch/seed<k>/ for the row trained at the target, the base
+    checkpoint for a zero-shot row; the dev score at the target length, at the run's stride and precision."""
+    p = dataclasses.replace(_plan(tmp_path), config=dataclasses.replace(_plan(tmp_path).config, eval_stride=32))
+    rows = {row.name: row for row in p.rows}
+    selections = {"rope+pi fine-tuned": {"lr": 3e-4}}
+    assert tuning.weights(p, rows["rope+pi fine-tuned"], 2, selections) == (
+        tmp_path / "finetune" / "rope+pi-fine-tuned" / "seed2" / "lr0.0003" / "model.safetensors")
+    scratch = tmp_path / "scratch" / "seed2" / "model.safetensors"
+    assert tuning.weights(p, rows["rope trained at target"], 2, {}) == scratch
+    assert tuning.weights(p, rows["rope+pi"], 2, {}) == p.checkpoint("rope", 2)
+    config = tuning.finetune_config(p, 3e-4, 2)
+    assert (config.steps, config.batch_size, config.length, config.lr) == (p.config.finetune_steps,
+                                                                          p.config.finetune_batch, 128, 3e-4)
+    assert config.checkpoint_every == p.config.finetune_steps // 4 and config.seed == 3  # not pretraining's seed
+    asked = {}
+
+    def evaluate(model, tokens, lengths, **kwargs):
+        asked.update(lengths=lengths, **kwargs)
+        return {"window_bits": {128: [1.5, 2.5]}}
+
+    monkeypatch.setattr(tuning, "evaluate", evaluate)
+    runtime = Runtime(torch.device("cpu"), torch.bfloat16)
+    assert tuning.bits_at_target(None, SimpleNamespace(tokens=None), p, runtime, "dev") == [1.5, 2.5]
+    assert asked == {"lengths": [128], "stride": 32, "autocast_dtype": torch.bfloat16, "label": "dev"}
