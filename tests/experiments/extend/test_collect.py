@@ -26,14 +26,15 @@ def _split(names: tuple[str, ...], size: int = 400) -> Split:
     return Split(torch.zeros(size * len(names), dtype=torch.uint8), names, tuple(i * size for i in range(len(names))))
 
 
-def _plan(methods=("pi", "yarn"), has_alibi=True, from_scratch=False, eval_stride=None, seed=0) -> Plan:
+def smoke_plan(methods=("pi", "yarn"), has_alibi=True, from_scratch=False, eval_stride=None, seed=0,
+               out: Path = Path("out")) -> Plan:
+    """The smoke preset's plan at factor 8 (target 128) over made-up splits, its run in ``run/``, its own in ``out``."""
     config = ExtendConfig.from_preset("smoke", methods=methods, seeds=2, from_scratch=from_scratch,
                                       eval_stride=eval_stride)
     base = extrapolate.ExperimentConfig.from_preset("smoke", seed=seed)
     corpus = Corpus(_split(("d.py",)), _split(("d.py",)), _split(("a.py", "b.py", "c.py")), {"sha256": "x"})
     target = 128
-    return Plan(config, base, Path("run"), Path("out"), corpus, target, [32, 64, 128],
-                make_rows(config, has_alibi), has_alibi)
+    return Plan(config, base, Path("run"), out, corpus, target, [32, 64, 128], make_rows(config, has_alibi), has_alibi)
 
 
 def _window_bits(row_index: int, seed: int) -> dict:
@@ -77,7 +78,7 @@ def _mean(values) -> float:
 
 
 def test_each_cell_is_the_mean_over_seeds_and_windows_with_its_seeds_spread():
-    p = _plan()
+    p = smoke_plan()
     result = _collect(p)
     for i, row in enumerate(result["rows"]):
         for k, n in enumerate(LENGTHS):
@@ -95,14 +96,14 @@ def test_each_cell_is_the_mean_over_seeds_and_windows_with_its_seeds_spread():
 
 
 def test_the_first_seed_is_the_plans_first_not_the_lowest_number():
-    p = _plan(seed=1)  # seeds 1 and 2
-    seeds = {s: value for s, value in zip((1, 2), _seeds(_plan()).values())}
+    p = smoke_plan(seed=1)  # seeds 1 and 2
+    seeds = {s: value for s, value in zip((1, 2), _seeds(smoke_plan()).values())}
     assert _collect(p, seeds)["rows"][0]["errors"] == {"128": "errors of seed 0"}  # what seed 1 carries here
     assert _collect(p, dict(reversed(seeds.items())))["rows"][0]["errors"] == {"128": "errors of seed 0"}
 
 
 def test_a_length_a_seed_could_not_score_leaves_its_cells_empty():
-    p = _plan()
+    p = smoke_plan()
     seeds = _seeds(p)
     seeds[1]["evals"]["rope"]["window_bits"]["128"] = None
     rope = _collect(p, seeds)["rows"][0]
@@ -112,7 +113,7 @@ def test_a_length_a_seed_could_not_score_leaves_its_cells_empty():
 
 
 def test_row_fields_scaling_tokens_and_rates_by_stage():
-    p = _plan()
+    p = smoke_plan()
     result = _collect(p)
     by_name = {row["name"]: row for row in result["rows"]}
     finetune_tokens = p.config.finetune_steps * p.config.finetune_batch * 128
@@ -140,7 +141,7 @@ def test_row_fields_scaling_tokens_and_rates_by_stage():
 
 
 def test_from_scratch_stride_and_no_alibi_change_what_the_results_say():
-    p = _plan(has_alibi=False, from_scratch=True, eval_stride=16)
+    p = smoke_plan(has_alibi=False, from_scratch=True, eval_stride=16)
     result = _collect(p)
     scratch = next(row for row in result["rows"] if row["stage"] == "from scratch")
     tokens = p.base.steps * p.base.batch_size * p.base.train_length + 8 * 4 * 128
@@ -153,7 +154,7 @@ def test_from_scratch_stride_and_no_alibi_change_what_the_results_say():
 
 
 def test_comparisons_are_the_pairs_each_question_needs():
-    p = _plan(methods=("pi",))
+    p = smoke_plan(methods=("pi",))
     assert comparisons(p.rows) == [
         ("rope", "alibi", "zero-shot vs ALiBi zero-shot"),
         ("rope+pi", "alibi", "zero-shot vs ALiBi zero-shot"),
@@ -171,7 +172,7 @@ def test_comparisons_are_the_pairs_each_question_needs():
 
 
 def test_each_comparison_is_the_difference_of_the_two_rows_means():
-    p = _plan()
+    p = smoke_plan()
     result = _collect(p)
     index = {row.name: i for i, row in enumerate(p.rows)}
     assert len(result["comparisons"]) == len(comparisons(p.rows))
@@ -183,7 +184,7 @@ def test_each_comparison_is_the_difference_of_the_two_rows_means():
 
 
 def test_curves_keep_the_steps_every_seed_scored_at_its_chosen_rate():
-    result = _collect(_plan())
+    result = _collect(smoke_plan())
     for name in ("rope fine-tuned", "rope+yarn fine-tuned", "alibi fine-tuned"):
         curve = result["curves"][name]
         assert list(curve) == ["0", "2", "10"]  # sorted as numbers; "5" and "20" each lack a seed; rate "9" unchosen
@@ -194,7 +195,7 @@ def test_curves_keep_the_steps_every_seed_scored_at_its_chosen_rate():
 
 
 def test_the_sweep_averages_each_rate_over_the_seeds_that_scored_it():
-    sweep = _collect(_plan())["sweep"]
+    sweep = _collect(smoke_plan())["sweep"]
     assert set(sweep) == {"rope fine-tuned", "rope+pi fine-tuned", "rope+yarn fine-tuned", "alibi fine-tuned"}
     yarn = sweep["rope+yarn fine-tuned"]
     assert list(yarn["dev_bits"]) == ["1e-4", "3e-4", "1e-3", "3e-3"]  # sorted by value, not as text

@@ -3,7 +3,6 @@ from-scratch stage writes, reads back on resume and removes, what it passes to t
 factors the export takes. Training itself is stood in for (``tests/experiments/extend/test_extend.py`` runs it end to
 end)."""
 
-import dataclasses
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,22 +11,18 @@ import pytest
 import torch
 
 from posenc import storage
-from posenc.experiments import extrapolate
 from posenc.experiments.extend import searching, tuning
-from posenc.experiments.extend.config import ExtendConfig, make_rows
+from posenc.experiments import extrapolate
+from posenc.experiments.extend.config import ExtendConfig
 from posenc.experiments.extend.plan import Plan, _read_run
 from posenc.extension.methods import method_scaling
-from posenc.lm.data import Corpus, Split
 from posenc.lm.model import LanguageModel
 from posenc.lm.runtime import Runtime
+from tests.experiments.extend.test_collect import smoke_plan
 
 
-def _plan(out: Path) -> Plan:
-    config = ExtendConfig.from_preset("smoke", methods=("pi",), seeds=1, from_scratch=True)
-    base = extrapolate.ExperimentConfig.from_preset("smoke", seed=0)
-    split = Split(torch.arange(4096, dtype=torch.int64).remainder(256).to(torch.uint8), ("a.py",), (0,))
-    return Plan(config, base, out / "base", out, Corpus(split, split, split, {"sha256": "x"}), 128, [32, 64, 128],
-                make_rows(config, True), True)
+def _plan(out: Path, eval_stride: int | None = None) -> Plan:
+    return smoke_plan(from_scratch=True, eval_stride=eval_stride, out=out)
 
 
 class StandInTraining:
@@ -154,7 +149,7 @@ def test_each_row_loads_its_base_checkpoint_with_its_scaling_and_length(tmp_path
 def test_fine_tuning_reads_and_writes_where_the_layout_says(tmp_path, monkeypatch):
     """finetune/<row>/seed<k>/lr<rate>/ per rate, scratch/seed<k>/ for the row trained at the target, the base
     checkpoint for a zero-shot row; the dev score at the target length, at the run's stride and precision."""
-    p = dataclasses.replace(_plan(tmp_path), config=dataclasses.replace(_plan(tmp_path).config, eval_stride=32))
+    p = _plan(tmp_path, eval_stride=32)
     rows = {row.name: row for row in p.rows}
     selections = {"rope+pi fine-tuned": {"lr": 3e-4}}
     assert tuning.weights(p, rows["rope+pi fine-tuned"], 2, selections) == (
