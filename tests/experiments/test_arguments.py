@@ -59,11 +59,31 @@ def test_a_field_type_with_no_reader_is_refused_when_the_parser_is_built():
 
 def test_comma_lists_are_read_and_checked():
     assert comma_ints("1,2,4") == (1, 2, 4) and comma_positive_floats("1e-3, 3e-3") == (1e-3, 3e-3)
+    assert comma_ints("1,,2, ") == (1, 2)
     for text in ("", "0", "-1e-3", "nan", "inf", "x"):
-        with pytest.raises(argparse.ArgumentTypeError):
+        with pytest.raises(argparse.ArgumentTypeError) as refusal:
             comma_positive_floats(text)
-    with pytest.raises(argparse.ArgumentTypeError):
+        assert str(refusal.value) == f"expected comma-separated numbers > 0, got {text!r}"
+    with pytest.raises(argparse.ArgumentTypeError) as refusal:
         comma_ints("1.5")
+    assert str(refusal.value) == "expected comma-separated integers, got '1.5'"
+
+
+def test_a_switch_keeps_its_fields_name_under_another_spelling_and_its_help():
+    p = argparse.ArgumentParser()
+    add_config_flags(p, Sample, {"fast": "run fast"}, {"fast": "--quick"})
+    assert given(p.parse_args(["--quick"]), {"fast": ""}) == {"fast": True}
+    assert "run fast" in p.format_help()
+
+
+def test_lr_widenings_need_a_grid_to_widen():
+    from posenc.experiments.arguments import check_widenings
+
+    check_widenings(argparse.Namespace(lr_widenings=None, lrs=None))
+    check_widenings(argparse.Namespace(lr_widenings=1, lrs=(1e-3, 3e-3)))
+    with pytest.raises(ValueError) as refusal:
+        check_widenings(argparse.Namespace(lr_widenings=1, lrs=None))
+    assert str(refusal.value) == "--lr-widenings widens a grid of --lrs; give --lrs too"
 
 
 def test_a_new_run_gets_a_dated_folder_named_by_its_arguments_and_resume_needs_out(monkeypatch, tmp_path):
@@ -75,9 +95,11 @@ def test_a_new_run_gets_a_dated_folder_named_by_its_arguments_and_resume_needs_o
     monkeypatch.setattr("time.localtime", lambda *_: (2026, 11, 28, 1, 2, 3, 5, 332, 0))
     assert str(run_folder(p.parse_args(["copy"]))) == "runs/copy-20261128"
     assert run_folder(p.parse_args(["copy", "--out", str(tmp_path), "--resume"])) == tmp_path
-    with pytest.raises(ValueError, match="--resume needs --out: the run directory to continue"):
+    with pytest.raises(ValueError) as refusal:
         run_folder(p.parse_args(["copy", "--resume"]))
+    assert str(refusal.value) == "--resume needs --out: the run directory to continue"
     assert "runs/<task>-<date>" in p.format_help()
+    assert "continue the run in --out, skipping finished work" in " ".join(p.format_help().split())  # as wrapped
 
 
 def test_a_default_preset_restates_none_of_its_configs_defaults():
@@ -97,3 +119,18 @@ def test_a_default_preset_restates_none_of_its_configs_defaults():
         assert not restated, f"{config.__name__}: the default preset restates {restated}"
         built = config.from_preset("copy", "default") if config is TaskConfig else config.from_preset("default")
         assert set(presets["default"]) <= set(defaults) and built == config(**presets["default"])
+
+
+@pytest.mark.parametrize("command", ["extrapolate", "task", "extend", "pretrained"])
+def test_an_unknown_preset_is_named_with_the_known_ones(command):
+    from posenc.experiments.extend.config import ExtendConfig
+    from posenc.experiments.extrapolate.config import ExperimentConfig
+    from posenc.experiments.pretrained.config import PretrainedConfig
+    from posenc.experiments.tasks.config import TaskConfig
+
+    build = {"extrapolate": ExperimentConfig.from_preset, "task": lambda p: TaskConfig.from_preset("copy", p),
+             "extend": ExtendConfig.from_preset, "pretrained": PretrainedConfig.from_preset}[command]
+    known = "['default', 'gpu', 'quick', 'smoke']" if command == "pretrained" else "['default', 'gpu', 'smoke']"
+    with pytest.raises(ValueError) as refusal:
+        build("huge")
+    assert str(refusal.value) == f"preset must be one of {known}, got 'huge'"
