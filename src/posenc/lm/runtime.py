@@ -66,9 +66,8 @@ class Runtime:
         return tensor.item()
 
 
-def cpu_model() -> str:
-    """The CPU's marketing name from /proc/cpuinfo (Linux), else what ``platform`` knows."""
-    cpuinfo = Path("/proc/cpuinfo")
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's marketing name from ``cpuinfo`` (Linux), else what ``platform`` knows."""
     if cpuinfo.exists():
         for line in cpuinfo.read_text(errors="replace").splitlines():
             if line.lower().startswith("model name"):
