@@ -1,6 +1,8 @@
 """Dense attention by query blocks (``kernels.query_blocks``), as a GPU runs it past its logits budget: here on CPU
 tensors with ``needed`` switched on and the budget a few rows, against the one-pass dense path."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -78,3 +80,43 @@ def test_only_a_gpu_past_the_budget_needs_blocks():
     assert not query_blocks.needed(torch.empty(1, 16, 16384, 64), torch.empty(1, 16, 16384, 64))  # CPU
     assert query_blocks._elements(q, q) == 16 * 16384 * 16384 > query_blocks.GPU_DENSE_ELEMENTS
     assert query_blocks.rows_per_block(q, q) == 1024
+
+
+def _on_a_gpu(*shape):
+    """What ``needed`` reads of a CUDA tensor (its device and shape), where this machine has no GPU."""
+    return SimpleNamespace(device=torch.device("cuda"), shape=shape)
+
+
+def test_a_gpu_call_goes_by_blocks_only_past_the_budget_of_query_rows_times_keys():
+    """(1, 16, 4,096) queries against 4,096 keys are 2^28 logits, the budget itself: one pass. One more query or
+    key goes by blocks; the keys' heads (grouped-query) do not count, the queries' do."""
+    assert query_blocks.GPU_DENSE_ELEMENTS == 16 * 4096 * 4096
+    assert not query_blocks.needed(_on_a_gpu(1, 16, 4096, 64), _on_a_gpu(1, 4, 4096, 64))
+    assert query_blocks.needed(_on_a_gpu(1, 16, 4097, 64), _on_a_gpu(1, 4, 4096, 64))
+    assert query_blocks.needed(_on_a_gpu(1, 16, 4096, 64), _on_a_gpu(1, 4, 4097, 64))
+    assert query_blocks.needed(_on_a_gpu(2, 8, 4097, 64), _on_a_gpu(2, 8, 4096, 64))
+
+
+def test_a_block_is_as_many_rows_as_fit_the_budget_and_never_none():
+    meta = dict(device="meta")
+    assert query_blocks.rows_per_block(torch.empty(1, 1, 8, 4, **meta), torch.empty(1, 1, 1, 4, **meta)) == (
+        query_blocks.GPU_DENSE_ELEMENTS)
+    assert query_blocks.rows_per_block(torch.empty(1, 1, 8, 4, **meta), torch.empty(1, 1, 3, 4, **meta)) == (
+        query_blocks.GPU_DENSE_ELEMENTS // 3)
+    beyond = query_blocks.GPU_DENSE_ELEMENTS + 1  # one query row's logits already past the budget
+    assert query_blocks.rows_per_block(torch.empty(1, 1, 8, 4, **meta), torch.empty(1, 1, beyond, 4, **meta)) == 1
+
+
+def test_without_gradients_each_block_is_attended_once_and_joined_in_order():
+    """Under no_grad there is nothing to recompute: each block of rows is attended as is (the last one short)."""
+    q = torch.arange(2 * 7 * 3.0).reshape(2, 1, 7, 3)
+    seen = []
+
+    def attend(rows, block):
+        seen.append(rows)
+        return block * (rows.start + 1)
+
+    with torch.no_grad():
+        out = query_blocks.by_query_blocks(attend, q, 3)
+    assert seen == [slice(0, 3), slice(3, 6), slice(6, 9)]
+    assert torch.equal(out, torch.cat([q[:, :, :3], 4 * q[:, :, 3:6], 7 * q[:, :, 6:]], dim=2))
