@@ -30,11 +30,16 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 ROWS = ["none", "yarn", "ntk", "self-extend", "yarn+pose", "yarn+control"]
 
 
+SMOKE_SECONDS = []  # how long the smoke run took: no stage of it can have taken longer
+
+
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("hf") / "run"
+    started = time.perf_counter()
     assert main(["pretrained", "tiny", "--preset", "smoke", "--out", str(out),
                  "--export", str(out.parent / "exported")]) == 0
+    SMOKE_SECONDS.append(time.perf_counter() - started)
     return out, json.loads((out / "results.json").read_text())
 
 
@@ -67,6 +72,19 @@ def test_hf_smoke_writes_every_file_row_and_measure(smoke):
     assert results["in_context"]["length"] == 256 and results["in_context"]["test_keys"]["total"] == 16
     assert results["control"]["context"] == [512 - 128 + 1, 512]
     assert results["corpus"]["sha256"] and results["documents"]["test"][0].startswith("stdlib/")
+    # a file per measurement, each document's its own (a shared name would hand every document the first one's)
+    wording, filed = results["retrieval_format"], {p.name for p in (out / "measurements").glob("*.json")}
+    assert {f"doc-{name}-test{i}.json" for name in ROWS for i in range(4)} <= filed
+    assert {f"doc-{name}-dev{i}.json" for name in ROWS[1:] if name != "self-extend" for i in range(2)} <= filed
+    assert {f"{reader}-test{i}.json" for reader in ("control", "short") for i in range(4)} <= filed
+    assert {f"in-context-{split}{i}-{wording}.json" for split, n in (("test", 4), ("dev", 2), ("far-test", 4))
+            for i in range(n)} <= filed
+    assert not [name for name in filed if "None" in name]
+    assert set(results["stages_s"]) == {
+        "load model and text", "retrieval calibration (unscaled, dev)", "fine-tune yarn+pose", "fine-tune yarn+control",
+        *(f"measure {name}" for name in ROWS), "in-context retrieval (unscaled)", "context control",
+        "short reader (context use)"}
+    assert all(0 <= seconds <= SMOKE_SECONDS[0] for seconds in results["stages_s"].values())
 
 
 def test_every_comparison_carries_its_documents_and_the_run_wide_correction(smoke):
