@@ -23,7 +23,7 @@ BUILDERS = {
 FOUR = len(LABELS) // 4  # bands that, with four keys each, fill every label a document holds
 assert FOUR * 4 == len(LABELS)
 
-# (command, the last overrides taken, the first refused, the refusal's whole message)
+# (command, the last overrides taken, the first refused, the refusal's whole message: or its start, ending in …)
 EDGES = [
     ("extend", dict(factor=1), dict(factor=0.999), "--factor must be a finite number >= 1, got 0.999"),
     ("extend", dict(factor=1e300), dict(factor=float("inf")), "--factor must be a finite number >= 1, got inf"),
