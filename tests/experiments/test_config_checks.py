@@ -52,7 +52,8 @@ EDGES = [
     ("extend", dict(search_parents=5), dict(search_parents=6),
      "search_parents (6) must be below --search-population (6)"),
     ("extend", dict(eval_stride=1), dict(eval_stride=0), "--eval-stride must be an integer >= 1, got 0"),
-    ("extend", dict(base="gpu"), dict(base="huge"), "base preset must be one of ['default', 'gpu', 'smoke'], got 'huge'"),
+    ("extend", dict(base="gpu"), dict(base="huge"),
+     "base preset must be one of ['default', 'gpu', 'smoke'], got 'huge'"),
     ("extrapolate", dict(eval_stride=1), dict(eval_stride=0), "--eval-stride must be an integer >= 1, got 0"),
     # windows of the eval lengths' least common multiple: 4 × the longest is the most a window may hold
     ("extrapolate", dict(eval_factors=(4, 5)), dict(eval_factors=(5, 6)),
@@ -200,11 +201,13 @@ def test_extends_rows_zero_shot_fine_tuned_alibi_and_the_ceiling():
         ExtendRow("rope+yarn", "rope", "yarn", "zero-shot"), ExtendRow("rope fine-tuned", "rope", "rope", "fine-tuned"),
         ExtendRow("rope+pi fine-tuned", "rope", "pi", "fine-tuned"),
         ExtendRow("rope+yarn fine-tuned", "rope", "yarn", "fine-tuned"),
-        ExtendRow("alibi", "alibi", "alibi", "zero-shot"), ExtendRow("alibi fine-tuned", "alibi", "alibi", "fine-tuned"),
+        ExtendRow("alibi", "alibi", "alibi", "zero-shot"),
+        ExtendRow("alibi fine-tuned", "alibi", "alibi", "fine-tuned"),
         ExtendRow("rope trained at target", "rope", "scratch", "from scratch")]
     assert [row.slug for row in every][-3:] == ["alibi", "alibi-fine-tuned", "rope-trained-at-target"]
     zero_shot = make_rows(ExtendConfig.from_preset("smoke", methods=("ntk",), finetune_steps=0), has_alibi=True)
-    assert zero_shot == [ExtendRow("rope", "rope", "rope", "zero-shot"), ExtendRow("rope+ntk", "rope", "ntk", "zero-shot"),
+    assert zero_shot == [ExtendRow("rope", "rope", "rope", "zero-shot"),
+                         ExtendRow("rope+ntk", "rope", "ntk", "zero-shot"),
                          ExtendRow("alibi", "alibi", "alibi", "zero-shot")]
     assert [row.name for row in make_rows(ExtendConfig.from_preset("smoke", methods=("pi",)), has_alibi=False)] == [
         "rope", "rope+pi", "rope fine-tuned", "rope+pi fine-tuned"]

@@ -166,7 +166,6 @@ def test_an_unmodified_commit_is_named_without_a_mark():
         "posenc 0.9 (commit cccccccccccc), torch 2.13.0, Python 3.11.2, CPU AMD EPYC 9B14.")
 
 
-
 @pytest.mark.parametrize("backend", ["gloo", "nccl"])
 def test_every_rank_follows_rank_zeros_choice_sent_in_float64_from_where_its_backend_sends(monkeypatch, backend):
     """One process keeps its own value; in a group, the value rank 0 sends (the group's broadcast stood in for),

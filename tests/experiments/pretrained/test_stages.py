@@ -211,7 +211,8 @@ def test_a_test_document_keeps_its_prefills_cache_for_the_keys_unless_each_is_re
     monkeypatch.setattr(stages, "prefill", prefill)
     monkeypatch.setattr(retrieval, "retrieve", lambda model, source, encode, decode, cache, whole_prompt: asked.append(
         (source.ids, cache, whole_prompt)) or ["answers"])
-    monkeypatch.setattr(stages.context_use, "save_losses", lambda out, key, losses: filed.append((key, losses.tolist())))
+    monkeypatch.setattr(stages.context_use, "save_losses",
+                        lambda out, key, losses: filed.append((key, losses.tolist())))
     config = SimpleNamespace(chunk=16, first_tokens=2, bins=2)
     haystack = retrieval.Haystack(ids=list(range(10, 18)), needles=(), spans=((2, 4),))
     tokens = SimpleNamespace(encode=None, decode=None)
@@ -243,7 +244,8 @@ def readers(monkeypatch):
 
     monkeypatch.setattr(stages, "sliding_losses", sliding)
     monkeypatch.setattr(stages, "position_losses", whole)
-    monkeypatch.setattr(stages.context_use, "save_losses", lambda out, key, losses: filed.append((key, losses.tolist())))
+    monkeypatch.setattr(stages.context_use, "save_losses",
+                        lambda out, key, losses: filed.append((key, losses.tolist())))
     return asked, filed
 
 
