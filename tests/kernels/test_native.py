@@ -50,6 +50,20 @@ def test_a_live_builds_lock_is_waited_for_not_removed(tmp_path):
     assert removed_at and returned_at >= removed_at[0]
 
 
+def test_a_long_wait_is_said_once_naming_the_lock_and_how_to_end_it(tmp_path):
+    """A process killed while torch loaded a finished build leaves a lock as fresh as a live build's: a wait past
+    the notice says so, once, rather than hang silently for up to ten minutes."""
+    lock = lock_aged(tmp_path, 0)
+    builder = threading.Timer(0.3, lock.unlink)
+    builder.start()
+    with pytest.warns(UserWarning) as said:
+        native.wait_for_build_lock(tmp_path, poll_s=0.01, notice_after_s=0.05)
+    builder.join()
+    assert [str(w.message) for w in said] == [
+        f"posenc: waiting for another process's build to remove {lock}; if no other process is building (one was "
+        f"killed), delete the lock, or it is removed once {native.STALE_LOCK_S:.0f} s old"]
+
+
 def test_no_lock_returns_at_once(tmp_path):
     started = time.monotonic()
     native.wait_for_build_lock(tmp_path, stale_after_s=0.0, poll_s=10.0)

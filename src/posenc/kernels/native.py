@@ -28,6 +28,7 @@ import torch
 CFLAGS = ("-O3", "-fopenmp", "-march=native")
 LDFLAGS = ("-fopenmp",)
 STALE_LOCK_S = 600.0  # a build takes 30-60 s; a lock this old belongs to a build that was killed
+NOTICE_AFTER_S = 10.0  # a wait this long is said, in case the lock's build was killed
 
 
 HEADERS = Path(__file__).parent  # the kernels' shared headers: cpu_tiles.h, fire_cpu.h
@@ -77,10 +78,13 @@ def build_directory(name: str) -> Path:
     return directory
 
 
-def wait_for_build_lock(directory: Path, stale_after_s: float = STALE_LOCK_S, poll_s: float = 0.5) -> None:
+def wait_for_build_lock(directory: Path, stale_after_s: float = STALE_LOCK_S, poll_s: float = 0.5,
+                        notice_after_s: float = NOTICE_AFTER_S) -> None:
     """Return once ``directory`` holds no build lock: at once where there is none, when a live build removes it,
-    or after removing it (warned) once it is ``stale_after_s`` seconds old."""
+    or after removing it (warned) once it is ``stale_after_s`` seconds old. A wait past ``notice_after_s`` is
+    warned once, naming the lock: a process killed while torch loaded the build leaves one too."""
     lock = directory / "lock"
+    waited_s, noticed = 0.0, False
     while True:
         try:
             age_s = time.time() - lock.stat().st_mtime
@@ -91,7 +95,13 @@ def wait_for_build_lock(directory: Path, stale_after_s: float = STALE_LOCK_S, po
                           stacklevel=3)
             lock.unlink(missing_ok=True)
             return
+        if waited_s >= notice_after_s and not noticed:
+            warnings.warn(f"posenc: waiting for another process's build to remove {lock}; if no other process is "
+                          f"building (one was killed), delete the lock, or it is removed once {stale_after_s:.0f} s "
+                          "old", stacklevel=3)
+            noticed = True
         time.sleep(poll_s)
+        waited_s += poll_s
 
 
 def load(prefix: str, source: Path, what: str):
