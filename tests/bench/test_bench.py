@@ -1,6 +1,5 @@
 import json
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -65,14 +64,13 @@ def test_bench_cli_writes_json_and_markdown_naming_the_machine(tmp_path, capsys)
     assert "| encoding |" in markdown and markdown.count(f"On {machine}.") == 2
 
 
-def test_cpu_model_is_read_from_proc_cpuinfo(tmp_path, monkeypatch):
+def test_cpu_model_is_read_from_proc_cpuinfo(tmp_path):
     from posenc.bench import machine
     from posenc.lm import runtime
 
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9B14\n")
-    monkeypatch.setattr(runtime, "Path", lambda path: cpuinfo if path == "/proc/cpuinfo" else Path(path))
-    assert runtime.cpu_model() == "AMD EPYC 9B14"
+    assert runtime.cpu_model(cpuinfo) == "AMD EPYC 9B14"
     facts = {"cpu": "AMD EPYC 9B14", "cores": 2, "threads": 2, "cpu_capability": "AVX512", "torch": "2.13.0",
              "device": "cpu"}
     assert machine.one_line(facts) == "AMD EPYC 9B14 (2 cores, 2 threads, AVX512), torch 2.13.0, device cpu"
