@@ -120,17 +120,3 @@ def test_a_default_preset_restates_none_of_its_configs_defaults():
         built = config.from_preset("copy", "default") if config is TaskConfig else config.from_preset("default")
         assert set(presets["default"]) <= set(defaults) and built == config(**presets["default"])
 
-
-@pytest.mark.parametrize("command", ["extrapolate", "task", "extend", "pretrained"])
-def test_an_unknown_preset_is_named_with_the_known_ones(command):
-    from posenc.experiments.extend.config import ExtendConfig
-    from posenc.experiments.extrapolate.config import ExperimentConfig
-    from posenc.experiments.pretrained.config import PretrainedConfig
-    from posenc.experiments.tasks.config import TaskConfig
-
-    build = {"extrapolate": ExperimentConfig.from_preset, "task": lambda p: TaskConfig.from_preset("copy", p),
-             "extend": ExtendConfig.from_preset, "pretrained": PretrainedConfig.from_preset}[command]
-    known = "['default', 'gpu', 'quick', 'smoke']" if command == "pretrained" else "['default', 'gpu', 'smoke']"
-    with pytest.raises(ValueError) as refusal:
-        build("huge")
-    assert str(refusal.value) == f"preset must be one of {known}, got 'huge'"

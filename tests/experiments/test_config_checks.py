@@ -14,11 +14,11 @@ from posenc.experiments.tasks.config import TaskConfig
 from posenc.extension.retrieval import LABELS
 from posenc.lm.layouts import LAYOUTS
 
-BUILDERS = {
-    "extend": lambda **o: ExtendConfig.from_preset("smoke", **o),
-    "extrapolate": lambda **o: ExperimentConfig.from_preset("smoke", **o),
-    "task": lambda **o: TaskConfig.from_preset("copy", "smoke", **o),
-    "pretrained": lambda **o: PretrainedConfig.from_preset("smoke", **o),
+BUILDERS = {  # each command's config from a preset (the smoke one unless named) with the flags given
+    "extend": lambda preset="smoke", **o: ExtendConfig.from_preset(preset, **o),
+    "extrapolate": lambda preset="smoke", **o: ExperimentConfig.from_preset(preset, **o),
+    "task": lambda preset="smoke", **o: TaskConfig.from_preset("copy", preset, **o),
+    "pretrained": lambda preset="smoke", **o: PretrainedConfig.from_preset(preset, **o),
 }
 FOUR = len(LABELS) // 4  # bands that, with four keys each, fill every label a document holds
 assert FOUR * 4 == len(LABELS)
@@ -139,14 +139,18 @@ def test_string_rules_bind_only_a_string_row():
     PretrainedConfig.from_preset("smoke", string_shift=200, string_local=300)
 
 
-@pytest.mark.parametrize("bad", [dict(task="sort"), dict(preset="big")])
-def test_a_task_config_names_an_unknown_task_or_preset(bad):
-    task, preset = bad.get("task", "copy"), bad.get("preset", "smoke")
+@pytest.mark.parametrize("command", sorted(BUILDERS))
+def test_an_unknown_preset_is_named_with_the_known_ones(command):
+    known = "['default', 'gpu', 'quick', 'smoke']" if command == "pretrained" else "['default', 'gpu', 'smoke']"
     with pytest.raises(ValueError) as refusal:
-        TaskConfig.from_preset(task, preset)
-    name, valid, got = ("task", ["copy", "recall"], task) if "task" in bad else ("preset", ["default", "gpu", "smoke"],
-                                                                                preset)
-    assert str(refusal.value) == f"{name} must be one of {valid}, got {got!r}"
+        BUILDERS[command](preset="huge")
+    assert str(refusal.value) == f"preset must be one of {known}, got 'huge'"
+
+
+def test_a_task_config_names_an_unknown_task():
+    with pytest.raises(ValueError) as refusal:
+        TaskConfig.from_preset("sort", "smoke")
+    assert str(refusal.value) == "task must be one of ['copy', 'recall'], got 'sort'"
 
 
 def test_from_preset_records_the_preset_and_reads_lists_and_comma_strings():
