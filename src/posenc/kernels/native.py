@@ -84,7 +84,7 @@ def wait_for_build_lock(directory: Path, stale_after_s: float = STALE_LOCK_S, po
     or after removing it (warned) once it is ``stale_after_s`` seconds old. A wait past ``notice_after_s`` is
     warned once, naming the lock: a process killed while torch loaded the build leaves one too."""
     lock = directory / "lock"
-    waited_s, noticed = 0.0, False
+    started, noticed = time.monotonic(), False
     while True:
         try:
             age_s = time.time() - lock.stat().st_mtime
@@ -95,13 +95,12 @@ def wait_for_build_lock(directory: Path, stale_after_s: float = STALE_LOCK_S, po
                           stacklevel=3)
             lock.unlink(missing_ok=True)
             return
-        if waited_s >= notice_after_s and not noticed:
+        if not noticed and time.monotonic() - started >= notice_after_s:
             warnings.warn(f"posenc: waiting for another process's build to remove {lock}; if no other process is "
                           f"building (one was killed), delete the lock, or it is removed once {stale_after_s:.0f} s "
                           "old", stacklevel=3)
             noticed = True
         time.sleep(poll_s)
-        waited_s += poll_s
 
 
 def load(prefix: str, source: Path, what: str):
