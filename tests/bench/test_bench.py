@@ -7,7 +7,6 @@ import torch
 from posenc.bench import (bench_attention, bench_rope_apply, bench_score_forms, bench_training_step, describe,
                           one_line, saved_activation_bytes)
 from posenc.lm.runtime import cpu_model
-from posenc.bench.timing import round_robin
 from posenc.cli import main
 from posenc.lm.model import LanguageModel, ModelConfig
 
@@ -21,16 +20,6 @@ def test_bench_rows_are_ratios_to_eager_in_the_same_run():
         assert r["ms"] > 0 and r["ratio_low"] <= r["ratio"] <= r["ratio_high"]
 
 
-def test_round_robin_interleaves_contenders_and_divides_within_a_round():
-    calls = []
-    timed = round_robin({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, baseline="a", rounds=3,
-                        device=torch.device("cpu"), warmup=0)
-    assert calls == ["a", "b"] * 3
-    assert timed["a"]["ratio"] == 1.0
-    with pytest.raises(ValueError, match="baseline 'c'"):
-        round_robin({"a": lambda: None}, baseline="c", rounds=1, device=torch.device("cpu"))
-
-
 def test_training_and_rope_tables_have_their_baselines():
     steps = bench_training_step(shapes=((8, 2),), encodings=("none", "rope"), rounds=2)
     assert [r["encoding"] for r in steps] == ["none", "rope"] and steps[0]["ratio"] == 1.0
@@ -38,6 +27,60 @@ def test_training_and_rope_tables_have_their_baselines():
     names = [r["contender"] for r in rope]
     assert names[0] == "copy_ (baseline)" and "posenc rotate_pairs" in names
     assert "transformers (Llama formula)" in names  # transformers is a test dependency
+
+
+def test_training_table_steps_each_model_on_its_shape_and_names_its_backend_and_form(monkeypatch):
+    """Each shape's models step on (batch, length + 1) bytes, compiled whole when asked, NoPE on "auto"; a row names
+    the forms ``kernels.dispatch`` chose for its encoding's class at its length."""
+    from posenc.bench import training
+
+    steps, compiled, timed = [], [], []
+    real_loss = training._loss
+
+    def loss(model, tokens, autocast=None):
+        steps.append((tokens.shape, int(tokens.min()) >= 0 and int(tokens.max()) < 256, autocast))
+        return real_loss(model, tokens, autocast)
+
+    def round_robin(contenders, *, baseline, rounds, device, warmup, label):
+        timed.append((baseline, rounds, warmup, label))
+        for step in contenders.values():
+            step()
+        return {name: {"ms": 1.0, "ratio": 1.0, "ratio_low": 1.0, "ratio_high": 1.0} for name in contenders}
+
+    def compile(model, fullgraph):
+        compiled.append((type(model.encoding).__name__, model.config.backend, fullgraph))
+        return model
+
+    monkeypatch.setattr(training, "_loss", loss)
+    monkeypatch.setattr(training, "round_robin", round_robin)
+    monkeypatch.setattr(training.torch, "compile", compile)
+    monkeypatch.setattr(training.dispatch, "chosen", lambda: {
+        "ALiBi float32 causal train B·H=8 Hkv=4 Tq=16 Tk=16": "table", "ALiBi float32 causal train Tq=16 x": "bias",
+        "ALiBi float32 causal infer Tq=16": "channels", "ALiBi float32 causal train Tq=8": "channels",
+        "ALiBiExtra float32 causal train Tq=16": "mask"})
+    rows = training.bench_training_step(shapes=((16, 2), (8, 3)), encodings=("none", "alibi"), rounds=3,
+                                        compile=True, backend="eager", autocast=torch.bfloat16)
+    assert [(r["encoding"], r["length"], r["batch"], r["backend"], r["compiled"], r["form"]) for r in rows] == [
+        ("none", 16, 2, "auto", True, "—"), ("alibi", 16, 2, "eager", True, "bias, table"),
+        ("none", 8, 3, "auto", True, "—"), ("alibi", 8, 3, "eager", True, "channels")]
+    assert steps == [(torch.Size([2, 17]), True, torch.bfloat16)] * 2 + [(torch.Size([3, 9]), True, torch.bfloat16)] * 2
+    assert compiled == [("NoPE", "auto", True), ("ALiBi", "eager", True)] * 2
+    assert timed == [("none", 3, 2, "training L=16 B=2 compiled"), ("none", 3, 2, "training L=8 B=3 compiled")]
+
+
+def test_the_peers_rope_rotates_q_and_k_as_posenc_does():
+    """The table times other libraries' RoPE beside posenc's: each must rotate the same q and k by the same angles
+    (transformers' Llama formula rotates halves, posenc's default layout), or its time would be of other work.
+    rotary-embedding-torch and x-transformers, timed where installed, are not test dependencies: not checked here."""
+    from posenc.bench.rope_apply import _peers
+    from posenc.encodings.scaling import rope_frequencies
+    from posenc.kernels import rope_cos_sin, rotate_pairs
+
+    q, k = torch.randn(2, 3, 40, 16), torch.randn(2, 3, 40, 16)
+    cos, sin = rope_cos_sin(torch.arange(40)[None], rope_frequencies(16)[0])
+    q_rotated, k_rotated = _peers(q, k)["transformers (Llama formula)"]()  # transformers is a test dependency
+    torch.testing.assert_close(q_rotated, rotate_pairs(q, cos, sin))
+    torch.testing.assert_close(k_rotated, rotate_pairs(k, cos, sin))
 
 
 def test_rope_training_step_keeps_no_more_activations_than_nope_but_cos_sin():
@@ -48,6 +91,25 @@ def test_rope_training_step_keeps_no_more_activations_than_nope_but_cos_sin():
     nope = saved_activation_bytes(LanguageModel(ModelConfig(encoding="none", **config)), tokens)
     rope = saved_activation_bytes(LanguageModel(ModelConfig(encoding="rope", **config)), tokens)
     assert nope > 0 and rope - nope == 2 * 16 * 4 * 4  # cos and sin: T=16 x F=4 float32, shared by layers
+
+
+def test_memory_table_counts_each_shapes_bytes_in_mib_against_nope_and_under_autocast():
+    from posenc.bench.training import bench_activation_memory
+
+    rows = bench_activation_memory(shapes=((8, 2), (16, 1)), encodings=("none", "rope"), backend="eager")
+    config = dict(dim=128, num_layers=4, num_heads=4)  # the default preset's model
+
+    def counted(encoding, length, batch, autocast=None, backend="auto"):
+        model = LanguageModel(ModelConfig(encoding=encoding, max_positions=length, backend=backend, **config))
+        return saved_activation_bytes(model, torch.zeros(batch, length + 1, dtype=torch.long), autocast)
+
+    expected = [(name, length, batch, backend, counted(name, length, batch, backend=backend))
+                for length, batch in ((8, 2), (16, 1)) for name, backend in (("none", "auto"), ("rope", "eager"))]
+    assert [(r["encoding"], r["length"], r["batch"], r["backend"], r["mib"] * 2**20) for r in rows] == expected
+    assert [r["ratio"] for r in rows] == [1.0, expected[1][-1] / expected[0][-1], 1.0, expected[3][-1] / expected[2][-1]]
+    half = bench_activation_memory(shapes=((8, 2),), encodings=("none",), autocast=torch.bfloat16)
+    # autocast saves the weights' bf16 copies too: more bytes at this size, and not the float32 count
+    assert half[0]["mib"] * 2**20 == counted("none", 8, 2, torch.bfloat16) != expected[0][-1]
 
 
 def test_bench_cli_writes_json_and_markdown_naming_the_machine(tmp_path, capsys):
@@ -76,6 +138,21 @@ def test_cpu_model_is_read_from_proc_cpuinfo(tmp_path):
     assert machine.one_line(facts) == "AMD EPYC 9B14 (2 cores, 2 threads, AVX512), torch 2.13.0, device cpu"
 
 
+def test_a_gpu_run_names_its_gpu_and_a_cpu_run_on_a_gpu_machine_does_not(monkeypatch):
+    from posenc.bench import machine
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: f"GPU of {device}")
+    facts = machine.describe("cuda:1")
+    assert facts["gpu"] == "GPU of cuda:1" and facts["device"] == "cuda:1"
+    assert "gpu" not in machine.describe("cpu") and machine.describe()["device"] == "cpu"
+    facts.update(cpu="AMD EPYC 9B14", cores=2, threads=2, cpu_capability="AVX512", torch="2.11.0")
+    assert machine.one_line(facts) == ("AMD EPYC 9B14 (2 cores, 2 threads, AVX512), GPU GPU of cuda:1, torch 2.11.0, "
+                                       "device cuda:1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert "gpu" not in machine.describe("cuda")  # a --device cuda run that will fail on its own, not here
+
+
 def test_score_forms_table_times_bias_and_channels_against_nope():
     rows = bench_score_forms(lengths=(16,), rounds=2)
     forms = {(r["encoding"], r["form"]) for r in rows}
@@ -84,6 +161,34 @@ def test_score_forms_table_times_bias_and_channels_against_nope():
                      ("kerple", "bias"), ("t5", "table"), ("t5", "bias"), ("transformer_xl", "bias"),
                      ("transformer_xl", "channels")}
     assert rows[0]["ratio"] == 1.0 and all(r["batch"] == 4096 // 16 and r["ms"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("length", [16, 1024])  # 1,024 keys: the bias form takes the blockwise kernel, as attention()
+def test_every_score_form_the_table_races_computes_causal_attention_with_its_encoding(length):
+    """A form that were faster because it computed something else would win the race: each form's output equals
+    ``attention()`` in float64 on the same encoding."""
+    from posenc.attention import attention
+    from posenc.bench import forms
+    from posenc.encodings import build_for_model
+
+    torch.manual_seed(0)
+    sizes = {"head_dim": forms.HEAD_DIM, "num_heads": forms.HEADS}
+    q, k, v = (torch.randn(1, forms.HEADS, length, forms.HEAD_DIM) for _ in range(3))
+    positions = torch.arange(length)[None]
+    scale = forms.HEAD_DIM**-0.5
+    nope = attention(q.double(), k.double(), v.double()).float()
+    for name in forms.offset_terms():
+        enc = build_for_model(name, sizes=sizes)
+        expected = attention(q.double(), k.double(), v.double(), enc.double(), backend="eager").float()
+        assert not torch.allclose(expected, nope, atol=1e-3), name  # the encoding changes the output
+        enc.float()
+        ran = {"bias": forms._bias_form(enc.at(positions, positions, contiguous=True), q, k, v, scale)}
+        if enc.has_bias:
+            ran["table"] = forms._table_form(enc.at(positions, positions, contiguous=True), q, k, v, scale)
+        if enc.has_score_channels:
+            ran["channels"] = forms._channel_form(enc.at(positions, positions, contiguous=True), q, k, v, scale)
+        for form, out in ran.items():
+            torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5, msg=f"{name} {form}")
 
 
 @pytest.mark.parametrize("args", [["--lengths", "0,-1"], ["--train-shapes", "64"], ["--backend", "fast"]])
