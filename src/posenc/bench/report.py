@@ -52,9 +52,13 @@ def plain(table: str, rows: list[dict], machine: str = "") -> str:
     """The table for a terminal; ``machine`` (``machine.one_line``) printed under its title."""
     header, body = _cells(table, rows)
     widths = [max(len(line[i]) for line in [header] + body) for i in range(len(header))]
-    lines = [TABLES[table][0]] + ([f"on {machine}"] if machine else []) + ["  ".join(h.ljust(w) for h, w in zip(header, widths)),
-             "  ".join("-" * w for w in widths)]
-    return "\n".join(lines + ["  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in body])
+
+    def aligned(cells: list[str]) -> str:
+        return "  ".join(cell.ljust(width) for cell, width in zip(cells, widths)).rstrip()
+
+    title = [TABLES[table][0]] + ([f"on {machine}"] if machine else [])
+    lines = title + [aligned(header), aligned(["-" * width for width in widths])]
+    return "\n".join(lines + [aligned(line) for line in body])
 
 
 def markdown_lines(table: str, rows: list[dict]) -> list[str]:
