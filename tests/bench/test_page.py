@@ -62,6 +62,8 @@ def test_a_page_is_rewritten_from_its_file_and_a_hand_edit_is_found(machine, cap
 @pytest.mark.parametrize("only, encodings", [
     (":alibi,cope", {"none", "alibi", "cope"}),
     (":-alibi,-cope", {"none", "rope", "sandwich", "xpos", "kerple", "t5", "fire", "shaw", "transformer_xl"}),
+    (":-cope", {"none", "alibi", "rope", "sandwich", "xpos", "kerple", "t5", "fire", "shaw", "transformer_xl"}),
+    (":t5", {"none", "t5"}),
 ])
 def test_a_marker_keeps_or_drops_encodings_and_always_keeps_the_baseline(only, encodings):
     results = json.loads((BENCHMARKS / "xeon" / "xeon-after.json").read_text())
@@ -77,6 +79,20 @@ def test_a_long_context_file_of_rows_names_its_gpu_and_commit():
     assert "| alibi | 1 | 16 | 16384 | 64 | 6.89 | 1.53 | 0.22 |" in text  # the README's 1.53× SDPA
 
 
+def test_a_long_context_file_from_several_commits_names_each_and_the_first_rows_device():
+    row = {"encoding": "none", "B": 1, "H": 2, "T": 3, "Dh": 4, "ms": 1.0, "x_sdpa_nope": 1.0, "peak_gib": 0.5}
+    rows = [{**row, "device": "GPU A", "commit": "2" * 40}, {**row, "device": "GPU B", "commit": "1" * 40},
+            {**row, "device": "GPU B"}]
+    first_line = page.render("bench-long", rows).splitlines()[0]
+    assert first_line.endswith(", on GPU A, commit 1111111, 2222222:")
+
+
+def test_a_rope_table_keeps_rows_by_contender():
+    results = json.loads((BENCHMARKS / "epyc" / "epyc-after.json").read_text())
+    lines = page.render("bench-rope:posenc rotate_pairs", results).splitlines()
+    assert [line.split(" | ")[0] for line in lines[4:]] == ["| posenc rotate_pairs"]
+
+
 @pytest.mark.parametrize("table, message", [
     ("bench-fancy", "unknown bench table 'bench-fancy'; the bench tables are: bench-attention, "),
     ("bench-forms", "generated table bench-forms: its results file has no forms table"),
@@ -84,6 +100,7 @@ def test_a_long_context_file_of_rows_names_its_gpu_and_commit():
     ("bench-memory:alibx", "bench rows :alibx: no row is alibx; the rows: none, "),  # a typo, not a short table
     ("bench-memory:-alibx", "bench rows :-alibx: no row is alibx"),
     ("bench-memory:-none", "the baseline (none) always stays"),
+    ("bench-memory:alibi,-cope,t5", "name encodings to keep or, each with '-', to drop, not both"),
 ])
 def test_bad_markers_are_one_line_errors(table, message):
     results = json.loads((BENCHMARKS / "xeon" / "xeon-after.json").read_text())
@@ -94,3 +111,8 @@ def test_bad_markers_are_one_line_errors(table, message):
 def test_the_renderer_leaves_the_docs_tables_to_published():
     results = json.loads((ROOT / "docs" / "results" / "extrapolate-default.json").read_text())
     assert page.renderer(published.render)("extrapolate", results) == published.render("extrapolate", results)
+
+
+def test_a_results_file_without_tables_is_named_as_such():
+    with pytest.raises(ValueError, match="^generated table bench-forms: its results file has no forms table$"):
+        page.render("bench-forms", {"device": "cpu", "torch": "2.13.0"})
