@@ -23,6 +23,7 @@ def test_bench_rows_are_ratios_to_eager_in_the_same_run():
 def test_training_and_rope_tables_have_their_baselines():
     steps = bench_training_step(shapes=((8, 2),), encodings=("none", "rope"), rounds=2)
     assert [r["encoding"] for r in steps] == ["none", "rope"] and steps[0]["ratio"] == 1.0
+    assert not any(r["compiled"] for r in steps)  # compiled only when asked
     rope = bench_rope_apply(shape=(1, 2, 16, 8), rounds=2)
     names = [r["contender"] for r in rope]
     assert names[0] == "copy_ (baseline)" and "posenc rotate_pairs" in names
@@ -95,6 +96,7 @@ def test_rope_training_step_keeps_no_more_activations_than_nope_but_cos_sin():
 
 def test_memory_table_counts_each_shapes_bytes_in_mib_against_nope_and_under_autocast():
     from posenc.bench.training import bench_activation_memory
+    from posenc.encodings.registry import one_axis
 
     rows = bench_activation_memory(shapes=((8, 2), (16, 1)), encodings=("none", "rope"), backend="eager")
     config = dict(dim=128, num_layers=4, num_heads=4)  # the default preset's model
@@ -107,6 +109,8 @@ def test_memory_table_counts_each_shapes_bytes_in_mib_against_nope_and_under_aut
                 for length, batch in ((8, 2), (16, 1)) for name, backend in (("none", "auto"), ("rope", "eager"))]
     assert [(r["encoding"], r["length"], r["batch"], r["backend"], r["mib"] * 2**20) for r in rows] == expected
     assert [r["ratio"] for r in rows] == [1.0, expected[1][-1] / expected[0][-1], 1.0, expected[3][-1] / expected[2][-1]]
+    every = bench_activation_memory(shapes=((4, 1),))
+    assert [r["encoding"] for r in every] == list(one_axis()) and every[0]["encoding"] == "none"
     half = bench_activation_memory(shapes=((8, 2),), encodings=("none",), autocast=torch.bfloat16)
     # autocast saves the weights' bf16 copies too: more bytes at this size, and not the float32 count
     assert half[0]["mib"] * 2**20 == counted("none", 8, 2, torch.bfloat16) != expected[0][-1]
@@ -161,6 +165,47 @@ def test_score_forms_table_times_bias_and_channels_against_nope():
                      ("kerple", "bias"), ("t5", "table"), ("t5", "bias"), ("transformer_xl", "bias"),
                      ("transformer_xl", "channels")}
     assert rows[0]["ratio"] == 1.0 and all(r["batch"] == 4096 // 16 and r["ms"] > 0 for r in rows)
+
+
+def test_score_forms_rows_per_length_race_a_causal_nope_and_the_bias_form_as_attention_runs_it(monkeypatch):
+    """Each contender called once, the kernels it reaches recorded: NoPE is causal SDPA at the heads' scale; the bias
+    form takes the blockwise kernel where the bias needs a gradient or from 1,024 keys, SDPA below them."""
+    import types
+
+    import torch.nn.functional as F
+
+    from posenc.bench import forms
+
+    running, sdpa, blockwise = [], [], []  # the contender being called; the kernels it reached
+
+    def round_robin(contenders, *, baseline, rounds, device, label):
+        for name, call in contenders.items():
+            running.append(name)
+            call()
+        return {name: {"ms": 1.0, "ratio": 1.0, "ratio_low": 1.0, "ratio_high": 1.0} for name in contenders}
+
+    def recorded_sdpa(q, k, v, **kwargs):
+        sdpa.append((running[-1], q.shape[2], kwargs.get("is_causal", False), kwargs.get("scale")))
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+    real_blockwise = forms.blockwise.blockwise_attention
+    monkeypatch.setattr(forms, "round_robin", round_robin)
+    monkeypatch.setattr(forms, "F", types.SimpleNamespace(scaled_dot_product_attention=recorded_sdpa))
+    monkeypatch.setattr(forms.blockwise, "blockwise_attention",
+                        lambda q, *args, **kwargs: (blockwise.append((running[-1], q.shape[2])),
+                                                    real_blockwise(q, *args, **kwargs))[1])
+    rows = forms.bench_score_forms(lengths=(8, 1024), rounds=2)
+    assert [(r["encoding"], r["form"], r["length"], r["batch"]) for r in rows[:2]] == [
+        ("none", "(causal)", 8, 512), ("alibi", "table", 8, 512)]
+    assert [(r["length"], r["batch"]) for r in rows] == [(8, 512)] * 13 + [(1024, 4)] * 13
+    scale = forms.HEAD_DIM**-0.5
+    assert ("none (causal)", 8, True, scale) in sdpa and ("none (causal)", 1024, True, scale) in sdpa
+    learned = {"kerple bias", "t5 bias", "transformer_xl bias"}  # their biases carry a gradient
+    bias_forms = [(name, length) for name, length in blockwise if name.endswith(" bias")]
+    assert {name for name, length in bias_forms if length == 8} == learned
+    assert {name for name, length in bias_forms if length == 1024} == learned | {"alibi bias", "sandwich bias"}
+    assert {name for name, length, *_ in sdpa if name.endswith(" bias")} == {"alibi bias", "sandwich bias"}
+    assert {length for name, length, *_ in sdpa if name.endswith(" bias")} == {8}
 
 
 @pytest.mark.parametrize("length", [16, 1024])  # 1,024 keys: the bias form takes the blockwise kernel, as attention()

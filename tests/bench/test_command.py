@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from posenc.bench import command, report
-from posenc.cli import main
+from posenc.bench.long_context import SHAPES
+from posenc.cli import build_parser, main
 
 
 @pytest.fixture
@@ -106,7 +107,7 @@ def test_bad_flags_are_refused_before_any_table(tables, args, message, capsys):
     ("--long-timeout", "0", "expected a number of seconds > 0, got '0'"),
     ("--long-timeout", "soon", "expected a number of seconds > 0, got 'soon'"),
 ])
-def test_bad_values_are_one_argparse_line_naming_the_flag(flag, value, message, capsys):
+def test_bad_values_are_one_argparse_line_naming_the_flag(tables, flag, value, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", flag, value])
     err = capsys.readouterr().err
@@ -118,3 +119,16 @@ def test_the_smallest_values_are_taken(tables):
                  "1x1x1x1", "--long-timeout", "0.5"]) == 0
     assert tables["attention"][0][0][2] == (1,) and tables["long"][0][0][2] == ((1, 1, 1, 1),)
     assert tables["long"][0][1]["timeout"] == 0.5
+
+
+def test_the_defaults_are_the_ones_the_help_names():
+    args = build_parser().parse_args(["bench"])
+    assert (args.tables, args.encodings, args.lengths, args.train_shapes, args.rope_shape, args.rounds) == (
+        "attention,training,rope,forms,memory", "all", (256, 1024), ((64, 32), (512, 8)), (4, 16, 2048, 64), 7)
+    assert (args.compile, args.backend, args.long_shapes, args.long_timeout, args.long_json, args.markdown) == (
+        False, "auto", SHAPES, 120.0, None, None)
+    assert SHAPES == ((1, 16, 16384, 64), (4, 16, 4096, 64))  # the issue's two shapes, as --long-shapes' help says
+    usage = build_parser()._subparsers._group_actions[0].choices["bench"].format_help()
+    for default in ("default 256,1024", "default 64x32,512x8", "default 4,16,2048,64", "default 7", "default auto",
+                    "default 1x16x16384x64,4x16x4096x64", "default 120", "all but long"):
+        assert default in " ".join(usage.split()), default
