@@ -148,19 +148,29 @@ def test_bench_cli_long_table_writes_its_rows_and_keeps_other_shapes(tmp_path, c
 
 @pytest.mark.parametrize("args, message", [
     (["--tables", "rope", "--long-json", "LONG"], "--long-json writes the long table: add long to --tables"),
-    (["--tables", "long", "--long-json", "BENCH"], "holds something other than long-table rows"),
-    (["--tables", "long", "--long-json", "UNDER_A_FILE"], "--long-json: cannot write"),
-    (["--tables", "rope", "--json", "UNDER_A_FILE"], "--json: cannot write"),
-    (["--tables", "rope", "--markdown", "UNDER_A_FILE"], "--markdown: cannot write"),
+    (["--tables", "long", "--long-json", "BENCH"],
+     "--long-json BENCH holds something other than long-table rows; name another file"),
+    (["--tables", "long", "--long-json", "ROWS_WITHOUT_DH"],
+     "--long-json ROWS_WITHOUT_DH holds something other than long-table rows; name another file"),
+    (["--tables", "long", "--long-json", "UNDER_A_FILE"],
+     "--long-json: cannot write UNDER_A_FILE: BENCH is a file, not a folder"),
+    (["--tables", "rope", "--json", "UNDER_A_FILE"], "--json: cannot write UNDER_A_FILE: BENCH is a file, not a folder"),
+    (["--tables", "rope", "--markdown", "UNDER_A_FILE"],
+     "--markdown: cannot write UNDER_A_FILE: BENCH is a file, not a folder"),
+    (["--tables", "rope", "--json", "TWO_UNDER_A_FILE"], "--json: cannot write TWO_UNDER_A_FILE (Not a directory)"),
 ])
 def test_bench_cli_long_json_is_refused_before_any_work(args, message, tmp_path, capsys):
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps({"tables": {}}))
-    paths = {"LONG": str(tmp_path / "long.json"), "BENCH": str(bench),
+    rows = tmp_path / "rows.json"
+    rows.write_text(json.dumps([{"encoding": "none", "B": 1, "H": 2, "T": 8, "ms": 1.0}]))
+    paths = {"LONG": str(tmp_path / "long.json"), "BENCH": str(bench), "ROWS_WITHOUT_DH": str(rows),
+             "TWO_UNDER_A_FILE": str(bench / "runs" / "out.json"),  # its folder's folder is a file
              "UNDER_A_FILE": str(bench / "out.json")}  # its folder would be a file: it cannot be made
     assert main(["bench", *[paths.get(a, a) for a in args]]) == 2
-    err = capsys.readouterr().err
-    assert message in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "long.json").exists()
+    for name, path in paths.items():  # the longer names first: UNDER_A_FILE is in TWO_UNDER_A_FILE
+        message = message.replace(name, path)
+    assert capsys.readouterr().err == f"posenc bench: error: {message}\n" and not (tmp_path / "long.json").exists()
 
 
 @pytest.mark.parametrize("flag, value", [("--long-shapes", "1x2x64"), ("--long-shapes", "1x2x0x8"),

@@ -182,8 +182,11 @@ def _writable_folder(flag: str, path: Path | None) -> None:
     """The folder of an output file, made now: one line naming the flag where it cannot be, before any timing."""
     if path is None:
         return
+    folder = Path(path).parent
     try:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ValueError(f"{flag}: cannot write {path}: {folder} is a file, not a folder") from None
     except OSError as error:
         raise ValueError(f"{flag}: cannot write {path} ({error.strerror or error})") from None
 
