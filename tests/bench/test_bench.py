@@ -262,14 +262,16 @@ def test_bench_writes_its_files_after_every_table(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--encodings", "foo"], "--encodings must be one of"),
-    (["--encodings", ","], "--encodings names no encoding"),
-    (["--encodings", "mrope"], "--encodings must be one of"),
+    (["--encodings", "foo"], "--encodings must be one of SORTED, got 'foo'"),
+    (["--encodings", ","], "--encodings names no encoding: pass 'all' or a comma list of EVERY"),
+    (["--encodings", "mrope"], "--encodings must be one of SORTED, got 'mrope'"),
     (["--tables", "rope", "--compile"], "--compile times the training table: add training to --tables"),
     (["--backend", "flex", "--encodings", "alibi"],
      "backend='flex' cannot serve ALiBi: FlexAttention has no backward pass on CPU; use backend='sdpa' or 'eager'"),
 ])
 def test_bad_encodings_and_compile_without_training_are_one_line(args, message, tmp_path, capsys):
+    from posenc.bench.command import every_encoding
+
     assert main(["bench", "--tables", "memory", "--train-shapes", "8x2", *args, "--json", str(tmp_path / "b.json")]) == 2
-    err = capsys.readouterr().err
-    assert message in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "b.json").exists()
+    message = message.replace("SORTED", str(sorted(every_encoding()))).replace("EVERY", ", ".join(every_encoding()))
+    assert capsys.readouterr().err == f"posenc bench: error: {message}\n" and not (tmp_path / "b.json").exists()

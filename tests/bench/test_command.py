@@ -45,7 +45,7 @@ def test_each_flag_reaches_the_table_it_sets(tables, tmp_path, capsys):
     args = ["bench", "--tables", "attention,training,rope,forms,memory,long", "--encodings", "alibi,fox",
             "--lengths", "8,16", "--train-shapes", "8x2,16x1", "--rope-shape", "1,2,8,4", "--rounds", "3",
             "--backend", "eager", "--compile", "--long-shapes", "1x2x8x4", "--long-timeout", "7.5",
-            "--json", str(tmp_path / "b.json"), "--markdown", str(tmp_path / "b.md"),
+            "--json", str(tmp_path / "b.json"), "--markdown", str(tmp_path / "pages" / "cpu" / "b.md"),
             "--long-json", str(tmp_path / "long.json")]
     assert main(args) == 0
     step = {"backend": "eager", "autocast": None}
@@ -64,7 +64,7 @@ def test_each_flag_reaches_the_table_it_sets(tables, tmp_path, capsys):
     assert {name: [row["call"] for row in rows] for name, rows in saved["tables"].items()} == {
         "attention": [1], "training": [1, 2], "rope": [1], "forms": [1], "memory": [1], "long": [1]}
     assert [row["encoding"] for row in json.loads((tmp_path / "long.json").read_text())] == ["none"]
-    markdown = (tmp_path / "b.md").read_text()
+    markdown = (tmp_path / "pages" / "cpu" / "b.md").read_text()  # its folders made
     assert markdown.startswith("Measured on ") and markdown.count("\n### ") == 6
     printed = capsys.readouterr().out.split("\n\n")  # each table printed as it finishes, a blank line after it
     assert [text.splitlines()[0] for text in printed if text] == [report.TABLES[name][0] for name in saved["tables"]]
@@ -73,6 +73,7 @@ def test_each_flag_reaches_the_table_it_sets(tables, tmp_path, capsys):
 def test_a_16_bit_dtype_times_the_models_under_autocast(tables):
     assert main(["bench", "--tables", "training,memory", "--dtype", "bfloat16", "--train-shapes", "8x2"]) == 0
     assert tables["training"][0][1]["autocast"] == tables["memory"][0][1]["autocast"] == torch.bfloat16
+    assert len(tables["training"]) == 1  # not compiled: no --compile
     assert main(["bench", "--tables", "memory", "--dtype", "float64", "--train-shapes", "8x2"]) == 0
     assert tables["memory"][1][1]["autocast"] is None  # float64 is not autocast's
 
