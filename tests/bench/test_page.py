@@ -87,10 +87,15 @@ def test_a_long_context_file_from_several_commits_names_each_and_the_first_rows_
     assert first_line.endswith(", on GPU A, commit 1111111, 2222222:")
 
 
-def test_a_rope_table_keeps_rows_by_contender():
+def test_rope_and_long_tables_keep_rows_by_name_and_their_own_baselines():
     results = json.loads((BENCHMARKS / "epyc" / "epyc-after.json").read_text())
     lines = page.render("bench-rope:posenc rotate_pairs", results).splitlines()
-    assert [line.split(" | ")[0] for line in lines[4:]] == ["| posenc rotate_pairs"]
+    assert [line.split(" | ")[0] for line in lines[4:]] == ["| copy_ (baseline)", "| posenc rotate_pairs"]
+    with pytest.raises(ValueError, match=r"the baseline \(copy_ \(baseline\)\) always stays"):
+        page.render("bench-rope:-copy_ (baseline)", results)
+    rows = json.loads((BENCHMARKS / "h200" / "gpu-long.json").read_text())
+    lines = page.render("bench-long:alibi", rows).splitlines()
+    assert [line.split(" | ")[0] for line in lines[4:]] == ["| sdpa (no positions)", "| alibi"] * 2  # two shapes
 
 
 @pytest.mark.parametrize("table, message", [

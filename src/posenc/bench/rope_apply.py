@@ -20,6 +20,8 @@ from ..encodings.scaling import rope_frequencies
 from ..kernels import rope_cos_sin, rope_qk_triton, rope_qk_triton_, rotate_pairs, rotate_pairs_, triton_available
 from .timing import round_robin
 
+BASELINE = "copy_ (baseline)"  # the contender every other is a ratio to
+
 
 def _peers(q: torch.Tensor, k: torch.Tensor) -> dict[str, Callable[[], object]]:
     """Other implementations, each called as its documentation shows, when installed."""
@@ -55,7 +57,7 @@ def bench_rope_apply(device: str = "cpu", dtype: torch.dtype = torch.float32, sh
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)
     cos, sin = rope_cos_sin(torch.arange(shape[-2], device=device)[None], rope_frequencies(shape[-1])[0])
     contenders = {
-        "copy_ (baseline)": lambda: (q_out.copy_(q), k_out.copy_(k)),
+        BASELINE: lambda: (q_out.copy_(q), k_out.copy_(k)),
         "clone (copy into new memory)": lambda: (q.clone(), k.clone()),
         "posenc rotate_pairs": lambda: (rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)),
         # What the model runs on CPU: q and k rotated inside their own storage (rotating back and
@@ -68,5 +70,5 @@ def bench_rope_apply(device: str = "cpu", dtype: torch.dtype = torch.float32, sh
         # what the model runs on CUDA: the same launch, written into q and k
         contenders["posenc Triton in place (q and k, one launch)"] = (
             lambda: rope_qk_triton_(q, k, cos, sin, cos, sin, "half"))
-    timed = round_robin(contenders, baseline="copy_ (baseline)", rounds=rounds, device=device, label="rope apply")
+    timed = round_robin(contenders, baseline=BASELINE, rounds=rounds, device=device, label="rope apply")
     return [{"contender": name, "shape": list(shape), **numbers} for name, numbers in timed.items()]
