@@ -152,12 +152,10 @@ def test_bench_cli_long_table_writes_its_rows_and_keeps_other_shapes(tmp_path, c
      "--long-json BENCH holds something other than long-table rows; name another file"),
     (["--tables", "long", "--long-json", "ROWS_WITHOUT_DH"],
      "--long-json ROWS_WITHOUT_DH holds something other than long-table rows; name another file"),
-    (["--tables", "long", "--long-json", "UNDER_A_FILE"],
-     "--long-json: cannot write UNDER_A_FILE: BENCH is a file, not a folder"),
-    (["--tables", "rope", "--json", "UNDER_A_FILE"], "--json: cannot write UNDER_A_FILE: BENCH is a file, not a folder"),
-    (["--tables", "rope", "--markdown", "UNDER_A_FILE"],
-     "--markdown: cannot write UNDER_A_FILE: BENCH is a file, not a folder"),
-    (["--tables", "rope", "--json", "TWO_UNDER_A_FILE"], "--json: cannot write TWO_UNDER_A_FILE (Not a directory)"),
+    (["--tables", "long", "--long-json", "UNDER_A_FILE"], "--long-json: cannot write UNDER_A_FILE: BENCH is not a folder"),
+    (["--tables", "rope", "--json", "UNDER_A_FILE"], "--json: cannot write UNDER_A_FILE: BENCH is not a folder"),
+    (["--tables", "rope", "--markdown", "UNDER_A_FILE"], "--markdown: cannot write UNDER_A_FILE: BENCH is not a folder"),
+    (["--tables", "rope", "--json", "TWO_UNDER_A_FILE"], "--json: cannot write TWO_UNDER_A_FILE: BENCH is not a folder"),
 ])
 def test_bench_cli_long_json_is_refused_before_any_work(args, message, tmp_path, capsys):
     bench = tmp_path / "bench.json"
