@@ -32,12 +32,13 @@ def clock(monkeypatch):
     return clock
 
 
-def test_round_robin_interleaves_contenders_and_divides_within_a_round():
+def test_round_robin_calls_one_of_each_contender_per_round_and_names_a_missing_baseline(clock):
     calls = []
-    timed = round_robin({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, baseline="a", rounds=3,
-                        device=torch.device("cpu"), warmup=0)
+    a, b = clock.contender([1.0] * 4, []), clock.contender([2.0] * 4, [])
+    timed = round_robin({"a": lambda: (calls.append("a"), a()), "b": lambda: (calls.append("b"), b())}, baseline="a",
+                        rounds=3, device=torch.device("cpu"), warmup=0)
     assert calls == ["a", "b"] * 3
-    assert timed["a"]["ratio"] == 1.0
+    assert (timed["a"]["ratio"], timed["b"]["ratio"]) == (1.0, 2.0)
     with pytest.raises(ValueError, match=r"^baseline 'c' is not one of the contenders \['a'\]$"):
         round_robin({"a": lambda: None}, baseline="c", rounds=1, device=torch.device("cpu"))
 
