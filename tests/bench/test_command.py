@@ -82,10 +82,11 @@ def test_the_long_json_keeps_rows_of_other_shapes_and_replaces_this_runs(tables,
     path = tmp_path / "long.json"
     other = {"encoding": "alibi", "B": 4, "H": 16, "T": 4096, "Dh": 64, "ms": 1.0}
     old = {"encoding": "none", "B": 1, "H": 2, "T": 8, "Dh": 4, "ms": 9.0}
-    path.write_text(json.dumps([other, old]))
+    bare = {"B": 2, "H": 16, "T": 4096, "Dh": 64}  # the shape alone is enough to be a long-table row
+    path.write_text(json.dumps([other, bare, old]))
     assert main(["bench", "--tables", "long", "--long-shapes", "1x2x8x4", "--long-json", str(path)]) == 0
-    assert [(row["encoding"], row["B"], row["ms"]) for row in json.loads(path.read_text())] == [
-        ("alibi", 4, 1.0), ("none", 1, 2.0)]
+    assert [(row.get("encoding"), row["B"], row.get("ms")) for row in json.loads(path.read_text())] == [
+        ("alibi", 4, 1.0), (None, 2, None), ("none", 1, 2.0)]
 
 
 @pytest.mark.parametrize("args, message", [

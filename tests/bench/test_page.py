@@ -104,6 +104,7 @@ def test_rope_and_long_tables_keep_rows_by_name_and_their_own_baselines():
     ("bench-memory:alibi,-cope", "name encodings to keep or, each with '-', to drop, not both"),
     ("bench-memory:alibx", "bench rows :alibx: no row is alibx; the rows: none, "),  # a typo, not a short table
     ("bench-memory:-alibx", "bench rows :-alibx: no row is alibx"),
+    ("bench-memory:ropx,alibx", "bench rows :ropx,alibx: no row is alibx, ropx; the rows: none, "),
     ("bench-memory:-none", "the baseline (none) always stays"),
     ("bench-memory:alibi,-cope,t5", "name encodings to keep or, each with '-', to drop, not both"),
 ])

@@ -10,7 +10,7 @@ from posenc import storage
 from posenc.experiments.extrapolate import ExperimentConfig
 from posenc.experiments.extrapolate.checkpoints import attention_window, trained_models
 from posenc.experiments.extrapolate.rows import all_rows
-from posenc.lm.data import text_corpus
+from posenc.lm.data import stdlib_corpus, text_corpus
 from posenc.lm.model import LanguageModel
 
 
@@ -59,3 +59,8 @@ def test_the_attention_window_is_the_first_training_length_of_the_runs_test_text
     corpus = text_corpus(text)
     assert torch.equal(window[0], corpus.test.data[:24].long())
     assert not torch.equal(window[0], corpus.train.data[:24].long())  # the test split's, not the first bytes
+
+
+def test_a_run_on_the_default_text_reads_the_standard_librarys_test_split(tmp_path):
+    storage.write_json(tmp_path / "config.json", ExperimentConfig.from_preset("smoke", train_length=16).to_dict())
+    assert torch.equal(attention_window(tmp_path)[0], stdlib_corpus().test.data[:16].long())
