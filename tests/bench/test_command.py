@@ -136,3 +136,18 @@ def test_the_defaults_are_the_ones_the_help_names(capsys):
     for default in ("default 256,1024", "default 64x32,512x8", "default 4,16,2048,64", "default 7", "default auto",
                     "default 1x16x16384x64,4x16x4096x64", "default 120", "all but long"):
         assert default in " ".join(usage.split()), default
+
+
+def test_an_output_folder_that_cannot_be_made_is_one_line_naming_why(tables, tmp_path, monkeypatch, capsys):
+    (tmp_path / "runs").symlink_to(tmp_path / "gone")  # a link to nothing: neither a folder nor makeable
+    assert main(["bench", "--tables", "rope", "--json", str(tmp_path / "runs" / "b.json")]) == 2
+    assert capsys.readouterr().err == (f"posenc bench: error: --json: cannot write {tmp_path / 'runs' / 'b.json'}: "
+                                       f"{tmp_path / 'runs'} is not a folder\n")
+    def refused(*args, **kwargs):  # as a folder the user may not write in (the tests run as root: none refuses)
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(command.Path, "mkdir", refused)
+    assert main(["bench", "--tables", "rope", "--markdown", str(tmp_path / "b.md")]) == 2
+    assert capsys.readouterr().err == (f"posenc bench: error: --markdown: cannot write {tmp_path / 'b.md'} "
+                                       "(Permission denied)\n")
+    assert tables == {}
