@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -12,6 +13,18 @@ from pathlib import Path
 import pytest
 
 from posenc.kernels import native, rope_cpu
+
+
+def _turn_taken(directory: Path) -> bool | None:
+    """Whether a process holds ``directory``'s build turn (None where there is no fcntl)."""
+    if native.fcntl is None:
+        return None
+    with open(directory / native.TURN_FILE, "a") as probe:
+        try:
+            native.fcntl.flock(probe, native.fcntl.LOCK_EX | native.fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        return False
 
 
 def lock_aged(directory: Path, age_s: float) -> Path:
@@ -78,6 +91,89 @@ def test_no_lock_returns_at_once(tmp_path):
     assert time.monotonic() - started < 1.0
 
 
+HOLD_THE_TURN = """
+import fcntl, pathlib, sys, time
+folder = pathlib.Path(sys.argv[1])
+turn = open(folder / "posenc.flock", "a")
+fcntl.flock(turn, fcntl.LOCK_EX)
+(folder / "lock").touch()  # as torch's build does, inside the turn
+print("building", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(native.fcntl is None, reason="no fcntl (Windows): the age rule alone")
+def test_a_lock_left_by_a_process_killed_in_its_turn_is_removed_at_once(tmp_path):
+    """The OS frees a killed process's flock: the next process takes the turn and knows the lock is a dead one's,
+    however fresh (the age rule alone would wait ten minutes for this one)."""
+    builder = subprocess.Popen([sys.executable, "-c", HOLD_THE_TURN, str(tmp_path)], stdout=subprocess.PIPE)
+    assert builder.stdout.readline() == b"building\n" and (tmp_path / "lock").exists()
+    builder.kill()
+    builder.wait()
+    builder.stdout.close()
+    started = time.monotonic()
+    with pytest.warns(UserWarning, match="^posenc: removed a build lock left by a process that was killed: "):
+        with native.build_turn(tmp_path, poll_s=0.01):
+            assert not (tmp_path / "lock").exists()
+    assert time.monotonic() - started < 60
+
+
+@pytest.mark.skipif(native.fcntl is None, reason="no fcntl (Windows): the age rule alone")
+def test_a_live_process_turn_is_waited_for_and_its_lock_left_to_it(tmp_path):
+    """Another process building holds the turn and its lock; it removes the lock and ends its turn, then this one
+    takes it, finding nothing to remove. A flock on a second opening of the file stands in for the other process:
+    Linux and macOS refuse it to the first opening, in one process as across two."""
+    other = open(tmp_path / native.TURN_FILE, "a")
+    native.fcntl.flock(other, native.fcntl.LOCK_EX)
+    lock = lock_aged(tmp_path, 0)
+    finished_at = []
+
+    def finish_build():
+        time.sleep(0.3)
+        lock.unlink()
+        finished_at.append(time.monotonic())
+        other.close()  # ends its turn
+
+    builder = threading.Thread(target=finish_build)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing removed, no notice (the wait is short)
+        builder.start()
+        with native.build_turn(tmp_path, poll_s=0.01):
+            turn_at = time.monotonic()
+    builder.join()
+    assert finished_at and turn_at >= finished_at[0]
+
+
+@pytest.mark.skipif(native.fcntl is None, reason="no fcntl (Windows): the age rule alone")
+def test_a_long_wait_for_the_turn_is_said_once(tmp_path):
+    other = open(tmp_path / native.TURN_FILE, "a")
+    native.fcntl.flock(other, native.fcntl.LOCK_EX)
+
+    def end_turn_once_said(said):  # however slow the machine, the other turn lasts until the notice
+        deadline = time.monotonic() + 30
+        while not said and time.monotonic() < deadline:
+            time.sleep(0.01)
+        other.close()
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        builder = threading.Thread(target=end_turn_once_said, args=(said,))
+        builder.start()
+        with native.build_turn(tmp_path, poll_s=0.01, notice_after_s=0.05):
+            pass
+    builder.join()
+    assert [str(w.message) for w in said] == [f"posenc: waiting for another process to build or load {tmp_path.name}"]
+
+
+def test_without_fcntl_the_turn_is_the_age_rule(tmp_path, monkeypatch):
+    monkeypatch.setattr(native, "fcntl", None)
+    stale = lock_aged(tmp_path, native.STALE_LOCK_S + 5)
+    with pytest.warns(UserWarning, match=r"removed a build lock 60[0-9] s old"):
+        with native.build_turn(tmp_path):
+            assert not stale.exists()
+    assert not (tmp_path / native.TURN_FILE).exists()  # no turn file where no flock can be taken
+
+
 def test_load_builds_in_its_own_named_folder_once_a_stale_lock_is_gone(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     monkeypatch.setenv("POSENC_CPU_KERNELS", "1")
@@ -87,14 +183,15 @@ def test_load_builds_in_its_own_named_folder_once_a_stale_lock_is_gone(tmp_path,
     calls = []
 
     def fake_build(**kwargs):
-        calls.append((kwargs, lock.exists()))
+        calls.append((kwargs, lock.exists(), _turn_taken(tmp_path / name)))
         return "built"
 
     monkeypatch.setattr("torch.utils.cpp_extension.load", fake_build)
-    with pytest.warns(UserWarning, match="removed a build lock 3600 s old"):
+    with pytest.warns(UserWarning, match="removed a build lock left by a process that was killed"):
         assert native.load(rope_cpu.PREFIX, rope_cpu.SOURCE, "RoPE's C++ CPU kernel") == "built"
-    (kwargs, lock_present), = calls
-    assert not lock_present
+    (kwargs, lock_present, turn_taken), = calls
+    assert not lock_present and turn_taken in (True, None)  # built within its turn (None: no fcntl here)
+    assert _turn_taken(tmp_path / name) in (False, None)  # and the turn ended with the build
     assert kwargs["name"] == name and kwargs["build_directory"] == str(tmp_path / name)
     assert kwargs["sources"] == [str(rope_cpu.SOURCE)]
 

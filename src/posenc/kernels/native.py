@@ -6,13 +6,17 @@ of posenc never rebuild over, or load, each other's build, and a build for one C
 cache. ``POSENC_CPU_KERNELS=0`` switches every kernel off; where one cannot be built (no C++ compiler or ninja) it
 is None and its callers use the PyTorch form, warned once.
 
-A build holds a ``lock`` file in its folder; torch waits for it to go, with no limit. A build killed midway (a
-test run interrupted in its first minute) leaves it behind, and every later process would wait forever, so a lock
-older than ``STALE_LOCK_S`` is removed, warned, before torch looks.
+A build holds a ``lock`` file in its folder; torch waits for it to go, with no limit. A process killed while it
+built or loaded (a test run interrupted in its first minute) leaves it behind, and every later process would wait
+forever. So posenc builds and loads only while holding an ``flock`` on ``posenc.flock`` beside it, which the OS
+frees when its process ends, however it ends: a ``lock`` found while holding it was left by a killed process, and is
+removed, warned, before torch looks. Where ``fcntl`` is missing (Windows), a ``lock`` older than ``STALE_LOCK_S``
+is.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -21,14 +25,20 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
+
 CFLAGS = ("-O3", "-fopenmp", "-march=native")
 LDFLAGS = ("-fopenmp",)
-STALE_LOCK_S = 600.0  # a build takes 30-60 s; a lock this old belongs to a build that was killed
+STALE_LOCK_S = 600.0  # without fcntl: a build takes 30-60 s; a lock this old belongs to a build that was killed
 NOTICE_AFTER_S = 10.0  # a wait this long is said, in case the lock's build was killed
+TURN_FILE = "posenc.flock"
 
 
 HEADERS = Path(__file__).parent  # the kernels' shared headers: cpu_tiles.h, fire_cpu.h
@@ -80,8 +90,8 @@ def build_directory(name: str) -> Path:
 
 def wait_for_build_lock(directory: Path, stale_after_s: float = STALE_LOCK_S, poll_s: float = 0.5,
                         notice_after_s: float = NOTICE_AFTER_S) -> None:
-    """Return once ``directory`` holds no build lock: at once where there is none, when a live build removes it,
-    or after removing it (warned) once it is ``stale_after_s`` seconds old. A wait past ``notice_after_s`` is
+    """Without ``fcntl``: return once ``directory`` holds no build lock: at once where there is none, when a live
+    build removes it, or after removing it (warned) once it is ``stale_after_s`` seconds old. A wait past ``notice_after_s`` is
     warned once, naming the lock: a process killed while torch loaded the build leaves one too."""
     lock = directory / "lock"
     started, noticed = time.monotonic(), False
@@ -103,6 +113,35 @@ def wait_for_build_lock(directory: Path, stale_after_s: float = STALE_LOCK_S, po
         time.sleep(poll_s)
 
 
+@contextlib.contextmanager
+def build_turn(directory: Path, poll_s: float = 0.5, notice_after_s: float = NOTICE_AFTER_S) -> Iterator[None]:
+    """Within the block, this process alone of posenc's builds or loads in ``directory``: it holds the ``flock`` on
+    ``directory / TURN_FILE``, waiting while another live process does (a wait past ``notice_after_s`` is warned
+    once). A torch ``lock`` found once it is held was left by a process that was killed, and is removed, warned.
+    Without ``fcntl``: ``wait_for_build_lock``'s age rule."""
+    if fcntl is None:
+        wait_for_build_lock(directory, poll_s=poll_s, notice_after_s=notice_after_s)
+        yield
+        return
+    with open(directory / TURN_FILE, "a") as turn:  # closing it, however the block ends, frees the flock
+        started, noticed = time.monotonic(), False
+        while True:
+            try:
+                fcntl.flock(turn, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not noticed and time.monotonic() - started >= notice_after_s:
+                    warnings.warn(f"posenc: waiting for another process to build or load {directory.name}",
+                                  stacklevel=4)
+                    noticed = True
+                time.sleep(poll_s)
+        lock = directory / "lock"
+        if lock.exists():
+            warnings.warn(f"posenc: removed a build lock left by a process that was killed: {lock}", stacklevel=4)
+            lock.unlink(missing_ok=True)
+        yield
+
+
 def load(prefix: str, source: Path, what: str):
     """The compiled module of ``source``, or None where kernels are off or it cannot be built (warned with
     ``what``, the kernel's name in the message)."""
@@ -113,10 +152,10 @@ def load(prefix: str, source: Path, what: str):
 
         name = build_name(prefix, source.read_bytes())
         directory = build_directory(name)
-        wait_for_build_lock(directory)
-        return compile_and_load(name=name, sources=[str(source)], build_directory=str(directory),
-                                extra_include_paths=[str(HEADERS)], extra_cflags=list(CFLAGS),
-                                extra_ldflags=list(LDFLAGS), verbose=False)
+        with build_turn(directory):
+            return compile_and_load(name=name, sources=[str(source)], build_directory=str(directory),
+                                    extra_include_paths=[str(HEADERS)], extra_cflags=list(CFLAGS),
+                                    extra_ldflags=list(LDFLAGS), verbose=False)
     except Exception as error:  # noqa: BLE001 - any build failure means "use the PyTorch form"
         warnings.warn(f"posenc: {what} could not be built, using the PyTorch form ({error})", stacklevel=3)
         return None
