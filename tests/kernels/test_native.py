@@ -174,6 +174,28 @@ def test_without_fcntl_the_turn_is_the_age_rule(tmp_path, monkeypatch):
     assert not (tmp_path / native.TURN_FILE).exists()  # no turn file where no flock can be taken
 
 
+@pytest.mark.skipif(native.fcntl is None, reason="no fcntl (Windows): the age rule alone")
+def test_a_filesystem_that_refuses_flocks_falls_back_to_the_age_rule(tmp_path, monkeypatch):
+    """Some network filesystems answer flock with ENOLCK: the kernels still build, under the age rule."""
+    def refused(turn, operation):
+        raise OSError(37, "No locks available")
+
+    monkeypatch.setattr(native.fcntl, "flock", refused)
+    fresh = lock_aged(tmp_path, 0)
+
+    def finish_build():
+        time.sleep(0.2)
+        fresh.unlink()
+
+    builder = threading.Thread(target=finish_build)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a fresh lock is a live build's under the age rule: waited for, not removed
+        builder.start()
+        with native.build_turn(tmp_path, poll_s=0.01):
+            assert not fresh.exists()
+    builder.join()
+
+
 def test_load_builds_in_its_own_named_folder_once_a_stale_lock_is_gone(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     monkeypatch.setenv("POSENC_CPU_KERNELS", "1")

@@ -118,28 +118,37 @@ def build_turn(directory: Path, poll_s: float = 0.5, notice_after_s: float = NOT
     """Within the block, this process alone of posenc's builds or loads in ``directory``: it holds the ``flock`` on
     ``directory / TURN_FILE``, waiting while another live process does (a wait past ``notice_after_s`` is warned
     once). A torch ``lock`` found once it is held was left by a process that was killed, and is removed, warned.
-    Without ``fcntl``: ``wait_for_build_lock``'s age rule."""
+    Without ``fcntl``, or on a filesystem that refuses flocks: ``wait_for_build_lock``'s age rule."""
     if fcntl is None:
         wait_for_build_lock(directory, poll_s=poll_s, notice_after_s=notice_after_s)
         yield
         return
     with open(directory / TURN_FILE, "a") as turn:  # closing it, however the block ends, frees the flock
-        started, noticed = time.monotonic(), False
-        while True:
-            try:
-                fcntl.flock(turn, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if not noticed and time.monotonic() - started >= notice_after_s:
-                    warnings.warn(f"posenc: waiting for another process to build or load {directory.name}",
-                                  stacklevel=4)
-                    noticed = True
-                time.sleep(poll_s)
-        lock = directory / "lock"
-        if lock.exists():
-            warnings.warn(f"posenc: removed a build lock left by a process that was killed: {lock}", stacklevel=4)
-            lock.unlink(missing_ok=True)
+        if _wait_for_turn(turn, directory.name, poll_s, notice_after_s):
+            lock = directory / "lock"
+            if lock.exists():
+                warnings.warn(f"posenc: removed a build lock left by a process that was killed: {lock}", stacklevel=4)
+                lock.unlink(missing_ok=True)
+        else:
+            wait_for_build_lock(directory, poll_s=poll_s, notice_after_s=notice_after_s)
         yield
+
+
+def _wait_for_turn(turn, name: str, poll_s: float, notice_after_s: float) -> bool:
+    """Hold the flock on the open file ``turn`` once no other process does: True; False where its filesystem takes
+    no flocks (some network ones)."""
+    started, noticed = time.monotonic(), False
+    while True:
+        try:
+            fcntl.flock(turn, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if not noticed and time.monotonic() - started >= notice_after_s:
+                warnings.warn(f"posenc: waiting for another process to build or load {name}", stacklevel=5)
+                noticed = True
+            time.sleep(poll_s)
+        except OSError:
+            return False
 
 
 def load(prefix: str, source: Path, what: str):
