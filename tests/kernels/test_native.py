@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -91,31 +92,57 @@ def test_no_lock_returns_at_once(tmp_path):
     assert time.monotonic() - started < 1.0
 
 
-HOLD_THE_TURN = """
-import fcntl, pathlib, sys, time
+BUILD_IN_A_TURN = """
+import pathlib, sys, time
+from posenc.kernels import native
 folder = pathlib.Path(sys.argv[1])
-turn = open(folder / "posenc.flock", "a")
-fcntl.flock(turn, fcntl.LOCK_EX)
-(folder / "lock").touch()  # as torch's build does, inside the turn
-print("building", flush=True)
-time.sleep(120)
+with native.build_turn(folder):
+    (folder / "lock").touch()  # as torch's build does, inside the turn
+    print("building", flush=True)
+    time.sleep(120)
 """
 
 
 @pytest.mark.skipif(native.fcntl is None, reason="no fcntl (Windows): the age rule alone")
 def test_a_lock_left_by_a_process_killed_in_its_turn_is_removed_at_once(tmp_path):
-    """The OS frees a killed process's flock: the next process takes the turn and knows the lock is a dead one's,
-    however fresh (the age rule alone would wait ten minutes for this one)."""
-    builder = subprocess.Popen([sys.executable, "-c", HOLD_THE_TURN, str(tmp_path)], stdout=subprocess.PIPE)
-    assert builder.stdout.readline() == b"building\n" and (tmp_path / "lock").exists()
-    builder.kill()
-    builder.wait()
-    builder.stdout.close()
+    """The OS frees a killed process's flock, and its id stays in the turn file: the next process takes the turn,
+    finds that process gone, and removes its lock however fresh (the age rule would wait ten minutes)."""
+    builder = subprocess.Popen([sys.executable, "-c", BUILD_IN_A_TURN, str(tmp_path)], stdout=subprocess.PIPE)
+    try:
+        assert builder.stdout.readline() == b"building\n" and (tmp_path / "lock").exists()
+        assert _turn_taken(tmp_path)
+    finally:
+        builder.kill()
+        builder.wait()
+        builder.stdout.close()
     started = time.monotonic()
-    with pytest.warns(UserWarning, match="^posenc: removed a build lock left by a process that was killed: "):
+    killed = f"^posenc: removed a build lock left by process {builder.pid}, which was killed: "
+    with pytest.warns(UserWarning, match=killed):
         with native.build_turn(tmp_path, poll_s=0.01):
             assert not (tmp_path / "lock").exists()
-    assert time.monotonic() - started < 60
+            assert (tmp_path / native.TURN_FILE).read_text() == f"{socket.gethostname()} {os.getpid()}"
+    assert time.monotonic() - started < 60 and (tmp_path / native.TURN_FILE).read_text() == ""
+
+
+@pytest.mark.skipif(native.fcntl is None, reason="no fcntl (Windows): the age rule alone")
+@pytest.mark.parametrize("owner", ["", f"{socket.gethostname()} {os.getpid()}", "another-host 12345"])
+def test_a_lock_of_no_killed_turn_of_this_host_is_left_to_the_age_rule(tmp_path, owner):
+    """An older posenc builds without a turn, a process of another host may share the cache, and a process still
+    running is no dead one's: their fresh lock is waited for, not removed."""
+    (tmp_path / native.TURN_FILE).write_text(owner)
+    lock = lock_aged(tmp_path, 0)
+
+    def finish_build():
+        time.sleep(0.2)
+        lock.unlink()
+
+    builder = threading.Thread(target=finish_build)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        builder.start()
+        with native.build_turn(tmp_path, poll_s=0.01):
+            assert not lock.exists()
+    builder.join()
 
 
 @pytest.mark.skipif(native.fcntl is None, reason="no fcntl (Windows): the age rule alone")
@@ -196,6 +223,18 @@ def test_a_filesystem_that_refuses_flocks_falls_back_to_the_age_rule(tmp_path, m
     builder.join()
 
 
+def test_a_turn_file_that_cannot_be_opened_falls_back_to_the_age_rule(tmp_path, monkeypatch):
+    """In a shared cache the turn file may be another user's: the kernels still build, under the age rule."""
+    def refused(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(native, "open", refused, raising=False)
+    stale = lock_aged(tmp_path, native.STALE_LOCK_S + 5)
+    with pytest.warns(UserWarning, match=r"removed a build lock 60[0-9] s old"):
+        with native.build_turn(tmp_path):
+            assert not stale.exists()
+
+
 def test_load_builds_in_its_own_named_folder_once_a_stale_lock_is_gone(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     monkeypatch.setenv("POSENC_CPU_KERNELS", "1")
@@ -209,7 +248,7 @@ def test_load_builds_in_its_own_named_folder_once_a_stale_lock_is_gone(tmp_path,
         return "built"
 
     monkeypatch.setattr("torch.utils.cpp_extension.load", fake_build)
-    with pytest.warns(UserWarning, match="removed a build lock left by a process that was killed"):
+    with pytest.warns(UserWarning, match="removed a build lock 3600 s old"):  # no turn of its: the age rule
         assert native.load(rope_cpu.PREFIX, rope_cpu.SOURCE, "RoPE's C++ CPU kernel") == "built"
     (kwargs, lock_present, turn_taken), = calls
     assert not lock_present and turn_taken in (True, None)  # built within its turn (None: no fcntl here)

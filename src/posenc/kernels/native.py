@@ -8,10 +8,10 @@ is None and its callers use the PyTorch form, warned once.
 
 A build holds a ``lock`` file in its folder; torch waits for it to go, with no limit. A process killed while it
 built or loaded (a test run interrupted in its first minute) leaves it behind, and every later process would wait
-forever. So posenc builds and loads only while holding an ``flock`` on ``posenc.flock`` beside it, which the OS
-frees when its process ends, however it ends: a ``lock`` found while holding it was left by a killed process, and is
-removed, warned, before torch looks. Where ``fcntl`` is missing (Windows), a ``lock`` older than ``STALE_LOCK_S``
-is.
+forever. So posenc builds and loads only in its turn (``build_turn``): holding an ``flock`` on ``posenc.flock``
+beside it, which the OS frees when the process ends, however it ends, with its host and process id written there
+until the turn ends. A ``lock`` found in a turn whose last holder is a process of this host that no longer runs is
+removed at once, warned, before torch looks; any other stale ``lock`` once it is ``STALE_LOCK_S`` old.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import functools
 import hashlib
 import os
 import platform
+import socket
 import sys
 import time
 import warnings
@@ -36,7 +37,7 @@ except ImportError:  # Windows
 
 CFLAGS = ("-O3", "-fopenmp", "-march=native")
 LDFLAGS = ("-fopenmp",)
-STALE_LOCK_S = 600.0  # without fcntl: a build takes 30-60 s; a lock this old belongs to a build that was killed
+STALE_LOCK_S = 600.0  # a build takes 30-60 s; a lock this old belongs to a build that was killed
 NOTICE_AFTER_S = 10.0  # a wait this long is said, in case the lock's build was killed
 TURN_FILE = "posenc.flock"
 
@@ -90,8 +91,8 @@ def build_directory(name: str) -> Path:
 
 def wait_for_build_lock(directory: Path, stale_after_s: float = STALE_LOCK_S, poll_s: float = 0.5,
                         notice_after_s: float = NOTICE_AFTER_S) -> None:
-    """Without ``fcntl``: return once ``directory`` holds no build lock: at once where there is none, when a live
-    build removes it, or after removing it (warned) once it is ``stale_after_s`` seconds old. A wait past ``notice_after_s`` is
+    """Return once ``directory`` holds no build lock: at once where there is none, when a live build removes it, or
+    after removing it (warned) once it is ``stale_after_s`` seconds old. A wait past ``notice_after_s`` is
     warned once, naming the lock: a process killed while torch loaded the build leaves one too."""
     lock = directory / "lock"
     started, noticed = time.monotonic(), False
@@ -117,21 +118,30 @@ def wait_for_build_lock(directory: Path, stale_after_s: float = STALE_LOCK_S, po
 def build_turn(directory: Path, poll_s: float = 0.5, notice_after_s: float = NOTICE_AFTER_S) -> Iterator[None]:
     """Within the block, this process alone of posenc's builds or loads in ``directory``: it holds the ``flock`` on
     ``directory / TURN_FILE``, waiting while another live process does (a wait past ``notice_after_s`` is warned
-    once). A torch ``lock`` found once it is held was left by a process that was killed, and is removed, warned.
-    Without ``fcntl``, or on a filesystem that refuses flocks: ``wait_for_build_lock``'s age rule."""
-    if fcntl is None:
-        wait_for_build_lock(directory, poll_s=poll_s, notice_after_s=notice_after_s)
-        yield
-        return
-    with open(directory / TURN_FILE, "a") as turn:  # closing it, however the block ends, frees the flock
-        if _wait_for_turn(turn, directory.name, poll_s, notice_after_s):
-            lock = directory / "lock"
-            if lock.exists():
-                warnings.warn(f"posenc: removed a build lock left by a process that was killed: {lock}", stacklevel=4)
-                lock.unlink(missing_ok=True)
+    once), and writes its host and process id there until the block ends. A torch ``lock`` found with the id of a
+    process of this host that no longer runs was left by a process killed in its turn, and is removed, warned.
+    Any other lock (an older posenc's, another host's), and every lock where no flock can be had (no ``fcntl``, a
+    filesystem that refuses flocks, another user's turn file): ``wait_for_build_lock``'s age rule."""
+    with contextlib.ExitStack() as stack:
+        turn = _opened_turn(directory, stack)
+        if turn is not None and _wait_for_turn(turn, directory.name, poll_s, notice_after_s):
+            _clear_a_killed_turn(turn, directory, poll_s, notice_after_s)
+            _record(turn, f"{socket.gethostname()} {os.getpid()}")
+            stack.callback(_record, turn, "")  # left in place only by a process killed in its turn
         else:
             wait_for_build_lock(directory, poll_s=poll_s, notice_after_s=notice_after_s)
         yield
+
+
+def _opened_turn(directory: Path, stack: contextlib.ExitStack):
+    """``directory / TURN_FILE`` open for reading and writing, closed (its flock freed) with ``stack``; None without
+    ``fcntl`` or where it cannot be opened (another user's, in a shared cache)."""
+    if fcntl is None:
+        return None
+    try:
+        return stack.enter_context(open(directory / TURN_FILE, "a+"))
+    except OSError:
+        return None
 
 
 def _wait_for_turn(turn, name: str, poll_s: float, notice_after_s: float) -> bool:
@@ -149,6 +159,38 @@ def _wait_for_turn(turn, name: str, poll_s: float, notice_after_s: float) -> boo
             time.sleep(poll_s)
         except OSError:
             return False
+
+
+def _clear_a_killed_turn(turn, directory: Path, poll_s: float, notice_after_s: float) -> None:
+    """Remove torch's lock where the last turn's process, of this host, no longer runs; else the age rule."""
+    lock = directory / "lock"
+    if not lock.exists():
+        return
+    turn.seek(0)
+    owner = turn.read().split()
+    if len(owner) == 2 and owner[0] == socket.gethostname() and owner[1].isdigit() and not _runs(int(owner[1])):
+        warnings.warn(f"posenc: removed a build lock left by process {owner[1]}, which was killed: {lock}",
+                      stacklevel=5)
+        lock.unlink(missing_ok=True)
+    else:
+        wait_for_build_lock(directory, poll_s=poll_s, notice_after_s=notice_after_s)
+
+
+def _runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _record(turn, text: str) -> None:
+    turn.seek(0)
+    turn.truncate()
+    turn.write(text)
+    turn.flush()
 
 
 def load(prefix: str, source: Path, what: str):
