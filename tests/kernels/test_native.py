@@ -73,6 +73,7 @@ def test_a_long_wait_is_said_once_naming_the_lock_and_how_to_end_it(tmp_path):
         deadline = time.monotonic() + 30
         while not said and time.monotonic() < deadline:
             time.sleep(0.01)
+        time.sleep(0.2)  # twenty more polls: a notice said at each would show
         lock.unlink()
 
     with warnings.catch_warnings(record=True) as said:
@@ -104,7 +105,7 @@ with native.build_turn(folder):
 
 
 @pytest.mark.skipif(native.fcntl is None, reason="no fcntl (Windows): the age rule alone")
-def test_a_lock_left_by_a_process_killed_in_its_turn_is_removed_at_once(tmp_path):
+def test_a_lock_left_by_a_process_killed_in_its_turn_is_removed_at_once(tmp_path, monkeypatch):
     """The OS frees a killed process's flock, and its id stays in the turn file: the next process takes the turn,
     finds that process gone, and removes its lock however fresh (the age rule would wait ten minutes)."""
     builder = subprocess.Popen([sys.executable, "-c", BUILD_IN_A_TURN, str(tmp_path)], stdout=subprocess.PIPE)
@@ -122,6 +123,13 @@ def test_a_lock_left_by_a_process_killed_in_its_turn_is_removed_at_once(tmp_path
             assert not (tmp_path / "lock").exists()
             assert (tmp_path / native.TURN_FILE).read_text() == f"{socket.gethostname()} {os.getpid()}"
     assert time.monotonic() - started < 60 and (tmp_path / native.TURN_FILE).read_text() == ""
+    assert not native._runs(builder.pid) and native._runs(os.getpid())
+
+    def another_users(pid, signal):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(native.os, "kill", another_users)
+    assert native._runs(builder.pid)  # a process of another user's runs: its lock is not a dead one's
 
 
 @pytest.mark.skipif(native.fcntl is None, reason="no fcntl (Windows): the age rule alone")
@@ -181,6 +189,7 @@ def test_a_long_wait_for_the_turn_is_said_once(tmp_path):
         deadline = time.monotonic() + 30
         while not said and time.monotonic() < deadline:
             time.sleep(0.01)
+        time.sleep(0.2)  # twenty more polls: a notice said at each would show
         other.close()
 
     with warnings.catch_warnings(record=True) as said:
@@ -209,6 +218,7 @@ def test_a_filesystem_that_refuses_flocks_falls_back_to_the_age_rule(tmp_path, m
         raise OSError(37, "No locks available")
 
     monkeypatch.setattr(native.fcntl, "flock", refused)
+    (tmp_path / native.TURN_FILE).write_text("")
     fresh = lock_aged(tmp_path, 0)
 
     def finish_build():
@@ -221,6 +231,7 @@ def test_a_filesystem_that_refuses_flocks_falls_back_to_the_age_rule(tmp_path, m
         builder.start()
         with native.build_turn(tmp_path, poll_s=0.01):
             assert not fresh.exists()
+            assert (tmp_path / native.TURN_FILE).read_text() == ""  # no turn held: no process recorded as in it
     builder.join()
 
 
