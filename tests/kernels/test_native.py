@@ -28,6 +28,45 @@ def _turn_taken(directory: Path) -> bool | None:
         return False
 
 
+def turn_beside_a_live_build(directory: Path, inside=lambda: None) -> None:
+    """Take ``directory``'s build turn while a live build's fresh lock is there, which that build removes 0.2 s
+    later: nothing may be removed or said, and the lock is gone within the turn, where ``inside()`` runs too."""
+    lock = lock_aged(directory, 0)
+
+    def finish_build():
+        time.sleep(0.2)
+        lock.unlink()
+
+    builder = threading.Thread(target=finish_build)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        builder.start()
+        with native.build_turn(directory, poll_s=0.01):
+            assert not lock.exists()
+            inside()
+    builder.join()
+
+
+def notices_while(wait, release) -> list[str]:
+    """The warnings ``wait()`` gives while another process's work goes on, which ``release()`` ends once the first
+    warning is said (however slow the machine) and twenty more polls of 0.01 s have passed (a notice said at each
+    would show)."""
+    def finish_once_said(said):
+        deadline = time.monotonic() + 30
+        while not said and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        release()
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        other = threading.Thread(target=finish_once_said, args=(said,))
+        other.start()
+        wait()
+    other.join()
+    return [str(w.message) for w in said]
+
+
 def lock_aged(directory: Path, age_s: float) -> Path:
     lock = directory / "lock"
     lock.touch()
@@ -68,21 +107,8 @@ def test_a_long_wait_is_said_once_naming_the_lock_and_how_to_end_it(tmp_path):
     """A process killed while torch loaded a finished build leaves a lock as fresh as a live build's: a wait past
     the notice says so, once, rather than hang silently for up to ten minutes."""
     lock = lock_aged(tmp_path, 0)
-
-    def finish_build_once_said(said):  # however slow the machine, the wait lasts until the notice
-        deadline = time.monotonic() + 30
-        while not said and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.2)  # twenty more polls: a notice said at each would show
-        lock.unlink()
-
-    with warnings.catch_warnings(record=True) as said:
-        warnings.simplefilter("always")
-        builder = threading.Thread(target=finish_build_once_said, args=(said,))
-        builder.start()
-        native.wait_for_build_lock(tmp_path, poll_s=0.01, notice_after_s=0.05)
-    builder.join()
-    assert [str(w.message) for w in said] == [
+    said = notices_while(lambda: native.wait_for_build_lock(tmp_path, poll_s=0.01, notice_after_s=0.05), lock.unlink)
+    assert said == [
         f"posenc: waiting for another process's build to remove {lock}; if no other process is building (one was "
         f"killed), delete the lock, or it is removed once {native.STALE_LOCK_S:.0f} s old"]
 
@@ -139,19 +165,7 @@ def test_a_lock_of_no_killed_turn_of_this_host_is_left_to_the_age_rule(tmp_path,
     running is no dead one's: their fresh lock is waited for, not removed."""
     recorded = {"none": "", "this process": f"{socket.gethostname()} {os.getpid()}", "another host": "elsewhere 12345"}
     (tmp_path / native.TURN_FILE).write_text(recorded[owner])
-    lock = lock_aged(tmp_path, 0)
-
-    def finish_build():
-        time.sleep(0.2)
-        lock.unlink()
-
-    builder = threading.Thread(target=finish_build)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        builder.start()
-        with native.build_turn(tmp_path, poll_s=0.01):
-            assert not lock.exists()
-    builder.join()
+    turn_beside_a_live_build(tmp_path)
 
 
 @pytest.mark.skipif(native.fcntl is None, reason="no fcntl (Windows): the age rule alone")
@@ -185,21 +199,12 @@ def test_a_long_wait_for_the_turn_is_said_once(tmp_path):
     other = open(tmp_path / native.TURN_FILE, "a")
     native.fcntl.flock(other, native.fcntl.LOCK_EX)
 
-    def end_turn_once_said(said):  # however slow the machine, the other turn lasts until the notice
-        deadline = time.monotonic() + 30
-        while not said and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.2)  # twenty more polls: a notice said at each would show
-        other.close()
-
-    with warnings.catch_warnings(record=True) as said:
-        warnings.simplefilter("always")
-        builder = threading.Thread(target=end_turn_once_said, args=(said,))
-        builder.start()
+    def take_the_turn():
         with native.build_turn(tmp_path, poll_s=0.01, notice_after_s=0.05):
             pass
-    builder.join()
-    assert [str(w.message) for w in said] == [f"posenc: waiting for another process to build or load {tmp_path.name}"]
+
+    said = notices_while(take_the_turn, other.close)
+    assert said == [f"posenc: waiting for another process to build or load {tmp_path.name}"]
 
 
 def test_without_fcntl_the_turn_is_the_age_rule(tmp_path, monkeypatch):
@@ -219,20 +224,11 @@ def test_a_filesystem_that_refuses_flocks_falls_back_to_the_age_rule(tmp_path, m
 
     monkeypatch.setattr(native.fcntl, "flock", refused)
     (tmp_path / native.TURN_FILE).write_text("")
-    fresh = lock_aged(tmp_path, 0)
 
-    def finish_build():
-        time.sleep(0.2)
-        fresh.unlink()
+    def no_one_recorded():  # no turn held: no process recorded as in it
+        assert (tmp_path / native.TURN_FILE).read_text() == ""
 
-    builder = threading.Thread(target=finish_build)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a fresh lock is a live build's under the age rule: waited for, not removed
-        builder.start()
-        with native.build_turn(tmp_path, poll_s=0.01):
-            assert not fresh.exists()
-            assert (tmp_path / native.TURN_FILE).read_text() == ""  # no turn held: no process recorded as in it
-    builder.join()
+    turn_beside_a_live_build(tmp_path, inside=no_one_recorded)
 
 
 def test_a_turn_file_that_cannot_be_opened_falls_back_to_the_age_rule(tmp_path, monkeypatch):
