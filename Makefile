@@ -51,7 +51,7 @@ hand-mutants: $(VENV)/.installed-test
 # Hand-made wrong versions of the Triton kernels (tests/kernel_mutants.py), which mutmut cannot mutate: each must fail
 # its kernel's interpreter tests. Not part of CI; about 22 minutes on 2 cores.
 kernel-mutants: $(VENV)/.installed-test
-	$(VENV)/bin/python -m tests.kernel_mutants
+	$(VENV)/bin/python -m tests.kernel_mutants $(KERNELS)
 
 # Every Triton program compiled for an H100/H200 (sm_90) by the Triton a lent GPU has (GPU_TRITON), without a GPU:
 # the suite compiles with its own Triton, which accepted CoPE's kernels where 3.6 failed. Prints each launch's

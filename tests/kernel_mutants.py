@@ -7,7 +7,7 @@ FIRE): the interpreter tests are all that would notice a wrong number. So these 
 about: a relative shift one off, a window half dropped, a gradient summed in the wrong direction or over the wrong
 heads, a count clamped one row early, a scale left out. ``make kernel-mutants`` applies each to a copy of ``src/``
 and runs its kernel's test file against it (stopping at the first failure); it prints each mutant's fate and exits 1
-if any survived. About 22 minutes on 2 cores.
+if any survived. About 40 minutes on 2 cores; ``make kernel-mutants KERNELS="rope sticks"`` runs some.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ TERMS, TILES, TILES_RULES = ("posenc/kernels/tiles_terms.py", "posenc/kernels/ti
                              "posenc/kernels/tiles_triton.py")
 TILES_TESTS = "tests/kernels/test_tiles_triton.py"
 COLUMNS_TESTS = "tests/kernels/test_value_columns.py"
+ROPE, ROPE_TESTS = "posenc/kernels/rope_triton.py", "tests/kernels/test_rope_triton.py"
 
 # (what goes wrong, file under src/, the text, its wrong version, the test file that must fail)
 MUTANTS = [
@@ -181,12 +182,51 @@ MUTANTS = [
     ("columns: blocks stacked head-major", TILES_RULES,
      "torch.cat([block.transpose(1, 2) for block in blocks], -1).transpose(1, 2)", "torch.cat(blocks, -1)",
      COLUMNS_TESTS),
+    # RoPE on q and k, out of place and in place
+    ("rope: the backward rotates forward", ROPE,
+     "_rotated(grad_q, grad_k, ctx.saved_tensors, ctx.layout, -1.0", "_rotated(grad_q, grad_k, ctx.saved_tensors, "
+     "ctx.layout, 1.0", ROPE_TESTS),
+    ("rope: the in-place record's backward rotates forward", ROPE, "(cos, sin, cos, sin), ctx.layout, -1.0",
+     "(cos, sin, cos, sin), ctx.layout, 1.0", ROPE_TESTS),
+    ("rope: keys rotated at the queries' positions", ROPE,
+     "k_cos + b * kc_sb + t * kc_st, k_sin + b * kc_sb + t * kc_st",
+     "q_cos + b * qc_sb + t * qc_st, q_sin + b * qc_sb + t * qc_st", ROPE_TESTS),
+    ("rope: every batch row reads the first row's positions", ROPE,
+     "return 0 if table.shape[0] == 1 else table.stride(0)", "return 0", ROPE_TESTS),
+    ("rope: the last head group writes past the last head", ROPE, "rows = t < tl.where(head < heads, length, 0)",
+     "rows = t < length", ROPE_TESTS),
+    ("rope: the last, partial tile of positions dropped", ROPE,
+     "grid = (triton.cdiv(max(q_len, k_len), block_t) * batch", "grid = (max(q_len, k_len) // block_t * batch",
+     ROPE_TESTS),
+    ("rope: partial rotary's other channels not copied out of place", ROPE,
+     "BLOCK_REST=0 if in_place or head_dim == 2 * pairs", "BLOCK_REST=0 if True", ROPE_TESTS),
+    ("rope: the other channels start one past the pairs", ROPE, "rest = 2 * PAIRS + tl.arange",
+     "rest = 2 * PAIRS + 1 + tl.arange", ROPE_TESTS),
+    ("rope: an interleaved pair's members swapped", ROPE, "x1, x2 = tl.split(", "x2, x1 = tl.split(", ROPE_TESTS),
+    ("rope: the half layout's second half read from the first", ROPE, "x2 = tl.load(x_src + PAIRS + pair",
+     "x2 = tl.load(x_src + pair", ROPE_TESTS),
+    ("rope: one tensor with a strided last dim rotated in place as if contiguous", ROPE,
+     "if q.stride(-1) == 1 and k.stride(-1) == 1:", "if q.stride(-1) == 1 or k.stride(-1) == 1:", ROPE_TESTS),
+    ("rope: a head group starts at its number, not its first head", ROPE,
+     "length, heads, first = q_len, q_heads, group * HEADS", "length, heads, first = q_len, q_heads, group",
+     ROPE_TESTS),
+    ("rope: the key head count read from q", ROPE, "k_heads, k_len = k.shape[1], k.shape[2]",
+     "k_heads, k_len = q.shape[1], k.shape[2]", ROPE_TESTS),
+    ("rope: keys rotated over the queries' length", ROPE, "length, heads, first = k_len, k_heads",
+     "length, heads, first = q_len, k_heads", ROPE_TESTS),
+    ("rope: the grid's programs split by the queries' length alone", ROPE,
+     "program_tile(tl.maximum(q_len, k_len), all_groups, BLOCK_T)", "program_tile(q_len, all_groups, BLOCK_T)",
+     ROPE_TESTS),
 ]
 
 
-def main() -> int:
-    return hand_mutants.run(MUTANTS, lambda mutant: [mutant[4]])
+def main(kernels: list[str]) -> int:
+    """Runs the mutants of the named kernels (the word before a mutant's colon: ``rope``, ``tiles``, ...), or all."""
+    chosen = [m for m in MUTANTS if not kernels or m[0].split(":")[0] in kernels]
+    if not chosen:
+        raise SystemExit(f"no mutants of {kernels}; kernels: {sorted({m[0].split(':')[0] for m in MUTANTS})}")
+    return hand_mutants.run(chosen, lambda mutant: [mutant[4]])
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

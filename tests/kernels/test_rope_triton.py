@@ -61,7 +61,8 @@ IN_PLACE = textwrap.dedent(
 
 
     def shape(case, head_dim):
-        return {"model": (2, 5, 3, 4, head_dim), "cache": (2, 6, 7, head_dim), "columns": (2, 4, 6, 2 * head_dim)}[case]
+        return {"model": (2, 5, 3, 4, head_dim), "cache": (2, 6, 7, head_dim), "columns": (2, 4, 6, 2 * head_dim),
+                "mixed": (2, 4, 6, 3 * head_dim)}[case]
 
 
     def views(case, base):
@@ -71,6 +72,8 @@ IN_PLACE = textwrap.dedent(
             return qkv[0], qkv[1]
         if case == "cache":  # 3 queries and a cache of 7 keys at other positions, 2 key heads
             return base[:, :4, :3], base[:, 4:]
+        if case == "mixed":  # q's rows contiguous, k's channels strided: both rotated through copies
+            return base[:, :, :3, :head_dim], base[:, :2, :, head_dim::2]
         return base[:, :, :3, ::2], base[:, :2, :, 1::2]  # "columns": strided last dim, rotated through a copy
 
 
@@ -80,7 +83,8 @@ IN_PLACE = textwrap.dedent(
             inv_freq = 10000.0 ** (-torch.arange(pairs, dtype=torch.float64) / pairs)
             for dtype, tolerance in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2), (torch.float64, 1e-12)):
                 compute = torch.float64 if dtype == torch.float64 else torch.float32
-                for case, tiling in (("model", SMALL), ("model", Tiling()), ("cache", SMALL), ("columns", SMALL)):
+                for case, tiling in (("model", SMALL), ("model", Tiling()), ("cache", SMALL), ("columns", SMALL),
+                                     ("mixed", SMALL)):
                     leaf = torch.randn(shape(case, head_dim), dtype=torch.float64).to(dtype).requires_grad_()
                     base = leaf.clone()  # not a leaf, so it may be rotated in place
                     q, k = views(case, base)
@@ -131,7 +135,7 @@ def test_triton_kernel_equals_the_reference_in_the_interpreter():
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 def test_in_place_triton_kernel_rotates_its_inputs_as_the_reference_in_the_interpreter():
-    """``rope_qk_triton_`` on q and k views (the model's qkv slices, a KV cache, strided columns): the values of
-    ``rotate_pairs`` written into the inputs' own storage, and gradients equal to the reference's and to the
-    out-of-place kernel's, in float32, bfloat16 and float64, full and partial rotary, both layouts."""
-    assert "cases 48" in run_interpreted(IN_PLACE)
+    """``rope_qk_triton_`` on q and k views (the model's qkv slices, a KV cache, strided columns, one of each): the
+    values of ``rotate_pairs`` written into the inputs' own storage, and gradients equal to the reference's and to
+    the out-of-place kernel's, in float32, bfloat16 and float64, full and partial rotary, both layouts."""
+    assert "cases 60" in run_interpreted(IN_PLACE)
