@@ -218,9 +218,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _commands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+
+def command_rows() -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of docs/README.md's table of commands: each command and its line in ``posenc --help``."""
+    return ["command", "what it does"], [[f"`posenc {a.dest}`", a.help] for a in
+                                         _commands(build_parser())._choices_actions]
+
+
 def _unknown_flags(parser: argparse.ArgumentParser, command: str, unknown: list[str]) -> None:
     """Exit as argparse does on arguments no flag of ``command`` takes, naming the commands whose flags they are."""
-    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    subparsers = _commands(parser)
     flags = {arg.split("=", 1)[0] for arg in unknown if arg.startswith("--")}
     owners = [name for name, sub in subparsers.choices.items() if name != command
               and flags and flags <= {o for action in sub._actions for o in action.option_strings}]

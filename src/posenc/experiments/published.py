@@ -9,9 +9,10 @@ A generated region sits between two comments in a Markdown file, naming the tabl
 
 ``posenc report`` rewrites every such region from its file; ``posenc report --check`` lists the files whose
 tables differ from what their results files give (a test runs it over the README and docs), so a number in the
-docs is never copied by hand and never drifts from the run it quotes. A table of the library itself (``LIBRARY_TABLES``:
-the encodings' registry) names ``posenc`` as its source. The machines' pages under benchmarks/ hold
-regions of the same form, written by ``bench.page``, which ``posenc report`` passes in as the ``render`` here.
+docs is never copied by hand and never drifts from the run it quotes. A table of the library itself
+(``LIBRARY_TABLES``: the encodings' registry, the commands' help lines) names ``posenc`` as its source. The machines'
+pages under benchmarks/ hold regions of the same form, written by ``bench.page``, which ``posenc report`` passes in
+as the ``render`` here.
 """
 
 from __future__ import annotations
@@ -73,7 +74,14 @@ TEXTS: dict[str, Callable[[dict], list[str]]] = {
 
 
 #: tables of the library itself, not of a run; their regions name ``LIBRARY`` as the source
-LIBRARY_TABLES: dict[str, Callable[[], tuple[list[str], list[list[str]]]]] = {"encodings": registry.docs_rows}
+def _command_rows() -> tuple[list[str], list[list[str]]]:
+    from ..cli import command_rows  # the command line imports the experiments, this module among them
+
+    return command_rows()
+
+
+LIBRARY_TABLES: dict[str, Callable[[], tuple[list[str], list[list[str]]]]] = {"encodings": registry.docs_rows,
+                                                                               "commands": _command_rows}
 LIBRARY = "posenc"
 
 
