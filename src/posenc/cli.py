@@ -105,8 +105,9 @@ _DTYPES = ("float32", "bfloat16", "float64")
 
 
 def _add_device_dtype_json(p) -> None:
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--dtype", default="float32", choices=sorted(_DTYPES))
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to run (default: cpu)")
+    p.add_argument("--dtype", default="float32", choices=sorted(_DTYPES),
+                   help="the dtype the checks or timed calls run in (default: float32)")
     p.add_argument("--json", type=Path, help="also write every row to this JSON file")
 
 
