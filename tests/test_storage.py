@@ -131,3 +131,17 @@ def test_a_json_file_cut_short_is_named_in_one_line(tmp_path):
     path.write_text('{"steps": 1')
     with pytest.raises(ValueError, match=r"config.json is not valid JSON \(.*\): it was cut short or edited by hand$"):
         storage.read_json(path)
+
+
+def test_an_output_files_folder_is_made_before_the_work_or_refused_naming_the_flag(tmp_path):
+    storage.writable("--json", None)  # no file asked for: nothing to do
+    storage.writable("--json", tmp_path / "new" / "deeper" / "rows.json")
+    assert (tmp_path / "new" / "deeper").is_dir() and not (tmp_path / "new" / "deeper" / "rows.json").exists()
+    (tmp_path / "notes").write_text("a file")
+    for target in (tmp_path / "notes" / "rows.json", tmp_path / "notes" / "sub" / "rows.json"):
+        with pytest.raises(ValueError) as refusal:
+            storage.writable("--json", target)
+        assert str(refusal.value) == f"--json: cannot write {target}: {tmp_path / 'notes'} is not a folder"
+    with pytest.raises(ValueError) as refusal:
+        storage.writable("--markdown", tmp_path / "new")
+    assert str(refusal.value) == f"--markdown: {tmp_path / 'new'} is a folder; name a file in it"

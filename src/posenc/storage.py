@@ -38,6 +38,24 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
     return path
 
 
+def writable(flag: str, path: str | os.PathLike | None) -> None:
+    """The folder of the output file ``flag`` names, made now, before the work whose results it will hold: a
+    ValueError naming the flag where the file cannot be written there (a file in the way, no permission) or where
+    ``path`` is a folder."""
+    if path is None:
+        return
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{flag}: {path} is a folder; name a file in it")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next((p for p in (path.parent, *path.parent.parents) if p.exists() and not p.is_dir()), path.parent)
+        raise ValueError(f"{flag}: cannot write {path}: {blocker} is not a folder") from None
+    except OSError as error:
+        raise ValueError(f"{flag}: cannot write {path} ({error.strerror or error})") from None
+
+
 def write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write(path, lambda temp: Path(temp).write_text(text))
 

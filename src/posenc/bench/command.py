@@ -124,7 +124,7 @@ def run(args) -> int:
     if args.long_json:
         _merged_long_rows(args.long_json, [], args.long_shapes)  # a file of something else fails before any work
     for flag, path in (("--json", args.json), ("--markdown", args.markdown), ("--long-json", args.long_json)):
-        _make_output_folder(flag, path)
+        storage.writable(flag, path)
     encodings = chosen_encodings(args.encodings)
     timed, trained, attended = (tuple(n for n in encodings if n in names)
                                 for names in (attention.timed_encodings(), one_axis(), long_context.timed_encodings()))
@@ -176,17 +176,3 @@ def _merged_long_rows(path: Path, rows: list[dict], shapes) -> list[dict]:
         raise ValueError(f"--long-json {path} holds something other than long-table rows; name another file")
     timed = {tuple(shape) for shape in shapes}
     return [row for row in kept if (row["B"], row["H"], row["T"], row["Dh"]) not in timed] + rows
-
-
-def _make_output_folder(flag: str, path: Path | None) -> None:
-    """The folder of an output file, made now: one line naming the flag where it cannot be, before any timing."""
-    if path is None:
-        return
-    folder = Path(path).parent
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), folder)
-        raise ValueError(f"{flag}: cannot write {path}: {blocker} is not a folder") from None
-    except OSError as error:
-        raise ValueError(f"{flag}: cannot write {path} ({error.strerror or error})") from None
