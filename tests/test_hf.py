@@ -408,6 +408,9 @@ def test_the_export_refuses_a_foreign_folder_and_quantized_weights(tmp_path):
     with pytest.raises(ValueError, match="exists and was not written by posenc.hf.export"):
         hf.export(family_tiny("llama"), {"rope_type": "linear", "factor": 2.0}, foreign)
     assert (foreign / "notes.txt").read_text() == "keep"
+    with pytest.raises(ValueError, match=f"^export folder: cannot write {foreign}/notes.txt/model: {foreign}/notes"
+                                         r"\.txt is not a folder$"):
+        hf.export(family_tiny("llama"), {"rope_type": "linear", "factor": 2.0}, foreign / "notes.txt" / "model")
     hf.check_export_folder(tmp_path / "empty")  # a missing folder is fine, and so is an empty one
     (tmp_path / "empty").mkdir()
     hf.check_export_folder(tmp_path / "empty")

@@ -155,10 +155,12 @@ def _add_plot(commands) -> None:
 
 
 def _run_plot(args) -> int:
+    from . import storage
     from .experiments.extrapolate import attention_window, trained_models
     from .figures.plot import write_figures
 
     models, window = (trained_models(args.ckpt), attention_window(args.ckpt)) if args.ckpt else (None, None)
+    storage.output_folder("--out", args.out)
     for path in write_figures(args.out, models, window):
         print(path)
     return 0

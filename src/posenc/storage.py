@@ -47,13 +47,28 @@ def writable(flag: str, path: str | os.PathLike | None) -> None:
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{flag}: {path} is a folder; name a file in it")
+    output_folder(flag, path.parent, path)
+
+
+def output_folder(flag: str, folder: str | os.PathLike, wanted: str | os.PathLike | None = None) -> Path:
+    """``folder`` (that ``flag`` names, or that holds the file ``wanted``), made if missing: a ValueError naming the
+    flag where it cannot be."""
+    folder = check_folder(flag, folder, wanted)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        blocker = next((p for p in (path.parent, *path.parent.parents) if p.exists() and not p.is_dir()), path.parent)
-        raise ValueError(f"{flag}: cannot write {path}: {blocker} is not a folder") from None
+        folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise ValueError(f"{flag}: cannot write {path} ({error.strerror or error})") from None
+        raise ValueError(f"{flag}: cannot write {wanted or folder} ({error.strerror or error})") from None
+    return folder
+
+
+def check_folder(flag: str, folder: str | os.PathLike, wanted: str | os.PathLike | None = None) -> Path:
+    """``folder``, unmade: a ValueError naming ``flag`` where a file stands at it or at one of its parents, so that a
+    run refuses it before any work rather than when it first writes."""
+    folder = Path(folder)
+    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise ValueError(f"{flag}: cannot write {wanted or folder}: {blocker} is not a folder")
+    return folder
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:

@@ -9,6 +9,8 @@ import math
 import time
 from pathlib import Path
 
+from .. import storage
+
 
 def comma_ints(text: str) -> tuple[int, ...]:
     """"1,2,4" -> (1, 2, 4)."""
@@ -69,6 +71,8 @@ def run_folder(args: argparse.Namespace) -> Path:
     """--out, or runs/<the command's name for a new run>; --resume needs --out."""
     if args.resume and args.out is None:
         raise ValueError("--resume needs --out: the run directory to continue")
+    if args.out is not None:
+        storage.check_folder("--out", args.out)
     return args.out or Path("runs") / time.strftime(args.run_folder.format_map(vars(args)), time.localtime())
 
 

@@ -407,6 +407,12 @@ def test_export_refuses_a_folder_it_did_not_write_before_any_work(tmp_path, caps
                  "--export", str(tmp_path / "mine")]) == 2
     assert "exists and was not written by posenc.hf.export" in capsys.readouterr().err
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me" and not (tmp_path / "o").exists()
+    for export in (tmp_path / "mine" / "notes.txt", tmp_path / "mine" / "notes.txt" / "model"):  # through a file
+        assert main(["pretrained", "tiny", "--preset", "smoke", "--out", str(tmp_path / "o"),
+                     "--export", str(export)]) == 2
+        assert capsys.readouterr().err == (f"posenc pretrained: error: --export: cannot write {export}: "
+                                           f"{tmp_path / 'mine' / 'notes.txt'} is not a folder\n")
+    assert not (tmp_path / "o").exists()
 
 
 def test_sigkill_then_resume_equals_the_uninterrupted_run(smoke, tmp_path):
