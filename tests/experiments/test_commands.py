@@ -16,11 +16,11 @@ from posenc.experiments.pretrained.config import HF_PRESETS
 from posenc.experiments.tasks import command as task
 from posenc.experiments.tasks.config import PRESETS as TASK_PRESETS
 
-PARSER = build_parser()
 
 
 def _parsed(*argv: str):
-    return PARSER.parse_args(list(argv))
+    """argv read by a parser built now (one built at import would miss what a test changes in the commands)."""
+    return build_parser().parse_args(list(argv))
 
 
 @pytest.mark.parametrize("argv, folder, shown", [
@@ -34,7 +34,7 @@ def test_a_new_run_without_out_gets_a_dated_folder_under_runs_as_the_help_says(a
     path = run_folder(_parsed(*argv))
     assert path.parent == Path("runs") and re.fullmatch(folder, path.name), path
     assert before in path.name or time.strftime("%Y%m%d-%H%M") in path.name  # today's date, this minute
-    out = next(a for a in PARSER._subparsers._group_actions[0].choices[argv[0]]._actions if a.dest == "out")
+    out = next(a for a in build_parser()._subparsers._group_actions[0].choices[argv[0]]._actions if a.dest == "out")
     assert out.help == f"run directory (default: runs/{shown})"
 
 
@@ -127,3 +127,21 @@ def test_sweeping_seeds_are_taken_with_a_grid_of_rates(command):
     config = config_of(_parsed(*command, "--preset", "smoke", "--seeds", "3", "--lrs", "1e-3,3e-3",
                                "--lr-sweep-seeds", "2"))
     assert (config.lrs, config.lr_sweep_seeds, config.sweep_seeds) == ((1e-3, 3e-3), 2, range(0, 2))
+
+
+def test_extends_run_has_a_second_spelling_for_torchrun():
+    for flag in ("--run", "--run-dir"):
+        assert _parsed("extend", flag, "runs/r").run_dir == Path("runs/r")
+
+
+def test_the_encodings_help_lists_the_rows():
+    from posenc.experiments.extrapolate import DEFAULT_ROWS, all_rows
+    from posenc.experiments.tasks.config import task_rows
+
+    def help_of(command: str) -> str:
+        subcommand = build_parser()._subparsers._group_actions[0].choices[command]
+        return next(a for a in subcommand._actions if a.dest == "encodings").help
+
+    assert help_of("extrapolate") == (f"'all', 'default' ({', '.join(DEFAULT_ROWS)}) or a comma list of: "
+                                      f"{', '.join(all_rows())}")
+    assert help_of("task").endswith(f"or 'all' (default: {', '.join(task_rows())})")
