@@ -145,3 +145,38 @@ def test_the_encodings_help_lists_the_rows():
     assert help_of("extrapolate") == (f"'all', 'default' ({', '.join(DEFAULT_ROWS)}) or a comma list of: "
                                       f"{', '.join(all_rows())}")
     assert help_of("task").endswith(f"or 'all' (default: {', '.join(task_rows())})")
+
+
+COMMANDS = {"extrapolate": ["extrapolate"], "task": ["task", "copy"], "extend": ["extend"],
+            "pretrained": ["pretrained", "tiny"]}
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_without_a_preset_a_run_takes_the_default(name):
+    from posenc.experiments.extrapolate import command as extrapolate
+
+    config_of = {"extrapolate": extrapolate.config_of, "task": task.config_of, "extend": extend.config_of,
+                 "pretrained": pretrained.config_of}[name]
+    assert config_of(_parsed(*COMMANDS[name])).preset == "default"
+
+
+@pytest.mark.parametrize("argv", [
+    [*command, "--preset", "huge"] for command in COMMANDS.values()] + [
+    ["task", "sort"], ["extend", "--device", "tpu"], ["pretrained", "--device", "tpu"]],
+    ids=[f"{name} --preset" for name in COMMANDS] + ["task", "extend --device", "pretrained --device"])
+def test_a_value_outside_the_choices_is_an_argument_error(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        _parsed(*argv)
+    assert exit_.value.code == 2 and f"invalid choice: {argv[-1]}" in capsys.readouterr().err.replace("'", "")
+
+
+@pytest.mark.parametrize("command", [["extend"], ["pretrained"]], ids=["extend", "pretrained"])
+def test_each_device_is_a_choice(command):
+    for device in ("auto", "cpu", "cuda"):
+        assert _parsed(*command, "--device", device).device == device
+
+
+def test_pretrained_refuses_a_corpus_beside_a_text():
+    with pytest.raises(ValueError) as refusal:
+        pretrained.config_of(_parsed("pretrained", "tiny", "--corpus", "stdlib", "--text", "t.txt"))
+    assert str(refusal.value) == "--corpus and --text both name the documents: pass one"
