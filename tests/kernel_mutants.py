@@ -7,7 +7,7 @@ FIRE): the interpreter tests are all that would notice a wrong number. So these 
 about: a relative shift one off, a window half dropped, a gradient summed in the wrong direction or over the wrong
 heads, a count clamped one row early, a scale left out. ``make kernel-mutants`` applies each to a copy of ``src/``
 and runs its kernel's test file against it (stopping at the first failure); it prints each mutant's fate and exits 1
-if any survived. About 40 minutes on 2 cores; ``make kernel-mutants KERNELS="rope sticks"`` runs some.
+if any survived. About 30 minutes on 2 cores; ``make kernel-mutants KERNELS="rope sticks"`` runs some.
 """
 
 from __future__ import annotations
