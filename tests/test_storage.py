@@ -145,3 +145,13 @@ def test_an_output_files_folder_is_made_before_the_work_or_refused_naming_the_fl
     with pytest.raises(ValueError) as refusal:
         storage.writable("--markdown", tmp_path / "new")
     assert str(refusal.value) == f"--markdown: {tmp_path / 'new'} is a folder; name a file in it"
+
+
+def test_a_folder_the_user_may_not_make_is_refused_naming_the_flag_and_why(tmp_path, monkeypatch):
+    def refused(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "mkdir", refused)  # as a user without write access to tmp_path sees it
+    with pytest.raises(ValueError) as refusal:
+        storage.writable("--json", tmp_path / "new" / "rows.json")
+    assert str(refusal.value) == f"--json: cannot write {tmp_path / 'new' / 'rows.json'} (Permission denied)"

@@ -73,13 +73,13 @@ TEXTS: dict[str, Callable[[dict], list[str]]] = {
 }
 
 
-#: tables of the library itself, not of a run; their regions name ``LIBRARY`` as the source
 def _command_rows() -> tuple[list[str], list[list[str]]]:
     from ..cli import command_rows  # the command line imports the experiments, this module among them
 
     return command_rows()
 
 
+#: tables of the library itself, not of a run; their regions name ``LIBRARY`` as the source
 LIBRARY_TABLES: dict[str, Callable[[], tuple[list[str], list[list[str]]]]] = {"encodings": registry.docs_rows,
                                                                                "commands": _command_rows}
 LIBRARY = "posenc"
