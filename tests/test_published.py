@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from posenc.cli import main
+from posenc.cli import main, render_region
 from posenc.experiments import published
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,7 +18,7 @@ RESULTS = ROOT / "docs" / "results" / "smollm2-1.5x-default.json"
 def test_every_documented_table_equals_its_results_file():
     files = published.documented(ROOT)
     assert ROOT / "README.md" in files and ROOT / "docs" / "pretrained.md" in files
-    assert published.stale(files) == []
+    assert published.stale(files, render_region) == []  # as posenc report renders them
     regions = {p.relative_to(ROOT).as_posix(): len(published.BEGIN.findall(p.read_text())) for p in files}
     assert regions["README.md"] >= 1 and regions["docs/results.md"] == 4
     # each results page shows the current protocol; the earlier ones' tables stay generated in docs/history/

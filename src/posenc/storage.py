@@ -62,10 +62,10 @@ def output_folder(flag: str, folder: str | os.PathLike, wanted: str | os.PathLik
 
 
 def check_folder(flag: str, folder: str | os.PathLike, wanted: str | os.PathLike | None = None) -> Path:
-    """``folder``, unmade: a ValueError naming ``flag`` where a file stands at it or at one of its parents, so that a
-    run refuses it before any work rather than when it first writes."""
+    """``folder``, unmade: a ValueError naming ``flag`` where a file (or a link to nothing) stands at it or at one of
+    its parents, so that a run refuses it before any work rather than when it first writes."""
     folder = Path(folder)
-    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    blocker = next((p for p in (folder, *folder.parents) if (p.exists() or p.is_symlink()) and not p.is_dir()), None)
     if blocker is not None:
         raise ValueError(f"{flag}: cannot write {wanted or folder}: {blocker} is not a folder")
     return folder

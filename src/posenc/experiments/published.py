@@ -10,7 +10,7 @@ A generated region sits between two comments in a Markdown file, naming the tabl
 ``posenc report`` rewrites every such region from its file; ``posenc report --check`` lists the files whose
 tables differ from what their results files give (a test runs it over the README and docs), so a number in the
 docs is never copied by hand and never drifts from the run it quotes. A table of the library itself
-(``LIBRARY_TABLES``: the encodings' registry, the commands' help lines) names ``posenc`` as its source. The machines'
+(``LIBRARY_TABLES``: the encodings' registry; ``cli``'s table of commands) names ``posenc`` as its source. The machines'
 pages under benchmarks/ hold regions of the same form, written by ``bench.page``, which ``posenc report`` passes in
 as the ``render`` here.
 """
@@ -73,15 +73,9 @@ TEXTS: dict[str, Callable[[dict], list[str]]] = {
 }
 
 
-def _command_rows() -> tuple[list[str], list[list[str]]]:
-    from ..cli import command_rows  # the command line imports the experiments, this module among them
-
-    return command_rows()
-
-
-#: tables of the library itself, not of a run; their regions name ``LIBRARY`` as the source
-LIBRARY_TABLES: dict[str, Callable[[], tuple[list[str], list[list[str]]]]] = {"encodings": registry.docs_rows,
-                                                                               "commands": _command_rows}
+#: tables of the library itself, not of a run; their regions name ``LIBRARY`` as the source (so does the table of
+#: commands, which ``cli.render_region`` writes: the command line sits above this module)
+LIBRARY_TABLES: dict[str, Callable[[], tuple[list[str], list[list[str]]]]] = {"encodings": registry.docs_rows}
 LIBRARY = "posenc"
 
 
@@ -117,11 +111,13 @@ def regenerate(text: str, folder: Path, render: Render = render) -> str:
         if end < 0:
             raise ValueError(f"the generated table at character {match.start()} ({match['table']}) has no "
                              f"'{END}' line after it")
-        source, library = folder / match["source"], match["table"] in LIBRARY_TABLES
-        if library != (match["source"] == LIBRARY):
-            raise ValueError(f"generated table {match['table']}: " + (
-                f"a table of the library names {LIBRARY} as its source, not {match['source']}" if library else
-                f"a table of a run names its results file, not {LIBRARY}"))
+        source, library = folder / match["source"], match["source"] == LIBRARY
+        if match["table"] in LIBRARY_TABLES and not library:
+            raise ValueError(f"generated table {match['table']}: a table of the library names {LIBRARY} as its "
+                             f"source, not {match['source']}")
+        if library and match["table"] in TABLES | TEXTS:
+            raise ValueError(f"generated table {match['table']}: a table of a run names its results file, not "
+                             f"{LIBRARY}")
         if library:
             results = {}
         elif not source.is_file():
