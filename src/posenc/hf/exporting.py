@@ -15,10 +15,10 @@ from .. import storage
 from .rope import apply_scaling
 
 
-def check_export_folder(out_dir: Path) -> None:
+def check_export_folder(out_dir: Path, name: str = "export folder") -> None:
     """Refuse a folder that export would wrongly replace: one that exists, is not empty and is not an
-    earlier export, or a path through a file."""
-    storage.check_folder("export folder", out_dir)
+    earlier export, or a path through a file (named as ``name``: a command's flag)."""
+    storage.check_folder(name, out_dir)
     if out_dir.exists() and not (out_dir / "posenc.json").is_file() and any(out_dir.iterdir()):
         raise ValueError(f"export folder {out_dir} exists and was not written by posenc.hf.export; "
                          "name a new folder (an earlier export in it would be replaced)")

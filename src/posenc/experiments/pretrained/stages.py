@@ -53,8 +53,7 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
     if export is not None:
         if Path(export).resolve() == out.resolve():
             raise ValueError(f"--export {export} is the run directory; name another folder")
-        storage.check_folder("--export", export)
-        hf.check_export_folder(Path(export))
+        hf.check_export_folder(Path(export), "--export")
     began = time.perf_counter()
     model, tokens = load_model(config)
     model.to(runtime.device)
