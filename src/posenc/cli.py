@@ -241,11 +241,9 @@ def render_region(table: str, results) -> str:
     ``experiments.published``."""
     from .bench import page
     from .experiments import published
-    from .experiments.tables import markdown_table
 
     if table == "commands":
-        header, rows = command_rows()
-        return "\n".join(markdown_table(header, rows, text_columns=len(header))) + "\n"
+        return published.text_table(*command_rows())
     return page.renderer(published.render)(table, results)
 
 
