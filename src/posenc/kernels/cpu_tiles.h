@@ -3,7 +3,7 @@
 // their keys at once (forward) and its probabilities again from the log-sum-exp (backward).
 #pragma once
 
-#include <torch/extension.h>
+#include "kernel_api.h"
 
 #include <algorithm>
 #include <cmath>
@@ -79,7 +79,7 @@ template <typename T>
 struct Rows {
   T* data;
   int64_t batch_stride, head_stride, row_stride;
-  explicit Rows(const torch::Tensor& x)
+  explicit Rows(const at::Tensor& x)
       : data(x.data_ptr<T>()), batch_stride(x.stride(0)), head_stride(x.stride(1)), row_stride(x.stride(2)) {}
   T* at(int64_t b, int64_t h) const { return data + b * batch_stride + h * head_stride; }
 };

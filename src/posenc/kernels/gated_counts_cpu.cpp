@@ -8,8 +8,7 @@
 //   s_ij = q_i·k_j,  g_ij = σ(gate_scale·s_ij),  p_ij = min(Σ_{t=j..start+i} g_it, P − 1),
 //   logit_ij = scale·s_ij + lerp(q_i·e[⌊p_ij⌋], q_i·e[⌈p_ij⌉], p_ij − ⌊p_ij⌋).
 // Products run on the BLAS torch links (cpu_tiles.h).
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "kernel_api.h"
 
 #include "cpu_tiles.h"
 
@@ -133,8 +132,8 @@ struct Tile {
 };
 
 template <typename T>
-void forward_tiles(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& table,
-                   torch::Tensor& out, torch::Tensor& lse, const Geometry& g, T scale, T gate_scale) {
+void forward_tiles(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
+                   at::Tensor& out, at::Tensor& lse, const Geometry& g, T scale, T gate_scale) {
   const Rows<T> Q(q), K(k), V(v), O(out);
   const T* table_data = table.data_ptr<T>();
   T* lse_data = lse.data_ptr<T>();
@@ -155,10 +154,10 @@ void forward_tiles(const torch::Tensor& q, const torch::Tensor& k, const torch::
 }
 
 template <typename T>
-void backward_tiles(const torch::Tensor& grad_out, const torch::Tensor& q, const torch::Tensor& k,
-                    const torch::Tensor& v, const torch::Tensor& table, const torch::Tensor& lse,
-                    const torch::Tensor& row_terms, torch::Tensor& grad_q, torch::Tensor& grad_k, torch::Tensor& grad_v,
-                    torch::Tensor& grad_table, const Geometry& g, T scale, T gate_scale) {
+void backward_tiles(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                    const at::Tensor& v, const at::Tensor& table, const at::Tensor& lse,
+                    const at::Tensor& row_terms, at::Tensor& grad_q, at::Tensor& grad_k, at::Tensor& grad_v,
+                    at::Tensor& grad_table, const Geometry& g, T scale, T gate_scale) {
   const Rows<T> dO(grad_out), Q(q), K(k), V(v), dQ(grad_q), dK(grad_k), dV(grad_v);
   const T* table_data = table.data_ptr<T>();
   const T* lse_data = lse.data_ptr<T>();
@@ -236,7 +235,7 @@ void backward_tiles(const torch::Tensor& grad_out, const torch::Tensor& q, const
   });
 }
 
-Geometry geometry(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& table) {
+Geometry geometry(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "gated_counts_attention: q, k, v must be 4-D");
   TORCH_CHECK(k.size(1) == q.size(1) && v.size(1) == q.size(1), "gated_counts_attention: q, k, v need equal heads");
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "gated_counts_attention: unit stride along D");
@@ -249,11 +248,11 @@ Geometry geometry(const torch::Tensor& q, const torch::Tensor& k, const torch::T
 }  // namespace
 
 // Returns (out (B, H, Tq, Dv) laid out token-major, lse (B, H, Tq)), in q's dtype.
-std::vector<torch::Tensor> gated_counts_forward(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor table,
+std::vector<at::Tensor> gated_counts_forward(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor table,
                                                 double scale, double gate_scale) {
   const Geometry g = geometry(q, k, v, table);
-  auto out = torch::empty({g.batch, g.queries, g.heads, g.value_width}, q.options()).transpose(1, 2);
-  auto lse = torch::empty({g.batch, g.heads, g.queries}, q.options());
+  auto out = at::empty({g.batch, g.queries, g.heads, g.value_width}, q.options()).transpose(1, 2);
+  auto lse = at::empty({g.batch, g.heads, g.queries}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "gated_counts_forward", [&] {
     forward_tiles<scalar_t>(q, k, v, table, out, lse, g, static_cast<scalar_t>(scale),
                             static_cast<scalar_t>(gate_scale));
@@ -262,14 +261,14 @@ std::vector<torch::Tensor> gated_counts_forward(torch::Tensor q, torch::Tensor k
 }
 
 // Returns (dq, dk, dv, dtable (P, Dh)). row_terms: (B, H, Tq) contiguous.
-std::vector<torch::Tensor> gated_counts_backward(torch::Tensor grad_out, torch::Tensor q, torch::Tensor k,
-                                                 torch::Tensor v, torch::Tensor table, torch::Tensor lse,
-                                                 torch::Tensor row_terms, double scale, double gate_scale) {
+std::vector<at::Tensor> gated_counts_backward(at::Tensor grad_out, at::Tensor q, at::Tensor k,
+                                                 at::Tensor v, at::Tensor table, at::Tensor lse,
+                                                 at::Tensor row_terms, double scale, double gate_scale) {
   const Geometry g = geometry(q, k, v, table);
   TORCH_CHECK(grad_out.stride(3) == 1 && lse.is_contiguous() && row_terms.is_contiguous(),
               "gated_counts_backward: layouts");
-  auto grad_q = torch::empty_like(q), grad_k = torch::zeros_like(k), grad_v = torch::zeros_like(v);
-  auto grad_table = torch::zeros({g.batch * g.heads, g.positions, g.width}, table.options());
+  auto grad_q = at::empty_like(q), grad_k = at::zeros_like(k), grad_v = at::zeros_like(v);
+  auto grad_table = at::zeros({g.batch * g.heads, g.positions, g.width}, table.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "gated_counts_backward", [&] {
     backward_tiles<scalar_t>(grad_out, q, k, v, table, lse, row_terms, grad_q, grad_k, grad_v, grad_table, g,
                              static_cast<scalar_t>(scale), static_cast<scalar_t>(gate_scale));

@@ -8,8 +8,7 @@
 // plus, with token values (FoX's cumulative log forget gates c, float64 (B, H, T)), c_i − c_j formed in double,
 // and with FIRE's segments (H, 3P + 2) its bias of the pair's distance and the query's position (fire_cpu.h; the
 // first key at position key_position). Products run on the BLAS torch links (cpu_tiles.h).
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "kernel_api.h"
 
 #include "cpu_tiles.h"
 #include "fire_cpu.h"
@@ -71,7 +70,7 @@ struct FireTiles {
 
 // Each head's FIRE tables, or none without segments.
 template <typename T>
-std::vector<posenc_fire::Head<T>> fire_heads(const c10::optional<torch::Tensor>& fire, const Geometry& g,
+std::vector<posenc_fire::Head<T>> fire_heads(const c10::optional<at::Tensor>& fire, const Geometry& g,
                                              bool with_gradients) {
   std::vector<posenc_fire::Head<T>> heads;
   if (!fire.has_value()) return heads;
@@ -110,8 +109,8 @@ void tile_logits(T* scores, const T* q_rows, int64_t q_stride, const T* k_rows, 
 }
 
 template <typename T>
-void forward_tiles(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& table,
-                   Tokens tokens, const c10::optional<torch::Tensor>& fire, torch::Tensor& out, torch::Tensor& lse,
+void forward_tiles(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
+                   Tokens tokens, const c10::optional<at::Tensor>& fire, at::Tensor& out, at::Tensor& lse,
                    const Geometry& g, T scale) {
   const Rows<T> Q(q), K(k), V(v), O(out);
   const T* tables = table.data_ptr<T>();
@@ -174,10 +173,10 @@ void forward_tiles(const torch::Tensor& q, const torch::Tensor& k, const torch::
 }
 
 template <typename T>
-void backward_tiles(const torch::Tensor& grad_out, const torch::Tensor& q, const torch::Tensor& k,
-                    const torch::Tensor& v, const torch::Tensor& lse, const torch::Tensor& row_terms,
-                    const torch::Tensor& table, Tokens tokens, const c10::optional<torch::Tensor>& fire,
-                    torch::Tensor& grad_q, torch::Tensor& grad_k, torch::Tensor& grad_v, torch::Tensor& grad_table,
+void backward_tiles(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                    const at::Tensor& v, const at::Tensor& lse, const at::Tensor& row_terms,
+                    const at::Tensor& table, Tokens tokens, const c10::optional<at::Tensor>& fire,
+                    at::Tensor& grad_q, at::Tensor& grad_k, at::Tensor& grad_v, at::Tensor& grad_table,
                     bool want_table, double* grad_query_values, double* grad_key_values, T* grad_fire,
                     const Geometry& g, T scale) {
   const Rows<T> dO(grad_out), Q(q), K(k), V(v), dQ(grad_q), dK(grad_k), dV(grad_v);
@@ -263,8 +262,8 @@ void backward_tiles(const torch::Tensor& grad_out, const torch::Tensor& q, const
   });
 }
 
-Geometry geometry(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& table,
-                  int64_t q_start, int64_t origin, bool causal, const c10::optional<torch::Tensor>& fire,
+Geometry geometry(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
+                  int64_t q_start, int64_t origin, bool causal, const c10::optional<at::Tensor>& fire,
                   int64_t key_position) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "offset_bias_attention: q, k, v must be 4-D");
   TORCH_CHECK(k.size(1) == q.size(1) && v.size(1) == q.size(1), "offset_bias_attention: q, k, v need equal heads");
@@ -288,16 +287,16 @@ Geometry geometry(const torch::Tensor& q, const torch::Tensor& k, const torch::T
   return g;
 }
 
-Tokens token_values(const Geometry& g, const c10::optional<torch::Tensor>& query_values,
-                    const c10::optional<torch::Tensor>& key_values) {
+Tokens token_values(const Geometry& g, const c10::optional<at::Tensor>& query_values,
+                    const c10::optional<at::Tensor>& key_values) {
   TORCH_CHECK(query_values.has_value() == key_values.has_value(), "offset_bias_attention: token values go in pairs");
   if (!query_values.has_value()) return {nullptr, nullptr};
   const auto& queries = *query_values;
   const auto& keys = *key_values;
-  TORCH_CHECK(queries.scalar_type() == torch::kFloat64 && keys.scalar_type() == torch::kFloat64 &&
+  TORCH_CHECK(queries.scalar_type() == at::kDouble && keys.scalar_type() == at::kDouble &&
                   queries.is_contiguous() && keys.is_contiguous() &&
-                  queries.sizes() == torch::IntArrayRef({g.batch, g.heads, g.queries}) &&
-                  keys.sizes() == torch::IntArrayRef({g.batch, g.heads, g.keys}),
+                  queries.sizes() == at::IntArrayRef({g.batch, g.heads, g.queries}) &&
+                  keys.sizes() == at::IntArrayRef({g.batch, g.heads, g.keys}),
               "offset_bias_attention: token values must be contiguous float64 (B, H, Tq) and (B, H, Tk)");
   return {queries.data_ptr<double>(), keys.data_ptr<double>()};
 }
@@ -305,15 +304,15 @@ Tokens token_values(const Geometry& g, const c10::optional<torch::Tensor>& query
 }  // namespace
 
 // Returns (out (B, H, Tq, Dv) laid out token-major, lse (B, H, Tq)), in q's dtype.
-std::vector<torch::Tensor> offset_bias_forward(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor table,
+std::vector<at::Tensor> offset_bias_forward(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor table,
                                                int64_t q_start, int64_t origin, bool causal, double scale,
-                                               c10::optional<torch::Tensor> query_values,
-                                               c10::optional<torch::Tensor> key_values,
-                                               c10::optional<torch::Tensor> fire, int64_t key_position) {
+                                               c10::optional<at::Tensor> query_values,
+                                               c10::optional<at::Tensor> key_values,
+                                               c10::optional<at::Tensor> fire, int64_t key_position) {
   const Geometry g = geometry(q, k, v, table, q_start, origin, causal, fire, key_position);
   const Tokens tokens = token_values(g, query_values, key_values);
-  auto out = torch::empty({g.batch, g.queries, g.heads, g.value_width}, q.options()).transpose(1, 2);
-  auto lse = torch::empty({g.batch, g.heads, g.queries}, q.options());
+  auto out = at::empty({g.batch, g.queries, g.heads, g.value_width}, q.options()).transpose(1, 2);
+  auto lse = at::empty({g.batch, g.heads, g.queries}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "offset_bias_forward", [&] {
     forward_tiles<scalar_t>(q, k, v, table, tokens, fire, out, lse, g, static_cast<scalar_t>(scale));
   });
@@ -322,24 +321,24 @@ std::vector<torch::Tensor> offset_bias_forward(torch::Tensor q, torch::Tensor k,
 
 // Returns (dq, dk, dv, dtable (B, H, N), zeros when not wanted, and with token values their gradients (B, H, Tq),
 // (B, H, Tk) in float64, and with FIRE's segments theirs (H, 3P + 2)). row_terms: (B, H, Tq) contiguous.
-std::vector<torch::Tensor> offset_bias_backward(torch::Tensor grad_out, torch::Tensor q, torch::Tensor k,
-                                                torch::Tensor v, torch::Tensor lse, torch::Tensor row_terms,
-                                                torch::Tensor table, int64_t q_start, int64_t origin, bool causal,
+std::vector<at::Tensor> offset_bias_backward(at::Tensor grad_out, at::Tensor q, at::Tensor k,
+                                                at::Tensor v, at::Tensor lse, at::Tensor row_terms,
+                                                at::Tensor table, int64_t q_start, int64_t origin, bool causal,
                                                 double scale, bool want_table,
-                                                c10::optional<torch::Tensor> query_values,
-                                                c10::optional<torch::Tensor> key_values,
-                                                c10::optional<torch::Tensor> fire, int64_t key_position) {
+                                                c10::optional<at::Tensor> query_values,
+                                                c10::optional<at::Tensor> key_values,
+                                                c10::optional<at::Tensor> fire, int64_t key_position) {
   const Geometry g = geometry(q, k, v, table, q_start, origin, causal, fire, key_position);
   const Tokens tokens = token_values(g, query_values, key_values);
   TORCH_CHECK(grad_out.stride(3) == 1 && lse.is_contiguous() && row_terms.is_contiguous(),
               "offset_bias_backward: layouts");
-  auto grad_q = torch::zeros_like(q), grad_k = torch::zeros_like(k), grad_v = torch::zeros_like(v);
-  auto grad_table = torch::zeros({want_table ? g.batch : 1, g.heads, g.entries}, table.options());
-  const auto doubles = q.options().dtype(torch::kFloat64);
+  auto grad_q = at::zeros_like(q), grad_k = at::zeros_like(k), grad_v = at::zeros_like(v);
+  auto grad_table = at::zeros({want_table ? g.batch : 1, g.heads, g.entries}, table.options());
+  const auto doubles = q.options().dtype(at::kDouble);
   const bool with_tokens = tokens.queries != nullptr;
-  auto grad_query_values = torch::zeros({with_tokens ? g.batch : 0, g.heads, g.queries}, doubles);
-  auto grad_key_values = torch::zeros({with_tokens ? g.batch : 0, g.heads, g.keys}, doubles);
-  auto grad_fire = torch::zeros({fire.has_value() ? g.batch : 0, g.heads, fire.has_value() ? fire->size(1) : 0},
+  auto grad_query_values = at::zeros({with_tokens ? g.batch : 0, g.heads, g.queries}, doubles);
+  auto grad_key_values = at::zeros({with_tokens ? g.batch : 0, g.heads, g.keys}, doubles);
+  auto grad_fire = at::zeros({fire.has_value() ? g.batch : 0, g.heads, fire.has_value() ? fire->size(1) : 0},
                                 q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "offset_bias_backward", [&] {
     backward_tiles<scalar_t>(grad_out, q, k, v, lse, row_terms, table, tokens, fire, grad_q, grad_k, grad_v,

@@ -10,8 +10,7 @@
 //
 // Shapes: B batch, H heads, Tq queries, Tk keys (start = Tk − Tq), Dh head width, Dv value width, N table rows
 // (offsets 0..N−1), H_t = 1 or H tables. Products run on the BLAS torch links (cpu_tiles.h).
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "kernel_api.h"
 
 #include "cpu_tiles.h"
 
@@ -84,8 +83,8 @@ struct Tile {
 };
 
 template <typename T>
-void forward_tiles(const torch::Tensor& c, const torch::Tensor& l, const torch::Tensor& k, const torch::Tensor& v,
-                   const torch::Tensor& table, const T* values, torch::Tensor& out, torch::Tensor& lse,
+void forward_tiles(const at::Tensor& c, const at::Tensor& l, const at::Tensor& k, const at::Tensor& v,
+                   const at::Tensor& table, const T* values, at::Tensor& out, at::Tensor& lse,
                    const Geometry& g, T scale) {
   const Rows<T> C(c), L(l), K(k), V(v), O(out);
   const T* tables = table.data_ptr<T>();
@@ -115,10 +114,10 @@ void forward_tiles(const torch::Tensor& c, const torch::Tensor& l, const torch::
 }
 
 template <typename T>
-void backward_tiles(const torch::Tensor& grad_out, const torch::Tensor& c, const torch::Tensor& l,
-                    const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& table, const T* values,
-                    const torch::Tensor& lse, const torch::Tensor& row_terms, torch::Tensor& grad_c,
-                    torch::Tensor& grad_l, torch::Tensor& grad_k, torch::Tensor& grad_v, torch::Tensor& grad_table,
+void backward_tiles(const at::Tensor& grad_out, const at::Tensor& c, const at::Tensor& l,
+                    const at::Tensor& k, const at::Tensor& v, const at::Tensor& table, const T* values,
+                    const at::Tensor& lse, const at::Tensor& row_terms, at::Tensor& grad_c,
+                    at::Tensor& grad_l, at::Tensor& grad_k, at::Tensor& grad_v, at::Tensor& grad_table,
                     T* grad_values, const Geometry& g, T scale) {
   const Rows<T> dO(grad_out), C(c), L(l), K(k), V(v), dC(grad_c), dL(grad_l), dK(grad_k), dV(grad_v);
   const T* tables = table.data_ptr<T>();
@@ -187,8 +186,8 @@ void backward_tiles(const torch::Tensor& grad_out, const torch::Tensor& c, const
   });
 }
 
-Geometry geometry(const torch::Tensor& c, const torch::Tensor& l, const torch::Tensor& k, const torch::Tensor& v,
-                  const torch::Tensor& table, const std::optional<torch::Tensor>& values) {
+Geometry geometry(const at::Tensor& c, const at::Tensor& l, const at::Tensor& k, const at::Tensor& v,
+                  const at::Tensor& table, const std::optional<at::Tensor>& values) {
   TORCH_CHECK(c.dim() == 4 && l.sizes() == c.sizes() && k.dim() == 4 && v.dim() == 4,
               "offset_lookup_attention: content and lookup queries, k, v must be 4-D, the queries alike");
   TORCH_CHECK(k.size(1) == c.size(1) && v.size(1) == c.size(1), "offset_lookup_attention: equal heads");
@@ -209,12 +208,12 @@ Geometry geometry(const torch::Tensor& c, const torch::Tensor& l, const torch::T
 }  // namespace
 
 // Returns (out (B, H, Tq, Dv) laid out token-major, lse (B, H, Tq)), in the queries' dtype.
-std::vector<torch::Tensor> offset_lookup_forward(torch::Tensor c, torch::Tensor l, torch::Tensor k, torch::Tensor v,
-                                                 torch::Tensor table, std::optional<torch::Tensor> values,
+std::vector<at::Tensor> offset_lookup_forward(at::Tensor c, at::Tensor l, at::Tensor k, at::Tensor v,
+                                                 at::Tensor table, std::optional<at::Tensor> values,
                                                  double scale) {
   const Geometry g = geometry(c, l, k, v, table, values);
-  auto out = torch::empty({g.batch, g.queries, g.heads, g.value_width}, c.options()).transpose(1, 2);
-  auto lse = torch::empty({g.batch, g.heads, g.queries}, c.options());
+  auto out = at::empty({g.batch, g.queries, g.heads, g.value_width}, c.options()).transpose(1, 2);
+  auto lse = at::empty({g.batch, g.heads, g.queries}, c.options());
   AT_DISPATCH_FLOATING_TYPES(c.scalar_type(), "offset_lookup_forward", [&] {
     forward_tiles<scalar_t>(c, l, k, v, table, values ? values->data_ptr<scalar_t>() : nullptr, out, lse, g,
                             static_cast<scalar_t>(scale));
@@ -224,29 +223,29 @@ std::vector<torch::Tensor> offset_lookup_forward(torch::Tensor c, torch::Tensor 
 
 // Returns (dc, dl, dk, dv, dtable, dvalues), the tables' gradients shaped like them (dvalues empty without
 // values). row_terms: (B, H, Tq) contiguous, Σ_d dout·(out − value_floor): Σ_j p_ij·dP_ij.
-std::vector<torch::Tensor> offset_lookup_backward(torch::Tensor grad_out, torch::Tensor c, torch::Tensor l,
-                                                  torch::Tensor k, torch::Tensor v, torch::Tensor table,
-                                                  std::optional<torch::Tensor> values, torch::Tensor lse,
-                                                  torch::Tensor row_terms, double scale) {
+std::vector<at::Tensor> offset_lookup_backward(at::Tensor grad_out, at::Tensor c, at::Tensor l,
+                                                  at::Tensor k, at::Tensor v, at::Tensor table,
+                                                  std::optional<at::Tensor> values, at::Tensor lse,
+                                                  at::Tensor row_terms, double scale) {
   const Geometry g = geometry(c, l, k, v, table, values);
   TORCH_CHECK(grad_out.stride(3) == 1 && lse.is_contiguous() && row_terms.is_contiguous(),
               "offset_lookup_backward: layouts");
-  auto grad_c = torch::empty_like(c), grad_l = torch::empty_like(l);
-  auto grad_k = torch::zeros_like(k), grad_v = torch::zeros_like(v);
-  auto grad_table = torch::zeros({g.batch, g.heads, g.entries, g.width}, table.options());
-  auto grad_values = torch::zeros({g.has_values ? g.batch : 0, g.heads, g.entries, g.value_width}, table.options());
+  auto grad_c = at::empty_like(c), grad_l = at::empty_like(l);
+  auto grad_k = at::zeros_like(k), grad_v = at::zeros_like(v);
+  auto grad_table = at::zeros({g.batch, g.heads, g.entries, g.width}, table.options());
+  auto grad_values = at::zeros({g.has_values ? g.batch : 0, g.heads, g.entries, g.value_width}, table.options());
   AT_DISPATCH_FLOATING_TYPES(c.scalar_type(), "offset_lookup_backward", [&] {
     backward_tiles<scalar_t>(grad_out, c, l, k, v, table, values ? values->data_ptr<scalar_t>() : nullptr, lse,
                              row_terms, grad_c, grad_l, grad_k, grad_v, grad_table,
                              grad_values.data_ptr<scalar_t>(), g, static_cast<scalar_t>(scale));
   });
   // each (b, h) task summed into its own copy; a table every head shares gathers the heads' copies too
-  auto gathered = [&](const torch::Tensor& per_task) {
+  auto gathered = [&](const at::Tensor& per_task) {
     auto per_head = per_task.sum(0);
     return g.table_heads == 1 ? per_head.sum(0, /*keepdim=*/true) : per_head;
   };
   return {grad_c, grad_l, grad_k, grad_v, gathered(grad_table),
-          g.has_values ? gathered(grad_values) : torch::Tensor()};
+          g.has_values ? gathered(grad_values) : at::Tensor()};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

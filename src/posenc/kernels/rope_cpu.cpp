@@ -1,13 +1,12 @@
 // RoPE on CPU in one pass over the bytes: every row of (B, H, T, Dh) is read once and
 // written once (in place, or into an output), with cos/sin read from a small (B or 1, T, F)
 // table that stays in cache. The plain PyTorch form in rope.py is the reference it must equal.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "kernel_api.h"
 
 namespace {
 
 template <typename scalar_t, typename math_t>
-void rotate_rows(const torch::Tensor& x, torch::Tensor& out, const torch::Tensor& cos, const torch::Tensor& sin,
+void rotate_rows(const at::Tensor& x, at::Tensor& out, const at::Tensor& cos, const at::Tensor& sin,
                  bool interleaved, bool inverse) {
   const int64_t heads = x.size(1), length = x.size(2), width = x.size(3), pairs = cos.size(-1);
   const int64_t rows = x.size(0) * heads * length;
@@ -47,7 +46,7 @@ void rotate_rows(const torch::Tensor& x, torch::Tensor& out, const torch::Tensor
 
 // x, out: (B, H, T, Dh) with unit stride along Dh (out may be x); cos, sin: contiguous (B or 1, 1, T, F),
 // float32 or float64, the math dtype.
-void rotate_pairs_cpu(torch::Tensor x, torch::Tensor out, torch::Tensor cos, torch::Tensor sin, bool interleaved,
+void rotate_pairs_cpu(at::Tensor x, at::Tensor out, at::Tensor cos, at::Tensor sin, bool interleaved,
                       bool inverse) {
   TORCH_CHECK(x.stride(3) == 1 && out.stride(3) == 1, "rotate_pairs_cpu: the head width must have unit stride");
   TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous(), "rotate_pairs_cpu: cos and sin must be contiguous");

@@ -8,8 +8,7 @@
 // attend_current); with z_ij = scale·q_i·k_j,
 //   log A_ij = log σ(z_ij) + Σ_{allowed l > j} log σ(−z_il),   out_i = Σ_j A_ij v_j.
 // Products run on the BLAS torch links (cpu_tiles.h).
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "kernel_api.h"
 
 #include "cpu_tiles.h"
 
@@ -100,7 +99,7 @@ struct Tile {
 };
 
 template <typename T>
-void forward_tiles(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& out,
+void forward_tiles(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out,
                    const Geometry& g, T scale) {
   const Rows<T> Q(q), K(k), V(v), O(out);
   const int64_t tiles = (g.queries + QUERY_TILE - 1) / QUERY_TILE;
@@ -118,8 +117,8 @@ void forward_tiles(const torch::Tensor& q, const torch::Tensor& k, const torch::
 }
 
 template <typename T>
-void backward_tiles(const torch::Tensor& grad_out, const torch::Tensor& q, const torch::Tensor& k,
-                    const torch::Tensor& v, torch::Tensor& grad_q, torch::Tensor& grad_k, torch::Tensor& grad_v,
+void backward_tiles(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                    const at::Tensor& v, at::Tensor& grad_q, at::Tensor& grad_k, at::Tensor& grad_v,
                     const Geometry& g, T scale) {
   const Rows<T> dO(grad_out), Q(q), K(k), V(v), dQ(grad_q), dK(grad_k), dV(grad_v);
   at::parallel_for(0, g.batch * g.heads, 1, [&](int64_t begin, int64_t end) {
@@ -165,7 +164,7 @@ void backward_tiles(const torch::Tensor& grad_out, const torch::Tensor& q, const
   });
 }
 
-Geometry geometry(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool attend_current) {
+Geometry geometry(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool attend_current) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "stick_breaking_attention: q, k, v must be 4-D");
   TORCH_CHECK(k.size(1) == q.size(1) && v.size(1) == q.size(1), "stick_breaking_attention: equal heads");
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "stick_breaking_attention: unit stride");
@@ -176,9 +175,9 @@ Geometry geometry(const torch::Tensor& q, const torch::Tensor& k, const torch::T
 }  // namespace
 
 // Returns out (B, H, Tq, Dv) laid out token-major, in q's dtype.
-torch::Tensor sticks_forward(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale, bool attend_current) {
+at::Tensor sticks_forward(at::Tensor q, at::Tensor k, at::Tensor v, double scale, bool attend_current) {
   const Geometry g = geometry(q, k, v, attend_current);
-  auto out = torch::empty({g.batch, g.queries, g.heads, g.value_width}, q.options()).transpose(1, 2);
+  auto out = at::empty({g.batch, g.queries, g.heads, g.value_width}, q.options()).transpose(1, 2);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "sticks_forward", [&] {
     forward_tiles<scalar_t>(q, k, v, out, g, static_cast<scalar_t>(scale));
   });
@@ -186,11 +185,11 @@ torch::Tensor sticks_forward(torch::Tensor q, torch::Tensor k, torch::Tensor v, 
 }
 
 // Returns (dq, dk, dv).
-std::vector<torch::Tensor> sticks_backward(torch::Tensor grad_out, torch::Tensor q, torch::Tensor k, torch::Tensor v,
+std::vector<at::Tensor> sticks_backward(at::Tensor grad_out, at::Tensor q, at::Tensor k, at::Tensor v,
                                            double scale, bool attend_current) {
   const Geometry g = geometry(q, k, v, attend_current);
   TORCH_CHECK(grad_out.stride(3) == 1, "sticks_backward: unit stride");
-  auto grad_q = torch::empty_like(q), grad_k = torch::zeros_like(k), grad_v = torch::zeros_like(v);
+  auto grad_q = at::empty_like(q), grad_k = at::zeros_like(k), grad_v = at::zeros_like(v);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "sticks_backward", [&] {
     backward_tiles<scalar_t>(grad_out, q, k, v, grad_q, grad_k, grad_v, g, static_cast<scalar_t>(scale));
   });
