@@ -262,7 +262,31 @@ def test_load_builds_in_its_own_named_folder_once_a_stale_lock_is_gone(tmp_path,
     assert not lock_present and turn_taken in (True, None)  # built within its turn (None: no fcntl here)
     assert _turn_taken(tmp_path / name) in (False, None)  # and the turn ended with the build
     assert kwargs["name"] == name and kwargs["build_directory"] == str(tmp_path / name)
-    assert kwargs["sources"] == [str(rope_cpu.SOURCE)]
+    assert kwargs["sources"] == [str(tmp_path / name / "rope_cpu.cpp")]  # the copy beside the build, not the checkout's
+    assert kwargs["extra_include_paths"] == [str(tmp_path / name)]
+
+
+def test_the_build_compiles_a_copy_written_only_where_it_is_missing_or_differs(tmp_path):
+    """A second checkout of the same source must find the build current: ninja rebuilds on a new path or date."""
+    staged = native.staged_source(rope_cpu.SOURCE, tmp_path)
+    assert staged == tmp_path / "rope_cpu.cpp" and staged.read_bytes() == rope_cpu.SOURCE.read_bytes()
+    headers = sorted(path.name for path in native.HEADERS.glob("*.h"))
+    assert "cpu_tiles.h" in headers and sorted(path.name for path in tmp_path.glob("*.h")) == headers
+    assert b"".join((tmp_path / name).read_bytes() for name in headers) == native.headers()
+    os.utime(staged, (1_000_000, 1_000_000))
+    (tmp_path / "cpu_tiles.h").write_text("// an older header")
+    native.staged_source(rope_cpu.SOURCE, tmp_path)
+    assert staged.stat().st_mtime == 1_000_000, "an unchanged copy must keep its date"
+    assert (tmp_path / "cpu_tiles.h").read_bytes() == (native.HEADERS / "cpu_tiles.h").read_bytes()
+    assert not list(tmp_path.glob(".*partial"))
+
+
+def test_the_name_carries_the_environment_whose_headers_it_was_built_with():
+    source = rope_cpu.SOURCE.read_bytes()
+    assert native.build_name("p", source, includes="/a/torch/include") != native.build_name("p", source,
+                                                                                           includes="/b/torch/include")
+    assert native.build_name("p", source) == native.build_name("p", source, includes=native.include_folders())
+    assert "torch" in native.include_folders() and "python" in native.include_folders().lower()
 
 
 def test_an_unwritable_cache_means_the_pytorch_form(tmp_path, monkeypatch):

@@ -1,9 +1,11 @@
-"""Building posenc's C++ CPU kernels: compiled on first use by ``torch.utils.cpp_extension`` (about 30 s
+"""Building posenc's C++ CPU kernels: compiled on first use by ``torch.utils.cpp_extension`` (about 15 s
 once per kernel), cached in ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``) under a name that
-carries a hash of the source, the flags, the Python and torch versions and the CPU, so two checkouts or versions
-of posenc never rebuild over, or load, each other's build, and a build for one CPU's instructions
-(``-march=native``: the tiles' exp and bias loops need its vector width) never runs on another that shares the
-cache. ``POSENC_CPU_KERNELS=0`` switches every kernel off; where one cannot be built (no C++ compiler or ninja) it
+carries a hash of the source, the flags, the Python and torch versions and install folders and the CPU, so two
+versions of posenc, or two environments, never rebuild over, or load, each other's build, and a build for one CPU's
+instructions (``-march=native``: the tiles' exp and bias loops need its vector width) never runs on another that
+shares the cache. The source and headers are compiled from a copy in the build's folder, not from the checkout:
+ninja rebuilds when a source's path or date changes, which a second clone of the same source would otherwise do
+(a fresh clone's test run rebuilt every kernel, and the first checkout rebuilt them again after it). ``POSENC_CPU_KERNELS=0`` switches every kernel off; where one cannot be built (no C++ compiler or ninja) it
 is None and its callers use the PyTorch form, warned once.
 
 A build holds a ``lock`` file in its folder; torch waits for it to go, with no limit. A process killed while it
@@ -23,6 +25,7 @@ import os
 import platform
 import socket
 import sys
+import sysconfig
 import time
 import warnings
 from pathlib import Path
@@ -37,7 +40,7 @@ except ImportError:  # Windows
 
 CFLAGS = ("-O3", "-fopenmp", "-march=native")
 LDFLAGS = ("-fopenmp",)
-STALE_LOCK_S = 600.0  # a build takes 30-60 s; a lock this old belongs to a build that was killed
+STALE_LOCK_S = 600.0  # a build takes 10-60 s; a lock this old belongs to a build that was killed
 NOTICE_AFTER_S = 10.0  # a wait this long is said, in case the lock's build was killed
 TURN_FILE = "posenc.flock"
 
@@ -67,14 +70,23 @@ def python_abi() -> str:
     return f"{sys.version_info.major}.{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
 
 
+def include_folders() -> str:
+    """Where the compiler finds torch's and Python's headers (and the linker torch's libraries): each environment
+    has its own, and they are written into the build's commands."""
+    from torch.utils.cpp_extension import include_paths
+
+    return " ".join([*include_paths(), sysconfig.get_paths()["include"]])
+
+
 def build_name(prefix: str, source: bytes, torch_version: str = torch.__version__, cpu: str | None = None,
-               python: str | None = None) -> str:
-    """The extension's name for this source (and the shared headers), Python, torch and CPU: what was built, and
-    for what, decides where it is cached."""
+               python: str | None = None, includes: str | None = None) -> str:
+    """The extension's name for this source (and the shared headers), Python, torch, their folders and CPU: what
+    was built, and for what, decides where it is cached."""
     cpu = cpu_identity() if cpu is None else cpu
     python = python_abi() if python is None else python
+    includes = include_folders() if includes is None else includes
     parts = [source, headers(), torch_version.encode(), " ".join(CFLAGS + LDFLAGS).encode(), cpu.encode(),
-             python.encode()]
+             python.encode(), includes.encode()]
     digest = hashlib.sha256(b"\0".join(parts)).hexdigest()
     return f"{prefix}_{digest[:16]}"
 
@@ -87,6 +99,18 @@ def build_directory(name: str) -> Path:
     directory = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()) / name
     directory.mkdir(parents=True, exist_ok=True)
     return directory
+
+
+def staged_source(source: Path, directory: Path) -> Path:
+    """The copy of ``source`` in ``directory``, with the shared headers beside it: each file written (atomically)
+    only where it is missing or differs, so a build that is current stays so whichever checkout asks for it."""
+    for path in (source, *sorted(HEADERS.glob("*.h"))):
+        copy, text = directory / path.name, path.read_bytes()
+        if not copy.is_file() or copy.read_bytes() != text:
+            partial = copy.with_name(f".{copy.name}.{os.getpid()}.partial")
+            partial.write_bytes(text)
+            os.replace(partial, copy)
+    return directory / source.name
 
 
 def wait_for_build_lock(directory: Path, stale_after_s: float = STALE_LOCK_S, poll_s: float = 0.5,
@@ -204,8 +228,9 @@ def load(prefix: str, source: Path, what: str):
         name = build_name(prefix, source.read_bytes())
         directory = build_directory(name)
         with build_turn(directory):
-            return compile_and_load(name=name, sources=[str(source)], build_directory=str(directory),
-                                    extra_include_paths=[str(HEADERS)], extra_cflags=list(CFLAGS),
+            staged = staged_source(source, directory)
+            return compile_and_load(name=name, sources=[str(staged)], build_directory=str(directory),
+                                    extra_include_paths=[str(directory)], extra_cflags=list(CFLAGS),
                                     extra_ldflags=list(LDFLAGS), verbose=False)
     except Exception as error:  # noqa: BLE001 - any build failure means "use the PyTorch form"
         warnings.warn(f"posenc: {what} could not be built, using the PyTorch form ({error})", stacklevel=3)
