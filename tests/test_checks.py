@@ -99,6 +99,20 @@ def test_attention_tensors_agree_with_each_other_and_the_encoding():
         checks.attention_tensors(q, kv, kv, SimpleNamespace(num_heads=2))
     with refused("the encoding was built for head_dim=16 but the tensors have Dh=8"):
         checks.attention_tensors(q, kv, kv, SimpleNamespace(num_heads=None, head_dim=16))
+    for dtype in (torch.int64, torch.bool, torch.complex64):
+        with refused(f"q, k and v must be floating-point tensors (float16, bfloat16, float32 or float64), got {dtype}"):
+            checks.attention_tensors(*(x.to(dtype) for x in (q, kv, kv)), any_encoding)
+    for q_len, k_len in ((0, 7), (5, 0), (0, 0)):
+        with refused(f"q and k must hold at least one position each (Tq, Tk >= 1), got Tq={q_len} and Tk={k_len}"):
+            checks.attention_tensors(q[:, :, :q_len], kv[:, :, :k_len], kv[:, :, :k_len], any_encoding)
+
+
+def test_a_scale_is_none_or_a_finite_number_above_zero():
+    for scale in (None, 0.125, 2, 1e-30):
+        checks.attention_scale(scale)
+    for scale in (0, -0.5, float("nan"), float("inf"), "0.5", True, torch.tensor(0.5)):
+        with refused(f"scale must be None (1/sqrt(Dh)) or a finite number > 0, got {scale!r}"):
+            checks.attention_scale(scale)
 
 
 def test_a_mask_is_bool_and_broadcasts_to_the_scores():

@@ -92,6 +92,7 @@ def attention(
     """
     at = _positioned(q, k, v, encoding, q_positions, k_positions, mask)
     encoding = at.encoding
+    checks.attention_scale(scale)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     checks.sink_logits(sink, q.shape[1])
     name = choose_backend(backend, encoding, q, k, v, sink=sink is not None)
@@ -245,6 +246,7 @@ def attention_weights(
     less the sink's share when there is one; stick-breaking's rows sum to at most 1.
     """
     at = _positioned(q, k, k, encoding, q_positions, k_positions, mask)
+    checks.attention_scale(scale)
     _check_normalization(at.encoding, causal, sink, window, chunk)
     mask = joined_mask(mask, at.q_pos, at.k_pos, window, chunk)
     compute = math_dtype(q.dtype)

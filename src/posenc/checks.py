@@ -74,6 +74,9 @@ def attention_tensors(q: Tensor, k: Tensor, v: Tensor, encoding) -> None:
             shape = tuple(tensor.shape) if isinstance(tensor, Tensor) else type(tensor).__name__
             raise ValueError(f"{name} must be a 4-D tensor (B, H, T, D), got {shape}")
     one_dtype(q, k, v)
+    if not q.dtype.is_floating_point:
+        raise ValueError(f"q, k and v must be floating-point tensors (float16, bfloat16, float32 or float64), "
+                         f"got {q.dtype}")
     if k.shape[:2] != v.shape[:2] or k.shape[0] != q.shape[0] or q.shape[1] % k.shape[1]:
         raise ValueError(
             "q, k, v must share the batch B, and k, v the heads Hkv, with the query heads H a multiple of "
@@ -83,6 +86,9 @@ def attention_tensors(q: Tensor, k: Tensor, v: Tensor, encoding) -> None:
         raise ValueError(f"q and k must have the same head width Dh: got {q.shape[3]} and {k.shape[3]}")
     if v.shape[2] != k.shape[2]:
         raise ValueError(f"k and v must have the same length Tk: got {k.shape[2]} and {v.shape[2]}")
+    if q.shape[2] == 0 or k.shape[2] == 0:
+        raise ValueError(f"q and k must hold at least one position each (Tq, Tk >= 1), got Tq={q.shape[2]} and "
+                         f"Tk={k.shape[2]}")
     if encoding.num_heads is not None and encoding.num_heads != q.shape[1]:
         raise ValueError(
             f"the encoding was built for num_heads={encoding.num_heads} but the tensors have H={q.shape[1]} heads"
@@ -96,6 +102,13 @@ def one_dtype(q: Tensor, k: Tensor, v: Tensor) -> None:
     """q, k and v of one dtype: attention's kernels read all three in q's."""
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
+
+
+def attention_scale(scale: object) -> None:
+    """None (1/√Dh) or a finite number > 0: a NaN or infinite logit scale makes every weight NaN or a hard max."""
+    if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
+                                  and 0 < float(scale) < float("inf")):
+        raise ValueError(f"scale must be None (1/sqrt(Dh)) or a finite number > 0, got {scale!r}")
 
 
 def attention_mask(mask: Tensor, shape: tuple[int, int, int, int]) -> None:
