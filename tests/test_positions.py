@@ -1,5 +1,7 @@
 """posenc.positions by hand: each helper's values on a small case, its defaults, and the parameter each error names."""
 
+import re
+
 import pytest
 import torch
 
@@ -23,6 +25,19 @@ def test_document_positions_restart_at_each_boundary_and_the_mask_keeps_document
     assert mask[0, 0].tolist() == [[True, True, False], [True, True, False], [False, False, True]]
     cross = P.document_mask(torch.tensor([[1, 2]]), torch.tensor([[2, 2, 1]]))
     assert cross[0, 0].tolist() == [[False, False, True], [True, True, False]]
+    assert P.document_mask([[0, 1]] * 3, [0, 0, 1]).shape == (3, 1, 2, 3)  # one row of key ids serves every batch
+
+
+def test_document_ids_are_integers_of_shape_t_or_b_t():
+    for ids in (torch.tensor([0.0, 1.0]), torch.zeros(1, 1, 4, dtype=torch.long), torch.tensor(3)):
+        with pytest.raises(ValueError, match=rf"^q_document_ids must be an integer tensor of shape \(T,\) or \(B, T\), "
+                                             rf"got {ids.dtype} {re.escape(str(tuple(ids.shape)))}$"):
+            P.document_mask(ids, torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"^k_document_ids must be an integer tensor .* got torch.float32 \(4,\)$"):
+        P.document_mask(torch.zeros(4, dtype=torch.long), torch.zeros(4))
+    with pytest.raises(ValueError, match=r"^q_document_ids and k_document_ids must share the batch B \(or one of them be "
+                                         r"1\), got 2 and 3$"):
+        P.document_mask(torch.zeros(2, 4, dtype=torch.long), torch.zeros(3, 4, dtype=torch.long))
 
 
 def test_cross_attention_positions_in_each_mode():

@@ -55,8 +55,21 @@ def document_mask(q_document_ids: Tensor, k_document_ids: Tensor | None = None) 
         (B or 1, 1, Tq, Tk) bool, ready for attention(mask=...).
     """
     k_document_ids = q_document_ids if k_document_ids is None else k_document_ids
-    q_ids, k_ids = torch.atleast_2d(torch.as_tensor(q_document_ids)), torch.atleast_2d(torch.as_tensor(k_document_ids))
+    q_ids, k_ids = (_document_ids(name, ids) for name, ids in (("q_document_ids", q_document_ids),
+                                                                ("k_document_ids", k_document_ids)))
+    if q_ids.shape[0] != k_ids.shape[0] and 1 not in (q_ids.shape[0], k_ids.shape[0]):
+        raise ValueError(f"q_document_ids and k_document_ids must share the batch B (or one of them be 1), got "
+                         f"{q_ids.shape[0]} and {k_ids.shape[0]}")
     return (q_ids[:, :, None] == k_ids[:, None, :]).unsqueeze(1)
+
+
+def _document_ids(name: str, ids) -> Tensor:
+    """Integer document ids of shape (T,) or (B, T), as (B or 1, T)."""
+    ids = torch.as_tensor(ids)
+    if ids.dtype.is_floating_point or ids.is_complex() or ids.dim() not in (1, 2):
+        raise ValueError(f"{name} must be an integer tensor of shape (T,) or (B, T), got {ids.dtype} "
+                         f"{tuple(ids.shape)}")
+    return torch.atleast_2d(ids)
 
 
 def cross_attention_positions(mode: str, q_len: int, k_len: int) -> tuple[Tensor | None, Tensor | None]:

@@ -14,9 +14,15 @@ from posenc.encodings.sandwich import Sandwich
 from posenc.encodings.xpos import XPos
 
 CASES = [  # (constructor, arguments at the edge, the argument moved past it, its name, the message's range)
-    (T5RelativeBias, dict(num_heads=1, num_buckets=2, max_distance=1, interpolate_factor=1.0), ("num_heads", 0), ">= 1"),
-    (T5RelativeBias, dict(num_heads=1, num_buckets=2, max_distance=1), ("num_buckets", 1), ">= 2"),
-    (T5RelativeBias, dict(num_heads=1, num_buckets=2, max_distance=1), ("max_distance", 0), ">= 1"),
+    (T5RelativeBias, dict(num_heads=1, num_buckets=2, max_distance=2, interpolate_factor=1.0), ("num_heads", 0), ">= 1"),
+    (T5RelativeBias, dict(num_heads=1, num_buckets=2, max_distance=2), ("num_buckets", 1), ">= 2"),
+    (T5RelativeBias, dict(num_heads=1, num_buckets=2, max_distance=2), ("max_distance", 1),
+     r">= 2 \(more than the distances num_buckets=2 holds exactly\)"),
+    (T5RelativeBias, dict(num_heads=1, num_buckets=4, max_distance=2, bidirectional=True), ("num_buckets", 3), ">= 4"),
+    (T5RelativeBias, dict(num_heads=1, num_buckets=8, max_distance=3, bidirectional=True), ("max_distance", 2),
+     r">= 3 \(more than the distances num_buckets=8 holds exactly each way\)"),
+    (T5RelativeBias, dict(num_heads=1, num_buckets=32, max_distance=17), ("max_distance", 16),
+     r">= 17 \(more than the distances num_buckets=32 holds exactly\)"),
     (T5RelativeBias, dict(num_heads=1, interpolate_factor=1.0), ("interpolate_factor", 0.99), ">= 1.0"),
     (Shaw, dict(head_dim=1, num_heads=1, max_distance=1, interpolate_factor=1.0), ("head_dim", 0), ">= 1"),
     (Shaw, dict(head_dim=1, num_heads=1), ("num_heads", 0), ">= 1"),

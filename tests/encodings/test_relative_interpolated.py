@@ -69,10 +69,15 @@ def test_t5_buckets_by_hand_at_the_exact_edge_and_their_bounds_named():
     got = t5_bucket(-distance, bidirectional=False, num_buckets=8, max_distance=16)
     want = [d if d < 4 else min(7, 4 + int(math.log(d / 4) / math.log(16 / 4) * 4)) for d in range(40)]
     assert got.tolist() == want and got[3] == 3 and got[4] == 4
-    assert t5_bucket(torch.tensor([0, 1]), bidirectional=False, num_buckets=2, max_distance=1).tolist() == [0, 0]
-    for name, kwargs in (("num_buckets", dict(num_buckets=1)), ("max_distance", dict(max_distance=0))):
-        with pytest.raises(ValueError, match=f"^{name} must be an integer >= {1 if name == 'max_distance' else 2}"):
+    assert t5_bucket(-distance[:4], bidirectional=False, num_buckets=2, max_distance=2).tolist() == [0, 1, 1, 1]
+    assert t5_bucket(torch.tensor([-3, -1, 0, 1, 3]), bidirectional=True, num_buckets=4, max_distance=2).tolist() == [
+        1, 1, 0, 3, 3]  # both ways, only distance 0 is exact: keys after the query take bucket 2 + 1
+    for name, kwargs, minimum in (("num_buckets", dict(num_buckets=1), 2), ("max_distance", dict(max_distance=0), 1),
+                                  ("max_distance", dict(max_distance=16, num_buckets=32), 17)):
+        with pytest.raises(ValueError, match=f"^{name} must be an integer >= {minimum}"):
             t5_bucket(distance, bidirectional=False, **kwargs)
+    with pytest.raises(ValueError, match="^num_buckets must be an integer >= 4, got 3$"):
+        t5_bucket(distance, bidirectional=True, num_buckets=3)
 
 
 def test_xpos_scores_are_rope_scores_times_the_decay_of_the_offset():

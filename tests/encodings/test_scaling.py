@@ -6,7 +6,9 @@ parameter it names, in-place rotation, partial heads in the interleaved layout, 
 its rows are set.
 """
 
+import itertools
 import math
+import re
 
 import pytest
 import torch
@@ -287,11 +289,18 @@ def test_the_edges_that_are_accepted_and_the_sizes_that_are_not():
         rope_frequencies(0)
     with pytest.raises(ValueError, match="^seq_len must be an integer >= 1, got 0$"):
         rope_frequencies(8, seq_len=0)
-    longrope = longrope_parameters([1.0] * 4, factor=2.0, original=8)
-    with pytest.raises(ValueError, match="^long_factor must have dim/2 = 8 entries, got 4$"):
-        rope_frequencies(16, longrope, seq_len=9)
-    with pytest.raises(ValueError, match="^short_factor must have dim/2 = 8 entries, got 4$"):
-        rope_frequencies(16, longrope, seq_len=8)
+    longrope = longrope_parameters([1.0] * 8, factor=2.0, original=8)
+    for which, seq_len in itertools.product(("short_factor", "long_factor"), (8, 9)):  # refused at either length
+        with pytest.raises(ValueError, match=f"^{which} must have dim/2 = 8 entries, got 4$"):
+            rope_frequencies(16, {**longrope, which: [1.0] * 4}, seq_len=seq_len)
+    for fast, slow in ((1, 32), (None, 40), (0.5, None)):
+        with pytest.raises(ValueError, match=rf"^yarn scaling needs beta_fast >= beta_slow .* got beta_fast={fast} and "
+                                             rf"beta_slow={slow} \(None: 32 and 1\)$"):
+            rope_frequencies(16, {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 8,
+                                  "beta_fast": fast, "beta_slow": slow})
+    for scaling in ("yarn", [("rope_type", "linear")], 2.0):
+        with pytest.raises(ValueError, match=rf"^scaling must be None or a dict .*, got {re.escape(repr(scaling))}$"):
+            rope_frequencies(16, scaling)
 
 
 def test_rope_refuses_a_bad_layout_or_base_by_name_and_takes_a_base_between_one_and_two():
@@ -300,6 +309,11 @@ def test_rope_refuses_a_bad_layout_or_base_by_name_and_takes_a_base_between_one_
     with pytest.raises(ValueError, match=r"^base must be a number > 1\.0, got 0\.5$"):
         RoPE(8, base=0.5)
     assert RoPE(8, base=1.5).scaling["rope_theta"] == 1.5
+    with pytest.raises(ValueError, match=r"^scaling must be None or a dict .*, got 'yarn'$"):
+        RoPE(8, scaling="yarn")
+    longrope = longrope_parameters([1.0] * 4, factor=2.0, original=8)
+    with pytest.raises(ValueError, match="^long_factor must have dim/2 = 4 entries, got 3$"):  # at once, not past 8
+        RoPE(8, scaling={**longrope, "long_factor": [1.0] * 3})
 
 
 def test_apply_rope_defaults_to_the_half_layout_and_rotation_in_place_writes_the_inputs():

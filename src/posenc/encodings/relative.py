@@ -28,6 +28,19 @@ from .absolute import sinusoid
 from .base import PositionalEncoding
 
 
+def check_buckets(num_buckets: object, max_distance: object, bidirectional: bool) -> None:
+    """T5's bucket counts, refused where its formula would divide by log(max_distance / exact) <= 0 and return
+    garbage buckets (as transformers' does): at least one exact distance each way (num_buckets >= 4 both ways,
+    >= 2 causal), and max_distance past the exact distances."""
+    checks.positive_int("num_buckets", num_buckets, minimum=4 if bidirectional else 2)
+    exact = (num_buckets // 2 if bidirectional else num_buckets) // 2
+    checks.positive_int("max_distance", max_distance)
+    if max_distance <= exact:
+        each_way = " each way" if bidirectional else ""
+        raise ValueError(f"max_distance must be an integer >= {exact + 1} (more than the distances "
+                         f"num_buckets={num_buckets} holds exactly{each_way}), got {max_distance!r}")
+
+
 def t5_bucket(
     relative_position: Tensor, *, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128
 ) -> Tensor:
@@ -43,8 +56,7 @@ def t5_bucket(
     Returns:
         int64 tensor of the same shape, values in [0, num_buckets).
     """
-    checks.positive_int("num_buckets", num_buckets, minimum=2)
-    checks.positive_int("max_distance", max_distance, minimum=1)
+    check_buckets(num_buckets, max_distance, bidirectional)
     relative_position = torch.as_tensor(relative_position).long()
     bucket = torch.zeros_like(relative_position)
     if bidirectional:
@@ -88,9 +100,8 @@ class T5RelativeBias(PositionalEncoding):
     ):
         super().__init__()
         self.num_heads = checks.positive_int("num_heads", num_heads)
-        self.num_buckets = checks.positive_int("num_buckets", num_buckets, minimum=2)
-        self.max_distance = checks.positive_int("max_distance", max_distance, minimum=1)
-        self.bidirectional = bool(bidirectional)
+        check_buckets(num_buckets, max_distance, bool(bidirectional))
+        self.num_buckets, self.max_distance, self.bidirectional = num_buckets, max_distance, bool(bidirectional)
         self.interpolate_factor = checks.positive_float("interpolate_factor", interpolate_factor, minimum=1.0, inclusive=True)
         self.table = nn.Parameter(torch.randn(num_buckets, num_heads) * 0.02)  # (buckets, H)
 

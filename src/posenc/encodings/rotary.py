@@ -13,6 +13,8 @@ This rotates by +angle, the textbook direction: (x1, x2) -> (x1 cos − x2 sin, 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import Tensor
 
@@ -66,7 +68,7 @@ class RoPE(PositionalEncoding):
     def __init__(self, head_dim: int, base: float | None = None, layout: str = "half", scaling: dict | None = None,
                  rotary_heads: int | None = None):
         super().__init__()
-        theta = (scaling or {}).get("rope_theta")
+        theta = scaling.get("rope_theta") if isinstance(scaling, Mapping) else None  # else normalize_scaling refuses
         if base is not None and theta is not None and float(theta) != float(base):
             raise ValueError(f"base={base} and scaling['rope_theta']={theta} disagree; give the base once")
         self.rotary_heads = None if rotary_heads is None else checks.positive_int("rotary_heads", rotary_heads)
@@ -75,7 +77,8 @@ class RoPE(PositionalEncoding):
         base = 10000.0 if base is None else checks.positive_float("base", base, minimum=1.0)
         self.scaling = normalize_scaling(scaling, base=base)
         self.length_dependent = SCALINGS[self.scaling["rope_type"]].length_dependent
-        self._fixed = None if self.length_dependent else rope_frequencies(head_dim, self.scaling)
+        checked = rope_frequencies(head_dim, self.scaling, seq_len=1)  # a bad dict refused now, not at a long input
+        self._fixed = None if self.length_dependent else checked
 
     def frequencies(self, seq_len: int | None = None) -> tuple[Tensor, float]:
         """(inv_freq (F,) float32, attention_factor) for a context of seq_len tokens."""

@@ -26,6 +26,7 @@ Hugging Face configs with several layer types (Gemma 3: ``sliding_attention`` an
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Callable
 
@@ -109,11 +110,11 @@ def _longrope(p: dict, dim: int, seq_len: int | None) -> tuple[Tensor, float]:
     attention_factor = p.get("attention_factor")
     if attention_factor is None:
         attention_factor = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
+    for which in ("short_factor", "long_factor"):  # both, so a wrong long list is not found only past `original`
+        if len(p[which]) != dim // 2:
+            raise ValueError(f"{which} must have dim/2 = {dim // 2} entries, got {len(p[which])}")
     long = seq_len is not None and seq_len > original
     ext = torch.tensor(p["long_factor"] if long else p["short_factor"], dtype=torch.float32)
-    if ext.shape != (dim // 2,):
-        which = "long_factor" if long else "short_factor"
-        raise ValueError(f"{which} must have dim/2 = {dim // 2} entries, got {ext.numel()}")
     return 1.0 / (ext * p["rope_theta"] ** _exponents(dim)), attention_factor
 
 
@@ -193,6 +194,10 @@ def normalize_scaling(scaling: dict | None, base: float = 10000.0) -> dict:
     unknown ``rope_type``, keys no scaling type reads (typos), missing required keys
     and ``factor < 1``.
     """
+    if scaling is not None and not isinstance(scaling, Mapping):
+        raise ValueError(f"scaling must be None or a dict (a Hugging Face rope_parameters / rope_scaling), e.g. "
+                         f"{{'rope_type': 'yarn', 'factor': 4.0, 'original_max_position_embeddings': 4096}}, got "
+                         f"{scaling!r}")
     if is_per_layer_type(scaling):
         raise ValueError(f"this rope_parameters dict holds one scaling per layer type ({', '.join(scaling)}); "
                          "a RoPE takes one of them, e.g. scaling=rope_parameters['full_attention'] "
@@ -225,6 +230,10 @@ def normalize_scaling(scaling: dict | None, base: float = 10000.0) -> dict:
         raise ValueError("rope_type='longrope' needs 'factor' or 'max_position_embeddings' in the scaling dict")
     if rope_type == "llama3" and not params["high_freq_factor"] > params["low_freq_factor"]:
         raise ValueError("llama3 scaling needs high_freq_factor > low_freq_factor")
+    if rope_type == "yarn" and (params.get("beta_fast") or 32) < (params.get("beta_slow") or 1):
+        raise ValueError(f"yarn scaling needs beta_fast >= beta_slow (its ramp runs from beta_fast rotations down to "
+                         f"beta_slow; transformers only warns), got beta_fast={params.get('beta_fast')} and "
+                         f"beta_slow={params.get('beta_slow')} (None: 32 and 1)")
     return params
 
 
