@@ -299,8 +299,9 @@ def test_the_edges_that_are_accepted_and_the_sizes_that_are_not():
             rope_frequencies(16, {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 8,
                                   "beta_fast": fast, "beta_slow": slow})
     for scaling in ("yarn", [("rope_type", "linear")], 2.0):
-        with pytest.raises(ValueError, match=rf"^scaling must be None or a dict .*, got {re.escape(repr(scaling))}$"):
-            rope_frequencies(16, scaling)
+        for refuses in (lambda: rope_frequencies(16, scaling), lambda: layer_scalings(scaling)):
+            with pytest.raises(ValueError, match=rf"^scaling must be None or a dict .*, got {re.escape(repr(scaling))}$"):
+                refuses()
 
 
 def test_rope_refuses_a_bad_layout_or_base_by_name_and_takes_a_base_between_one_and_two():

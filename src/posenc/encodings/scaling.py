@@ -111,8 +111,9 @@ def _longrope(p: dict, dim: int, seq_len: int | None) -> tuple[Tensor, float]:
     if attention_factor is None:
         attention_factor = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
     for which in ("short_factor", "long_factor"):  # both, so a wrong long list is not found only past `original`
-        if len(p[which]) != dim // 2:
-            raise ValueError(f"{which} must have dim/2 = {dim // 2} entries, got {len(p[which])}")
+        factors = torch.as_tensor(p[which])
+        if factors.shape != (dim // 2,):
+            raise ValueError(f"{which} must have dim/2 = {dim // 2} entries, got {factors.numel()}")
     long = seq_len is not None and seq_len > original
     ext = torch.tensor(p["long_factor"] if long else p["short_factor"], dtype=torch.float32)
     return 1.0 / (ext * p["rope_theta"] ** _exponents(dim)), attention_factor
@@ -175,7 +176,8 @@ SCALINGS: dict[str, Scaling] = {
 def is_per_layer_type(rope_parameters: dict | None) -> bool:
     """True for a Hugging Face dict that holds one scaling dict per layer type, e.g.
     ``{"sliding_attention": {...}, "full_attention": {...}}``."""
-    return bool(rope_parameters) and all(isinstance(v, dict) or v is None for v in rope_parameters.values())
+    return isinstance(rope_parameters, Mapping) and bool(rope_parameters) and all(
+        isinstance(v, dict) or v is None for v in rope_parameters.values())
 
 
 def layer_scalings(rope_parameters: dict, base: float = 10000.0) -> dict[str, dict]:
