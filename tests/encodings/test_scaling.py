@@ -317,6 +317,26 @@ def test_rope_refuses_a_bad_layout_or_base_by_name_and_takes_a_base_between_one_
         RoPE(8, scaling={**longrope, "long_factor": [1.0] * 3})
 
 
+def test_apply_rope_takes_positions_of_shape_t_and_refuses_what_does_not_match_x_by_name():
+    x, inv_freq = torch.randn(2, 3, 5, 8, dtype=torch.float64), rope_frequencies(8)[0]
+    rows = torch.arange(5)
+    assert torch.equal(apply_rope(x, rows, inv_freq), apply_rope(x, rows[None].expand(2, 5), inv_freq))
+    back = apply_rope(apply_rope(x, rows, inv_freq), -rows, inv_freq)  # a negative position rotates backwards
+    torch.testing.assert_close(back, x, rtol=0, atol=1e-12)
+    for positions in (torch.arange(6), torch.arange(5.0), torch.zeros(3, 5, dtype=torch.long), torch.ones(5) > 0):
+        with pytest.raises(ValueError, match=rf"^positions must be an integer tensor of shape \(5,\) or \(2, 5\) to "
+                                             rf"match x, got {positions.dtype} {re.escape(str(tuple(positions.shape)))}$"):
+            apply_rope(x, positions, inv_freq)
+    for freq in (rope_frequencies(16)[0], inv_freq[None]):
+        with pytest.raises(ValueError, match=rf"^inv_freq must be a \(F,\) tensor with 2F <= Dh = 8, got "
+                                             rf"{re.escape(str(tuple(freq.shape)))}$"):
+            apply_rope(x, rows, freq)
+    with pytest.raises(ValueError, match=r"^x must be a 4-D tensor \(B, H, T, Dh\), got \(3, 5, 8\)$"):
+        apply_rope(x[0], rows, inv_freq)
+    with pytest.raises(ValueError, match=r"^layout must be one of \['half', 'interleaved'\], got 'pairs'$"):
+        apply_rope(x, rows, inv_freq, layout="pairs")
+
+
 def test_apply_rope_defaults_to_the_half_layout_and_rotation_in_place_writes_the_inputs():
     x = torch.randn(1, 2, 5, 8, dtype=torch.float64)
     positions, inv_freq = torch.arange(5)[None], rope_frequencies(8)[0]

@@ -83,7 +83,9 @@ def _run(check: str) -> None:
     assert run_interpreted(REFERENCE + textwrap.dedent(check)).strip().endswith("ok")
 
 
-def test_tiles_equal_float64_with_an_offset_table_and_token_values():
+@pytest.mark.parametrize("dtype, tolerance, learned, cases", [("float32", 1e-5, 1e-5, 24), ("bfloat16", 5e-2, 2e-2, 18)],
+                         ids=["float32", "bfloat16"])
+def test_tiles_equal_float64_with_an_offset_table_and_token_values(dtype, tolerance, learned, cases):
     """Causal and bidirectional, grouped-query, a KV-cache step (Tq < Tk), head widths that are no power of two
     and a value width unlike the key's; the table's gradient (reduced along the tiles' diagonals) and the token
     values' gradient (row and column sums) included, the values also near −3·10^4 (each side differenced against a
@@ -92,32 +94,33 @@ def test_tiles_equal_float64_with_an_offset_table_and_token_values():
     Those sum dS = P·(dP − D) over pairs whose exact sums cancel; with D from the bf16-rounded output (as
     FlashAttention takes it) the table's missed by 0.144 at one seed of five (each of 0, 1,000, …, 4,000 added to
     every seed), by 7.6e-3 at worst with D from the float32 output the kernel now keeps for them."""
-    _run("""
+    _run(f"""
+    dtype, tolerance, learned, expected_cases = torch.{dtype}, {tolerance!r}, {learned!r}, {cases!r}
+    """ + """
     torch.manual_seed(0)
     cases = 0
-    for dtype, tolerance, learned in ((torch.float32, 1e-5, 1e-5), (torch.bfloat16, 5e-2, 2e-2)):
-        for causal in (True, False):
-            for batch, heads, kv_heads, q_len, k_len, width, value_width in (
-                    (2, 4, 2, 37, 37, 8, 8), (1, 2, 2, 5, 40, 16, 8), (2, 2, 1, 33, 33, 12, 20)):
-                q = torch.randn(batch, heads, q_len, width)
-                k, v = torch.randn(batch, kv_heads, k_len, width), torch.randn(batch, kv_heads, k_len, value_width)
-                lowest = 0 if causal else -(k_len - 1)
-                table = torch.randn(heads, k_len - lowest)
-                tokens = (torch.randn(1, heads, k_len) - 1).cumsum(-1) * 3 if causal else None  # FoX: causal only
-                compare(dtype, tolerance, 0.3, causal, q, k, v)
-                compare(dtype, tolerance, 0.3, causal, q, k, v, table=table, lowest=lowest, learned=learned)
-                compare(dtype, tolerance, 0.3, causal, q, k, v, table=table, lowest=lowest, tokens=tokens,
-                        learned=learned)
-                cases += 3
-                if causal and dtype == torch.float32:  # c far from 0, as late in a long FoX context: its digits kept
-                    compare(dtype, tolerance, 0.3, causal, q, k, v, tokens=tokens.double() - 30000.123456789)
-                    # a gate that shuts where a query tile starts (c falls by 10^5 there): the later tiles' c is
-                    # differenced against their own tile's first query, not the first query's (c_0 − 10^5 in
-                    # float32 keeps 3 bits after the point)
-                    shut = tokens.double() - 1e5 * (torch.arange(k_len) >= 16)
-                    compare(dtype, tolerance, 0.3, causal, q, k, v, tokens=shut)
-                    cases += 2
-    assert cases == 42
+    for causal in (True, False):
+        for batch, heads, kv_heads, q_len, k_len, width, value_width in (
+                (2, 4, 2, 37, 37, 8, 8), (1, 2, 2, 5, 40, 16, 8), (2, 2, 1, 33, 33, 12, 20)):
+            q = torch.randn(batch, heads, q_len, width)
+            k, v = torch.randn(batch, kv_heads, k_len, width), torch.randn(batch, kv_heads, k_len, value_width)
+            lowest = 0 if causal else -(k_len - 1)
+            table = torch.randn(heads, k_len - lowest)
+            tokens = (torch.randn(1, heads, k_len) - 1).cumsum(-1) * 3 if causal else None  # FoX: causal only
+            compare(dtype, tolerance, 0.3, causal, q, k, v)
+            compare(dtype, tolerance, 0.3, causal, q, k, v, table=table, lowest=lowest, learned=learned)
+            compare(dtype, tolerance, 0.3, causal, q, k, v, table=table, lowest=lowest, tokens=tokens,
+                    learned=learned)
+            cases += 3
+            if causal and dtype == torch.float32:  # c far from 0, as late in a long FoX context: its digits kept
+                compare(dtype, tolerance, 0.3, causal, q, k, v, tokens=tokens.double() - 30000.123456789)
+                # a gate that shuts where a query tile starts (c falls by 10^5 there): the later tiles' c is
+                # differenced against their own tile's first query, not the first query's (c_0 − 10^5 in
+                # float32 keeps 3 bits after the point)
+                shut = tokens.double() - 1e5 * (torch.arange(k_len) >= 16)
+                compare(dtype, tolerance, 0.3, causal, q, k, v, tokens=shut)
+                cases += 2
+    assert cases == expected_cases
     print("ok")
     """)
 
@@ -352,7 +355,9 @@ def test_a_tile_on_a_declared_flat_run_reads_one_number_in_bf16_and_each_pairs_e
     """)
 
 
-def test_fire_tiles_read_its_mlp_as_segments_and_equal_float64_eager():
+@pytest.mark.parametrize("width, spread, c", [(5, 0.35, None), (32, 1.0, None), (33, 1.2, None), (5, 0.35, 1e-4)],
+                         ids=["width5", "width32", "width33", "width5-small-c"])  # one child each: 30 s, not 2 min
+def test_fire_tiles_read_its_mlp_as_segments_and_equal_float64_eager(width, spread, c):
     """FIRE through ``forms._tiles_form``, its MLP read as linear segments per pair (``kernels.fire_segments``),
     against float64 eager: the output and the gradients of q, k, v and every parameter (the MLP's weights and
     biases, c, L), causal and bidirectional, at the model's positions (queries below and past L = 12, one at it; a
@@ -368,7 +373,9 @@ def test_fire_tiles_read_its_mlp_as_segments_and_equal_float64_eager():
     1) was 1.5e-5 for the MLP's, 9.5e-5 for L's, 9.2e-5 for c's, 2.3e-2 for c's at c = 10^-4, whose two terms cancel
     to c·max(q, L) of their size (float32 eager's c: up to 1.8e-4 and 3.0e-2 on the same draws); the bounds are 2-5
     times those. The output and dq, dk, dv stay at 2e-5."""
-    _run("""
+    _run(f"""
+    width, spread, c = {width!r}, {spread!r}, {c!r}
+    """ + """
     import copy
     import posenc
     from posenc.kernels import forms
@@ -417,18 +424,17 @@ def test_fire_tiles_read_its_mlp_as_segments_and_equal_float64_eager():
     contiguous = torch.arange(40)[None]
     window = (torch.arange(14, 35)[None], torch.arange(35)[None])
     shuffled = (torch.randperm(40)[:21][None], torch.randperm(40)[:35][None])
-    for width, spread, c in ((5, 0.35, None), (32, 1.0, None), (33, 1.2, None), (5, 0.35, 1e-4)):
-        encoding = fire(width, spread, c)
-        if width == 5:  # 16 x 16 tiles of the 40 x 40 pairs in one segment, and across several
-            x = encoding.interpolated_distance(contiguous, contiguous, torch.float32)[0]
-            keys = encoding.offset_formula()[1][0, :8]
-            counts = [len(segment_of(x[i:i + 16, j:j + 16], keys).unique()) for i in (0, 16, 32) for j in (0, 16, 32)]
-            assert min(counts) == 1 and max(counts) > 2, counts
-        for causal in (True, False):
-            compare(encoding, causal, contiguous, contiguous, True, 1)
-            compare(encoding, causal, *shuffled, False, 2)
-        compare(encoding, True, contiguous[:, 19:], contiguous, True, 2)  # a KV-cache step: 21 queries, 40 keys
-        compare(encoding, True, *window, False, 1)
+    encoding = fire(width, spread, c)
+    if width == 5:  # 16 x 16 tiles of the 40 x 40 pairs in one segment, and across several
+        x = encoding.interpolated_distance(contiguous, contiguous, torch.float32)[0]
+        keys = encoding.offset_formula()[1][0, :8]
+        counts = [len(segment_of(x[i:i + 16, j:j + 16], keys).unique()) for i in (0, 16, 32) for j in (0, 16, 32)]
+        assert min(counts) == 1 and max(counts) > 2, counts
+    for causal in (True, False):
+        compare(encoding, causal, contiguous, contiguous, True, 1)
+        compare(encoding, causal, *shuffled, False, 2)
+    compare(encoding, True, contiguous[:, 19:], contiguous, True, 2)  # a KV-cache step: 21 queries, 40 keys
+    compare(encoding, True, *window, False, 1)
     print("ok")
     """)
 

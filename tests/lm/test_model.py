@@ -246,10 +246,30 @@ def test_decoding_with_positions_per_row_equals_the_full_pass():
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("field", ["dim", "num_layers", "num_heads"])
+@pytest.mark.parametrize("field", ["dim", "num_layers", "num_heads", "mlp_ratio", "vocab_size", "max_positions"])
 def test_each_size_is_named_when_it_is_not_positive(field):
     with pytest.raises(ValueError, match=f"^{field} must be an integer >= 1, got 0$"):
         ModelConfig(**{field: 0})
+
+
+def test_tokens_and_caches_the_model_cannot_read_are_named():
+    with pytest.raises(ValueError, match=r"^backend must be one of \['auto', 'eager', 'flex', 'sdpa'\], got 'cuda'$"):
+        ModelConfig(backend="cuda")
+    model = small()
+    shape = r"^tokens must be a \(B, T\) integer tensor of ids in \[0, 256\), B, T >= 1, got "
+    for tokens, got in ((torch.zeros(2, 5), r"torch.float32 \(2, 5\)$"), (torch.zeros(5, dtype=torch.long),
+                        r"torch.int64 \(5,\)$"), (torch.zeros(2, 0, dtype=torch.long), r"torch.int64 \(2, 0\)$"),
+                        (torch.zeros(2, 5, dtype=torch.bool), r"torch.bool \(2, 5\)$"), ([[1, 2]], r"<class 'list'> \(\)$")):
+        with pytest.raises(ValueError, match=shape + got):
+            model(tokens)
+    for bad in (-1, 256):
+        with pytest.raises(ValueError, match=rf"^tokens must be ids in \[0, 256\) \(vocab_size\), got {bad}$"):
+            model(torch.tensor([[0, 255, bad]]))
+    assert model(torch.tensor([[0, 255]])).shape == (1, 2, 256)  # both ends of the vocabulary
+    for layers in (model.config.num_layers - 1, model.config.num_layers + 1):
+        with pytest.raises(ValueError, match=rf"^the cache holds {layers} layers but the model has "
+                                             rf"{model.config.num_layers}: make it with KVCache"):
+            model(torch.tensor([[1, 2]]), cache=KVCache(layers))
 
 
 def test_bad_layers_positions_and_caches_are_named():

@@ -40,16 +40,37 @@ def apply_rope(
 
     Args:
         x: (B, H, T, Dh) queries or keys, Dh >= 2F.
-        positions: (B or 1, T) integer positions.
+        positions: (T,) or (B or 1, T) integer positions; a negative one rotates backwards (a difference of two
+            positions, as Self-Extend and DCA rotate by).
         inv_freq: (F,) from rope_frequencies().
         attention_factor: multiplies cos and sin (YaRN, LongRoPE).
         layout: "half" or "interleaved".
     Returns:
         (B, H, T, Dh), same dtype as x.
     """
+    positions = _checked_rope_inputs(x, positions, inv_freq, layout)
     compute = torch.float64 if x.dtype == torch.float64 else torch.float32
     cos, sin = rope_cos_sin(positions, inv_freq, attention_factor, compute)  # (B or 1, 1, T, F)
     return rotate_pairs(x, cos, sin, layout)
+
+
+def _checked_rope_inputs(x: Tensor, positions: Tensor, inv_freq: Tensor, layout: str) -> Tensor:
+    """``apply_rope``'s arguments checked by shape and dtype alone (no value is read: it runs inside compiled
+    graphs); returns the positions as (B or 1, T)."""
+    if not isinstance(x, Tensor) or x.dim() != 4:
+        raise ValueError(f"x must be a 4-D tensor (B, H, T, Dh), got {tuple(getattr(x, 'shape', ())) or type(x)}")
+    batch, _, length, width = x.shape
+    given = tuple(getattr(positions, "shape", ()))
+    positions = checks.batched_positions("positions", positions)
+    if (positions.dtype.is_floating_point or positions.dtype == torch.bool or positions.shape[-1] != length
+            or positions.shape[0] not in (1, batch)):
+        raise ValueError(f"positions must be an integer tensor of shape ({length},) or ({batch}, {length}) to match "
+                         f"x, got {positions.dtype} {given or tuple(positions.shape)}")
+    if not isinstance(inv_freq, Tensor) or inv_freq.dim() != 1 or 2 * inv_freq.shape[0] > width:
+        raise ValueError(f"inv_freq must be a (F,) tensor with 2F <= Dh = {width}, got "
+                         f"{tuple(getattr(inv_freq, 'shape', ())) or type(inv_freq)}")
+    checks.choice("layout", layout, LAYOUTS)
+    return positions
 
 
 class RoPE(PositionalEncoding):

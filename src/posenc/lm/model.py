@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import checks
-from ..attention import attention, attention_weights
+from ..attention import BACKENDS, attention, attention_weights
 from ..encodings import build_for_model
 from ..encodings.positioned import PositionedEncoding
 from .layouts import check_layers
@@ -52,6 +52,10 @@ class ModelConfig:
         checks.positive_int("dim", self.dim)
         checks.positive_int("num_layers", self.num_layers)
         checks.positive_int("num_heads", self.num_heads)
+        checks.positive_int("mlp_ratio", self.mlp_ratio)
+        checks.positive_int("vocab_size", self.vocab_size)
+        checks.positive_int("max_positions", self.max_positions)
+        checks.choice("backend", self.backend, BACKENDS)
         if self.dim % self.num_heads:
             raise ValueError(f"dim ({self.dim}) must be divisible by num_heads ({self.num_heads})")
         object.__setattr__(self, "layers", check_layers(self.layers, self.num_layers))
@@ -265,7 +269,7 @@ class LanguageModel(nn.Module):
         Returns logits (B, T, V). With a cache the new keys/values are appended to it;
         with ``maps`` a list, each layer's attention weights (B, H, T, Tk) are appended.
         """
-        batch, length = tokens.shape
+        batch, length = self._checked_tokens(tokens, cache)
         start = 0 if cache is None else cache.length
         contiguous = positions is None and (cache is None or cache.contiguous)
         if positions is None:
@@ -288,3 +292,20 @@ class LanguageModel(nn.Module):
         if cache is not None:
             cache.trim()
         return F.linear(self.final_norm(x), self.embed.weight)  # tied output head: (B, T, V)
+
+    def _checked_tokens(self, tokens: Tensor, cache: KVCache | None) -> tuple[int, int]:
+        """(B, T) of ``tokens``, refused unless a (B, T) integer tensor of ids below the vocabulary (their values
+        read only outside a compiled graph, as positions are), with a cache of one entry per layer."""
+        vocab = self.config.vocab_size
+        if not isinstance(tokens, Tensor) or tokens.dim() != 2 or 0 in tokens.shape or tokens.dtype.is_floating_point \
+                or tokens.is_complex() or tokens.dtype == torch.bool:
+            raise ValueError(f"tokens must be a (B, T) integer tensor of ids in [0, {vocab}), B, T >= 1, got "
+                             f"{getattr(tokens, 'dtype', type(tokens))} {tuple(getattr(tokens, 'shape', ()))}")
+        if not torch.compiler.is_compiling():
+            low, high = int(tokens.min()), int(tokens.max())
+            if low < 0 or high >= vocab:
+                raise ValueError(f"tokens must be ids in [0, {vocab}) (vocab_size), got {low if low < 0 else high}")
+        if cache is not None and len(cache.keys) != self.config.num_layers:
+            raise ValueError(f"the cache holds {len(cache.keys)} layers but the model has {self.config.num_layers}: "
+                             f"make it with KVCache(model.config.num_layers)")
+        return tokens.shape
