@@ -17,6 +17,9 @@ os.environ["POSENC_FORMS_CACHE"] = os.path.join(_FORMS_FOLDER, "attention-forms.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
+    # and the processes a test starts (a Triton interpreter check, a command line, torchrun) the same share: two
+    # interpreter checks at once, each with a pool as wide as the machine, took 26 s where they take 17-23 s.
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 
 # `make mutate` forks one process per mutant from this one. tqdm's default write lock is shared with forked
 # children (a multiprocessing lock) and its monitor thread takes the thread lock every few seconds: a child forked
