@@ -28,19 +28,6 @@ tqdm.tqdm.set_lock(threading.RLock())
 tqdm.tqdm.monitor_interval = 0
 
 
-# Tests of tens of seconds each: a Triton kernel under the interpreter in a child process, a run killed and resumed,
-# two processes, a command line end to end (the slowest: tests/kernels/test_tiles_triton.py, 20-40 s a case).
-HEAVY_MODULES = ("tests/kernels/test_tiles_triton.py", "tests/kernels/test_counts_triton.py",
-                 "tests/kernels/test_lookups_triton.py", "tests/kernels/test_sticks_triton.py",
-                 "tests/kernels/test_rope_triton.py", "tests/kernels/test_value_columns.py",
-                 "tests/kernels/test_large_launches.py", "tests/bench/test_scripts.py", "tests/test_cli_matrix.py")
-HEAVY_NAMES = ("sigkill", "ddp", "torchrun", "two_cpu_processes", "two_sharded_processes", "inductor", "compiled_flex")
-
-
-def is_heavy(item) -> bool:
-    return item.nodeid.startswith(HEAVY_MODULES) or any(word in item.name for word in HEAVY_NAMES)
-
-
 def pytest_sessionstart(session):
     """Under two or more workers, each builds its share of the C++ kernels as it starts: built on first use
     instead, a worker that needs a kernel the other is building waits idle for it (a fresh clone builds all
@@ -53,26 +40,6 @@ def pytest_sessionstart(session):
                   rope_cpu.extension)
         for build in builds[int(worker[2:])::_WORKERS]:
             build()
-
-
-@pytest.hookimpl(trylast=True)  # after -k and -m have deselected
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist's work stealing, each worker's first share of the tests starts with the heavy ones
-    (``is_heavy``), in collection order otherwise. A worker that runs out takes tests from the end of another's
-    queue, so the last minutes then hold short tests, not one worker finishing a 40 s test while the other idles.
-    The shares are the ones ``--dist worksteal`` makes first: contiguous, len // workers left each."""
-    if _WORKERS < 2:
-        return
-    heavy, light = [item for item in items if is_heavy(item)], [item for item in items if not is_heavy(item)]
-    ordered, left = [], len(items)
-    for share in range(_WORKERS):
-        size = left // (_WORKERS - share)
-        own_heavy = heavy[share::_WORKERS][:size]
-        ordered += own_heavy + light[:size - len(own_heavy)]
-        light = light[size - len(own_heavy):]
-        left -= size
-    assert len(ordered) == len(items) and not light, "every test once"
-    items[:] = ordered
 
 
 def pytest_sessionfinish(session, exitstatus):
