@@ -272,9 +272,10 @@ class LanguageModel(nn.Module):
         batch, length = self._checked_tokens(tokens, cache)
         start = 0 if cache is None else cache.length
         contiguous = positions is None and (cache is None or cache.contiguous)
-        if positions is None:
+        if positions is None:  # the model's own: not read back to be checked (a GPU would wait for it)
             positions = torch.arange(start, start + length, device=tokens.device)[None]  # (1, T)
-        positions = checks.positions("positions", positions, length, batch).to(tokens.device)
+        else:
+            positions = checks.positions("positions", positions, length, batch).to(tokens.device)
         k_pos = positions
         if cache is not None:
             if cache.positions is not None:
@@ -302,7 +303,7 @@ class LanguageModel(nn.Module):
             raise ValueError(f"tokens must be a (B, T) integer tensor of ids in [0, {vocab}), B, T >= 1, got "
                              f"{getattr(tokens, 'dtype', type(tokens))} {tuple(getattr(tokens, 'shape', ()))}")
         if not torch.compiler.is_compiling():
-            low, high = int(tokens.min()), int(tokens.max())
+            low, high = torch.stack(torch.aminmax(tokens)).tolist()  # one read back, not two
             if low < 0 or high >= vocab:
                 raise ValueError(f"tokens must be ids in [0, {vocab}) (vocab_size), got {low if low < 0 else high}")
         if cache is not None and len(cache.keys) != self.config.num_layers:
