@@ -3,6 +3,7 @@
 resumes under one."""
 
 import os
+import re
 import socket
 
 import pytest
@@ -40,6 +41,37 @@ def crash_at_the_second_point():
     return raising_on_call(first_logit, 2, Crash)
 
 
+def check_loading_some_parameters(replica) -> None:
+    """Whole tensors for some of a sharded model's parameters: those change on every rank, the others do not."""
+    parameters = dict(replica.named_parameters())
+    before = sharding.full_parameters(parameters)  # collective, as each full_tensor() below
+    changed = "model.norm.weight"
+    sharding.load_parameters(replica, {changed: parameters[changed]}, {changed: before[changed] + 1}, sharded=True)
+    for name, parameter in parameters.items():
+        want = before[name] + 1 if name == changed else before[name]
+        torch.testing.assert_close(parameter.full_tensor(), want, rtol=0, atol=0, msg=name)
+
+
+def check_moments_round_trip(replica) -> None:
+    """AdamW's moments gathered whole by name, then loaded into a new optimizer: each rank holds its shard, placed
+    as its parameter is (not replicated), with the gathered values."""
+    parameters = dict(replica.named_parameters())
+    optimizer = torch.optim.AdamW(replica.parameters())
+    replica(input_ids=TEXT[None, :16]).logits.sum().backward()
+    optimizer.step()
+    moments = sharding.optimizer_state(parameters, optimizer)
+    fresh = torch.optim.AdamW(replica.parameters())
+    sharding.load_optimizer_state(parameters, fresh, moments)
+    for name, parameter in parameters.items():
+        assert not isinstance(moments[name]["exp_avg"], DTensor) and moments[name]["exp_avg"].shape == parameter.shape
+        assert fresh.state[parameter].keys() == moments[name].keys() == {"step", "exp_avg", "exp_avg_sq"}, name
+        for key in ("exp_avg", "exp_avg_sq"):
+            loaded = fresh.state[parameter][key]
+            assert isinstance(loaded, DTensor) and loaded.placements == parameter.placements, (name, key)
+            assert loaded.to_local().shape == parameter.to_local().shape, (name, key)
+            torch.testing.assert_close(loaded.full_tensor(), moments[name][key], rtol=0, atol=0, msg=name)
+
+
 def run_jobs(rank: int, world_size: int, port: int, folder: str) -> None:
     """One process of the group: full fine-tuning, LoRA, a crash at step 4 and its resumption, another crash."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
@@ -51,6 +83,8 @@ def run_jobs(rank: int, world_size: int, port: int, folder: str) -> None:
         for name, parameter in replica.named_parameters():
             assert isinstance(parameter, DTensor) and parameter.to_local().shape[0] == parameter.shape[0] // 2, name
         assert not any(isinstance(p, DTensor) for p in model.parameters())  # the measured model stays whole
+        check_loading_some_parameters(replica)
+        check_moments_round_trip(replica)
         for name, lora in (("full", 0), ("lora", 4)):
             adapt(tiny_llama(0, 32), TEXT, config(lora=lora), f"{folder}/{name}", points=POINTS, measure=first_logit,
                   rank=rank, world_size=world_size)
@@ -106,6 +140,18 @@ def test_a_run_killed_under_two_processes_resumes_under_one(two_processes, tmp_p
     for key, tensor in whole.named_parameters():
         torch.testing.assert_close(dict(resumed.named_parameters())[key], tensor, rtol=1e-4, atol=1e-5, msg=key)
     assert again["losses"] == pytest.approx(record["losses"], abs=1e-5)
+
+
+def test_layer_classes_are_a_transformers_models_or_the_ones_a_peft_model_wraps():
+    peft = pytest.importorskip("peft")
+    model = tiny_llama(0, 32)
+    assert sharding.layer_classes(model) == ("LlamaDecoderLayer",)
+    wrapped = peft.get_peft_model(tiny_llama(0, 32), peft.LoraConfig(r=4, target_modules=["q_proj"]))
+    assert sharding.layer_classes(wrapped) == ("LlamaDecoderLayer",)
+    assert sharding.layer_classes(torch.nn.Linear(2, 2)) == ()
+    refusal = "sharded fine-tuning needs the model's layer classes (transformers' _no_split_modules)"
+    with pytest.raises(ValueError, match="^" + re.escape(refusal) + "$"):
+        sharding.sharded_copy(torch.nn.Linear(2, 2), ())
 
 
 def test_a_checkpoint_from_an_older_posenc_is_refused_in_one_line(tmp_path):

@@ -33,9 +33,9 @@ def sharded_copy(model: nn.Module, blocks: tuple[str, ...]) -> nn.Module:
 
 
 def layer_classes(model: nn.Module) -> tuple[str, ...]:
-    """The decoder-layer class names of a transformers model, or of the one a peft model wraps."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return tuple(getattr(inner, "_no_split_modules", None) or ())
+    """The decoder-layer class names of a transformers model (a peft model passes on its base model's); () for a
+    module without them."""
+    return tuple(getattr(model, "_no_split_modules", None) or ())
 
 
 def full_parameters(parameters: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
