@@ -32,15 +32,18 @@ def test_numbers_take_their_bound_only_where_inclusive():
     assert checks.positive_float("base", 2) == 2.0 and type(checks.positive_float("base", 2)) is float
     assert checks.positive_float("factor", 1.0, minimum=1.0, inclusive=True) == 1.0
     assert checks.positive_float("factor", 1.5, minimum=1.0) == 1.5
-    with refused("factor must be a number > 1.0, got 1.0"):
+    with refused("factor must be a finite number > 1.0, got 1.0"):
         checks.positive_float("factor", 1.0, minimum=1.0)
-    with refused("factor must be a number >= 1.0, got 0.999"):
+    with refused("factor must be a finite number >= 1.0, got 0.999"):
         checks.positive_float("factor", 0.999, minimum=1.0, inclusive=True)
-    for value, shown in ((0, "0"), (False, "False"), (float("nan"), "nan"), ("2", "'2'"), (None, "None")):
-        with refused(f"base must be a number > 0.0, got {shown}"):
+    for value, shown in ((0, "0"), (False, "False"), (float("nan"), "nan"), (float("inf"), "inf"), ("2", "'2'"),
+                         (None, "None")):
+        with refused(f"base must be a finite number > 0.0, got {shown}"):
             checks.positive_float("base", value)
-    with refused("base must be a number >= 0.0, got nan"):
+    with refused("base must be a finite number >= 0.0, got nan"):
         checks.positive_float("base", float("nan"), inclusive=True)
+    with refused("factor must be a finite number >= 1.0, got 1" + "0" * 309):
+        checks.positive_float("factor", 10 ** 309, minimum=1.0, inclusive=True)  # an int past float's range
 
 
 def test_a_choice_lists_its_options_sorted():

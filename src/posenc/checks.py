@@ -7,6 +7,8 @@ from deep inside a matmul.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -24,11 +26,16 @@ def even_int(name: str, value: object) -> int:
 
 
 def positive_float(name: str, value: object, *, minimum: float = 0.0, inclusive: bool = False) -> float:
+    """A finite number above ``minimum`` (or at it, ``inclusive``): infinity is refused too (an infinite base,
+    factor or rate yields NaN downstream, not an answer)."""
     is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    number = float(value) if is_number else float("nan")
-    if not (number >= minimum if inclusive else number > minimum):
+    try:
+        number = float(value) if is_number else float("nan")
+    except OverflowError:  # an int past float's range
+        number = float("inf")
+    if not (number >= minimum if inclusive else number > minimum) or not math.isfinite(number):
         bound = f">= {minimum}" if inclusive else f"> {minimum}"
-        raise ValueError(f"{name} must be a number {bound}, got {value!r}")
+        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
     return number
 
 

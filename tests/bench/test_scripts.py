@@ -36,7 +36,7 @@ def test_the_window_script_bounds_a_tile_by_its_gates():
 @pytest.mark.parametrize("script, arguments, message", [
     ("cope_tile_window.py", ("--length", "10"), "--length must be an integer >= 64, got 10"),
     ("cpu_cope_kernel.py", ("--rounds", "0"), "--rounds must be an integer >= 2, got 0"),
-    ("cpu_cope_kernel.py", ("--spread", "-1"), "--spread must be a number > 0.0, got -1.0"),
+    ("cpu_cope_kernel.py", ("--spread", "-1"), "--spread must be a finite number > 0.0, got -1.0"),
 ])
 def test_bad_flags_get_one_line(script, arguments, message):
     result = run(script, *arguments)

@@ -48,8 +48,16 @@ CASES = [  # (constructor, arguments at the edge, the argument moved past it, it
 def test_each_argument_is_accepted_at_its_edge_and_refused_past_it_by_name(build, edge, past, bound):
     build(**edge)
     name, value = past
-    with pytest.raises(ValueError, match=rf"^{name} must be (a number |an integer )?{bound}, got {value!r}$"):
+    with pytest.raises(ValueError, match=rf"^{name} must be (a finite number |an integer )?{bound}, got {value!r}$"):
         build(**{**edge, name: value})
+
+
+@pytest.mark.parametrize("build, edge, past, bound", [case for case in CASES if "." in case[3]],
+                         ids=lambda c: c if isinstance(c, str) else None)
+def test_each_number_argument_refuses_infinity_by_name(build, edge, past, bound):
+    name = past[0]
+    with pytest.raises(ValueError, match=rf"^{name} must be a finite number {bound}, got inf$"):
+        build(**{**edge, name: float("inf")})
 
 
 def test_the_documented_defaults():

@@ -57,7 +57,7 @@ def test_a_float64_module_asked_for_float32_computes_in_float32():
 @pytest.mark.parametrize("build, message", [
     (lambda: FIRE(0), "num_heads must be an integer >= 1, got 0"),
     (lambda: FIRE(2, width=0), "width must be an integer >= 1, got 0"),
-    (lambda: FIRE(2, init_threshold=1.0), "init_threshold must be a number > 1.0, got 1.0"),
+    (lambda: FIRE(2, init_threshold=1.0), "init_threshold must be a finite number > 1.0, got 1.0"),
     (lambda: posenc.build("fire", num_heads=2).score_bias(torch.zeros(1, 1, 4), torch.arange(4)),
      r"q_pos must have shape \(T,\) or \(B or 1, T\), got \(1, 1, 4\)"),
     (lambda: posenc.build("fire", num_heads=2).score_bias(torch.arange(4), torch.zeros(1, 1, 4)),

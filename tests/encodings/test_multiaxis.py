@@ -274,11 +274,11 @@ def test_repr_names_every_setting():
     (lambda: MRoPE(15), "head_dim must be an even integer >= 2, got 15"),
     (lambda: MRoPE(HEAD_DIM, (-1, 5, 4)), "mrope_section must be an integer >= 0, got -1"),
     (lambda: MRoPE(HEAD_DIM, (2, 2, 2)), r"summing to head_dim/2 = 8, got \[2, 2, 2\]"),
-    (lambda: MRoPE(HEAD_DIM, (2, 3, 3), base=1.0), r"base must be a number > 1.0, got 1.0"),
-    (lambda: MRoPE(HEAD_DIM, (2, 3, 3), base=0.5), r"base must be a number > 1.0, got 0.5"),
+    (lambda: MRoPE(HEAD_DIM, (2, 3, 3), base=1.0), r"base must be a finite number > 1.0, got 1.0"),
+    (lambda: MRoPE(HEAD_DIM, (2, 3, 3), base=0.5), r"base must be a finite number > 1.0, got 0.5"),
     (lambda: AxialRoPE(0), "head_dim must be an integer >= 1, got 0"),
-    (lambda: AxialRoPE(HEAD_DIM, base=1.0), r"base must be a number > 1.0, got 1.0"),
-    (lambda: AxialRoPE(HEAD_DIM, base=0.5), r"base must be a number > 1.0, got 0.5"),
+    (lambda: AxialRoPE(HEAD_DIM, base=1.0), r"base must be a finite number > 1.0, got 1.0"),
+    (lambda: AxialRoPE(HEAD_DIM, base=0.5), r"base must be a finite number > 1.0, got 0.5"),
 ])
 def test_constructor_bounds_name_the_parameter(build, message):
     with pytest.raises(ValueError, match=message):

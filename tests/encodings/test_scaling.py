@@ -205,7 +205,7 @@ def test_relations_between_scalings():
     [
         ({"rope_type": "magic"}, "rope_type must be one of"),
         ({"rope_type": "yarn", "factor": 4.0}, r"needs \['original_max_position_embeddings'\]"),
-        ({"rope_type": "linear", "factor": 0.5}, "factor must be a number >= 1.0"),
+        ({"rope_type": "linear", "factor": 0.5}, "factor must be a finite number >= 1.0"),
         ({"rope_type": "linear", "factor": 2.0, "fator": 1}, r"unknown keys \['fator'\]"),
         ({"rope_type": "dynamic", "factor": 2.0}, r"needs \['original_max_position_embeddings'\]"),
         ({"rope_type": "default", "partial_rotary_factor": 1.5}, r"partial_rotary_factor must be in \(0, 1\]"),
@@ -264,7 +264,7 @@ def test_layer_scalings_fill_in_the_base_they_are_given():
     ({"full_attention": {"rope_type": "default"}}, r"holds one scaling per layer type \(full_attention\); a RoPE takes "
                                                    r"one of them, e\.g\. scaling=rope_parameters\['full_attention'\] "
                                                    r"\(posenc\.layer_scalings splits them\)"),
-    ({"rope_theta": 0.5}, r"^rope_theta must be a number > 1\.0, got 0\.5$"),
+    ({"rope_theta": 0.5}, r"^rope_theta must be a finite number > 1\.0, got 0\.5$"),
     ({"partial_rotary_factor": 0}, r"^partial_rotary_factor must be in \(0, 1\], got 0$"),
     ({"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 0},
      r"^original_max_position_embeddings must be an integer >= 1, got 0$"),
@@ -307,7 +307,7 @@ def test_the_edges_that_are_accepted_and_the_sizes_that_are_not():
 def test_rope_refuses_a_bad_layout_or_base_by_name_and_takes_a_base_between_one_and_two():
     with pytest.raises(ValueError, match=r"^layout must be one of \['half', 'interleaved'\], got 'pairs'$"):
         RoPE(8, layout="pairs")
-    with pytest.raises(ValueError, match=r"^base must be a number > 1\.0, got 0\.5$"):
+    with pytest.raises(ValueError, match=r"^base must be a finite number > 1\.0, got 0\.5$"):
         RoPE(8, base=0.5)
     assert RoPE(8, base=1.5).scaling["rope_theta"] == 1.5
     with pytest.raises(ValueError, match=r"^scaling must be None or a dict .*, got 'yarn'$"):

@@ -102,7 +102,7 @@ EDGES = [
     ("pretrained", dict(control_stride=1), dict(control_stride=0), "--control-stride must be an integer >= 1, got 0"),
     ("pretrained", dict(first_tokens=1), dict(first_tokens=0), "--first-tokens must be an integer >= 1, got 0"),
     ("pretrained", dict(pose_chunks=1), dict(pose_chunks=0), "--pose-chunks must be an integer >= 1, got 0"),
-    ("pretrained", dict(finetune_lr=1e-12), dict(finetune_lr=0), "--finetune-lr must be a number > 0.0, got 0"),
+    ("pretrained", dict(finetune_lr=1e-12), dict(finetune_lr=0), "--finetune-lr must be a finite number > 0.0, got 0"),
     ("pretrained", dict(self_extend_group=2), dict(self_extend_group=1),
      "--self-extend-group must be an integer >= 2, got 1"),
     ("pretrained", dict(self_extend_window=1023), dict(self_extend_window=1024),

@@ -144,7 +144,7 @@ def test_a_batch_the_processes_cannot_share_is_refused_before_any_work(tmp_path)
     (dict(target=1, window=1), "--to must be an integer >= 2, got 1"),
     (dict(window=1), "--finetune-window must be an integer >= 2, got 1"),
     (dict(steps=0), "--finetune-steps must be an integer >= 1, got 0"),
-    (dict(lr=0.0), "--finetune-lr must be a number > 0.0, got 0.0"),
+    (dict(lr=0.0), "--finetune-lr must be a finite number > 0.0, got 0.0"),
     (dict(batch=0), "--finetune-batch must be an integer >= 1, got 0"),
     (dict(chunks=0), "--pose-chunks must be an integer >= 1, got 0"),
     (dict(warmup=-1), "--finetune-warmup must be an integer >= 0, got -1"),

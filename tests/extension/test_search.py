@@ -136,7 +136,7 @@ def test_a_damaged_or_foreign_log_is_named(tmp_path):
 @pytest.mark.parametrize("overrides, message", [
     ({"population": 3}, "search population must be an integer >= 4"),
     ({"parents": 12}, "must be fewer than the population"),
-    ({"max_factor": 0.5}, "max_factor must be a number >= 1.0"),
+    ({"max_factor": 0.5}, "max_factor must be a finite number >= 1.0"),
     ({"n_hat_choices": (-1,)}, "n_hat_choices must be integers >= 0"),
 ])
 def test_bad_search_settings(overrides, message):
