@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posenc.experiments.rate_grid import check_grid, choose_rate, inherit_rate, rate_key, sweeping_seeds
+from posenc.experiments.rate_grid import check_grid, check_trained, choose_rate, inherit_rate, rate_key, sweeping_seeds
 
 
 class Recorder:
@@ -66,8 +66,8 @@ def test_ties_go_to_the_smaller_rate_and_the_grid_is_sorted_first():
 
 @pytest.mark.parametrize("rates, message", [
     ((), "--lrs needs at least one learning rate"),
-    ((1e-3, 0.0), "--lrs must be a number > 0.0, got 0.0"),
-    ((1e-3, -1e-3), "--lrs must be a number > 0.0"),
+    ((1e-3, 0.0), "--lrs must be a finite number > 0.0, got 0.0"),
+    ((1e-3, -1e-3), "--lrs must be a finite number > 0.0"),
     ((1e-3, 0.001), "--lrs must not repeat a rate, got 0.001, 0.001"),
 ])
 def test_bad_grids_are_refused_by_name(rates, message):
@@ -106,7 +106,7 @@ def test_a_choice_off_the_edge_has_worse_neighbours_on_both_sides(best_exponent,
 def test_choose_rate_names_its_grid_in_errors():
     with pytest.raises(ValueError, match="^learning rates needs at least one learning rate$"):
         choose_rate((), Recorder(1e-3))
-    with pytest.raises(ValueError, match=r"^--finetune-lrs must be a number > 0.0, got -1.0$"):
+    with pytest.raises(ValueError, match=r"^--finetune-lrs must be a finite number > 0.0, got -1.0$"):
         choose_rate((1e-3, -1.0), Recorder(1e-3), name="--finetune-lrs")
 
 
@@ -178,3 +178,35 @@ def test_the_sweeping_seeds_are_the_first_k_and_zero_means_every_seed():
 def test_bad_sweeping_seeds_are_refused_by_name(seeds, k, grid, message):
     with pytest.raises(ValueError, match=message):
         sweeping_seeds(0, seeds, k, grid)
+
+
+@pytest.mark.parametrize("diverged", [math.nan, math.inf])
+def test_a_diverged_rate_ranks_last_wherever_it_sits_in_the_grid(diverged):
+    scores = {1e-4: diverged, 1e-3: 2.5, 1e-2: 2.0, 1e-1: diverged}  # the smallest rate first: min() kept a NaN
+    chosen = choose_rate(tuple(scores), scores.get, widenings=0)
+    assert chosen["lr"] == 1e-2 and chosen["at_edge"] is False
+
+
+def test_a_diverged_rate_past_the_edge_keeps_the_edges_choice():
+    scores = {1e-3: 2.5, 1e-2: 2.0, 1e-1: math.nan}  # widened upward from 1e-2 once: 1e-1 diverges
+    chosen = choose_rate((1e-3, 1e-2), lambda rate: scores[float(f"{rate:g}")], widenings=1)
+    assert chosen["widened"] == pytest.approx([1e-1]) and chosen["lr"] == 1e-2 and chosen["at_edge"] is False
+
+
+def test_every_rate_diverged_is_refused_with_each_score():
+    with pytest.raises(ValueError, match=r"^every rate of --lrs diverged \(0\.1: nan, 1: inf\): try smaller rates$"):
+        choose_rate((0.1, 1.0), {0.1: math.nan, 1.0: math.inf}.get, widenings=0, name="--lrs")
+
+
+def test_an_inherited_rate_skips_a_diverged_mean():
+    sweeps = [{"scores": {"0.001": math.nan, "0.01": 2.0}, "widened": []},
+              {"scores": {"0.001": 1.0, "0.01": 2.1}, "widened": []}]
+    assert inherit_rate((1e-3, 1e-2), sweeps, [0, 1])["lr"] == 1e-2
+
+
+def test_a_run_trained_at_one_rate_is_refused_when_its_loss_diverged():
+    assert check_trained("rope (seed 0)", {"final_loss": 2.0}, 1e-3) == {"final_loss": 2.0}
+    for loss in (math.nan, math.inf):
+        with pytest.raises(ValueError, match=rf"^rope \(seed 0\) diverged at learning rate 1e\+09 \(final training "
+                                             rf"loss {loss}\): start a new run with a smaller --lr, or a grid"):
+            check_trained("rope (seed 0)", {"final_loss": loss}, 1e9)

@@ -12,6 +12,7 @@ those sweeps agree on best, so they cost one training each.
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 from .. import checks
@@ -46,6 +47,20 @@ def check_grid(name: str, rates: Sequence[float]) -> tuple[float, ...]:
     return grid
 
 
+def _rank(value: float) -> float:
+    """A score as the choice orders it: a diverged rate's (NaN or infinite) last, never the best."""
+    return value if math.isfinite(value) else math.inf
+
+
+def check_trained(what: str, metrics: dict, lr: float) -> dict:
+    """The metrics of ``what`` trained at the one rate ``lr``, refused when its training loss ended non-finite
+    (no grid to fall back on: its evaluations would be NaN, reported as a result)."""
+    if not math.isfinite(metrics["final_loss"]):
+        raise ValueError(f"{what} diverged at learning rate {lr:g} (final training loss {metrics['final_loss']}): "
+                         f"start a new run with a smaller --lr, or a grid of rates (--lrs) to choose from")
+    return metrics
+
+
 def _beyond(scored: list[float], best: float) -> float | None:
     """The next rate past the edge ``best`` sits at, a grid step beyond it; None when ``best`` is inside."""
     if best == scored[0]:
@@ -66,20 +81,24 @@ def choose_rate(rates: Sequence[float], score: Callable[[float], float], widenin
     Returns:
         {"lr": the chosen rate, "scores": {rate_key: value} for every rate scored, ascending by rate,
          "widened": the rates added past an edge, "at_edge": whether the choice is still the smallest or largest
-         of two or more rates scored}. Ties go to the smaller rate.
+         of two or more rates scored}. Ties go to the smaller rate; a diverged rate (a NaN or infinite score)
+         ranks last, and a ValueError naming ``name`` says when every rate diverged.
     """
     checks.positive_int("widenings", widenings, minimum=0)
     values = {rate: score(rate) for rate in check_grid(name, rates)}
     widened = []
     while len(values) > 1 and len(widened) < widenings:
         scored = sorted(values)
-        nxt = _beyond(scored, min(scored, key=values.get))
+        nxt = _beyond(scored, min(scored, key=lambda rate: _rank(values[rate])))
         if nxt is None:
             break
         values[nxt] = score(nxt)
         widened.append(nxt)
     scored = sorted(values)
-    best = min(scored, key=values.get)
+    if not any(math.isfinite(values[rate]) for rate in scored):
+        raise ValueError(f"every rate of {name} diverged ("
+                         + ", ".join(f"{rate_key(rate)}: {values[rate]}" for rate in scored) + "): try smaller rates")
+    best = min(scored, key=lambda rate: _rank(values[rate]))
     return {"lr": best, "scores": {rate_key(rate): values[rate] for rate in scored}, "widened": widened,
             "at_edge": len(scored) > 1 and best in (scored[0], scored[-1])}
 
@@ -108,7 +127,7 @@ def inherit_rate(grid: Sequence[float], sweeps: Sequence[dict], seeds: Sequence[
     if not common:
         raise ValueError(f"the sweeps of seeds {list(seeds)} share no rate to choose from")
     means = {key: sum(sweep["scores"][key] for sweep in sweeps) / len(sweeps) for key in common}
-    best = min(common, key=means.get)
+    best = min(common, key=lambda key: _rank(means[key]))
     trained = {rate_key(rate): rate for rate in [*grid, *(rate for sweep in sweeps for rate in sweep["widened"])]}
     return {"lr": trained[best], "inherited_from": list(seeds), "mean_scores": means,
             "at_edge": len(common) > 1 and best in (common[0], common[-1])}

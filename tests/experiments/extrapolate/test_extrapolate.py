@@ -192,7 +192,8 @@ def test_too_small_corpus_fails_before_training(tmp_path, capsys):
 
 @pytest.mark.parametrize("flag, value, message", [
     ("--steps", "0", "steps must be an integer >= 1"),
-    ("--lr", "-1", "lr must be a number > 0.0"),
+    ("--lr", "-1", "lr must be a finite number > 0.0"),
+    ("--lr", "inf", "lr must be a finite number > 0.0, got inf"),
     ("--eval-factors", "1,0", "--eval-factors must be integers >= 1"),
     ("--eval-stride", "0", "--eval-stride must be an integer >= 1"),
     ("--dim", "31", "dim (31) must be divisible by num_heads (2)"),
@@ -206,6 +207,16 @@ def test_bad_settings_fail_before_anything_runs(tmp_path, capsys, flag, value, m
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("command", [["extrapolate"], ["task", "copy"]])
+def test_a_diverged_training_stops_the_run_instead_of_reporting_nan(tmp_path, capsys, command):
+    out = tmp_path / "o"
+    assert main([*command, "--preset", "smoke", "--encodings", "none", "--steps", "2", "--lr", "1e9",
+                 "--out", str(out)]) == 2
+    assert "none (seed 0) diverged at learning rate 1e+09 (final training loss nan): start a new run with a " \
+           "smaller --lr" in capsys.readouterr().err
+    assert not (out / "results.json").exists()
+
+
 def test_unknown_encoding_is_a_clear_error(tmp_path, capsys):
     assert main(["extrapolate", "--preset", "smoke", "--encodings", "rope,rotary", "--out", str(tmp_path / "o")]) == 2
     assert "unknown rows ['rotary']" in capsys.readouterr().err
@@ -215,7 +226,7 @@ def test_reusing_an_out_dir_needs_resume_and_the_same_training_config(smoke_run,
     out, _ = smoke_run
     assert main(["extrapolate", "--preset", "smoke", "--out", str(out)]) == 2
     assert main(["extrapolate", "--preset", "smoke", "--steps", "3", "--out", str(out), "--resume"]) == 2
-    assert "differs in ['steps']" in capsys.readouterr().err
+    assert "differs in ['steps', 'warmup']" in capsys.readouterr().err
 
 
 def test_resume_can_reevaluate_checkpoints_with_another_protocol(tmp_path, capsys):

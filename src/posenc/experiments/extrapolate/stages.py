@@ -32,7 +32,7 @@ from ...lm.model import LanguageModel
 from ...lm.runtime import Runtime, provenance
 from ...lm.train import TrainConfig, train
 from .. import intervals, pinning
-from ..rate_grid import choose_rate, inherit_rate, rate_key
+from ..rate_grid import check_trained, choose_rate, inherit_rate, rate_key
 from . import report
 from .collect import collect
 from .config import TRAINING_FIELDS, ExperimentConfig
@@ -116,7 +116,8 @@ def _train_row(config, row, seed, corpus, dev: Windows | None, out, runtime, log
     metrics (with a grid, also "lr" and "sweep": the selection or the inheritance)."""
     folder = out / "checkpoints" / f"{row.trains}-seed{seed}"
     if not config.lrs:
-        return _train_one(config, row, seed, corpus, config.lr, folder, runtime, log)
+        return check_trained(f"{row.trains} (seed {seed})", _train_one(config, row, seed, corpus, config.lr, folder,
+                                                                        runtime, log), config.lr)
     if (folder / "train.json").exists() and (folder / "model.safetensors").exists():
         log(f"{row.trains} (seed {seed}): already trained, skipping")
         return storage.read_json(folder / "train.json")
@@ -125,8 +126,9 @@ def _train_row(config, row, seed, corpus, dev: Windows | None, out, runtime, log
         sweeps = [storage.read_json(folder.parent / f"{row.trains}-seed{s}" / "selection.json")
                   for s in config.sweep_seeds]
         inherited = inherit_rate(config.lrs, sweeps, config.sweep_seeds)
-        _train_one(config, row, seed, corpus, inherited["lr"], folder / "rates" / f"lr{rate_key(inherited['lr'])}",
-                   runtime, log)
+        check_trained(f"{row.trains} (seed {seed})", _train_one(
+            config, row, seed, corpus, inherited["lr"], folder / "rates" / f"lr{rate_key(inherited['lr'])}", runtime,
+            log), inherited["lr"])
         if runtime.rank == 0:
             storage.write_json(selection_path, inherited)
         runtime.barrier()

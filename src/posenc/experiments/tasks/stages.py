@@ -33,7 +33,7 @@ from ...lm.runtime import Runtime
 from ...lm.tasks import IGNORE, exact_match
 from ...lm.train import TrainConfig, train
 from .. import pinning
-from ..rate_grid import choose_rate, inherit_rate, rate_key
+from ..rate_grid import check_trained, choose_rate, inherit_rate, rate_key
 from . import report
 from .collect import collect
 from .config import DEV_SEED, SPLIT_SEEDS, TaskConfig
@@ -83,12 +83,14 @@ def _train_row(config: TaskConfig, name, encoding, randomized, seed, out, runtim
     seed past ``config.sweep_seeds``, ``rate_grid.inherit_rate``'s)."""
     folder = out / "checkpoints" / f"{name}-seed{seed}"
     if not config.lrs:
-        return _train_one(config, name, encoding, randomized, seed, config.lr, folder, runtime, log)
+        model, metrics = _train_one(config, name, encoding, randomized, seed, config.lr, folder, runtime, log)
+        return model, check_trained(f"{name} (seed {seed})", metrics, config.lr)
     if seed not in config.sweep_seeds:
         inherited = inherit_rate(config.lrs, [storage.read_json(folder.parent / f"{name}-seed{s}" / "selection.json")
                                               for s in config.sweep_seeds], config.sweep_seeds)
         model, metrics = _train_one(config, name, encoding, randomized, seed, inherited["lr"],
                                     folder / f"lr{rate_key(inherited['lr'])}", runtime, log)
+        check_trained(f"{name} (seed {seed})", metrics, inherited["lr"])
         return model, {**metrics, "lr": inherited["lr"], "sweep": inherited}
     selection_path = folder / "selection.json"
     if not selection_path.exists():
