@@ -26,12 +26,13 @@ RUNS = {
                               "1", "--eval-windows", "1", "--compile", "--out", "OUT"],
     "extrapolate --lr-sweep-seeds": ["extrapolate", *SMALL, "--encodings", "rope", "--train-length", "16",
                                      "--eval-factors", "1", "--eval-windows", "1", "--seeds", "2", "--lrs",
-                                     "1e-3,3e-3", "--lr-widenings", "0", "--lr-sweep-seeds", "1", "--out", "OUT"],
+                                     "1e-3,3e-3", "--lr-widenings", "0", "--lr-sweep-seeds", "1", "--warmup", "3",
+                                     "--out", "OUT"],
     "task copy": ["task", "copy", *SMALL, "--encodings", "alibi,rope+randomized",
                                 "--train-length", "8", "--eval-factors", "1,2", "--seeds", "2", "--seed", "1",
                                 "--lrs", "1e-3,3e-3", "--lr-widenings", "0", "--lr-sweep-seeds", "1", "--out", "OUT"],
     "task recall": ["task", "recall", *SMALL, "--encodings", "rope", "--train-length",
-                                  "8", "--eval-factors", "1,2", "--out", "OUT"],
+                                  "8", "--eval-factors", "1,2", "--warmup", "3", "--out", "OUT"],
     "extend": ["extend", "--preset", "smoke", "--run", "RUN", "--factor", "2", "--methods", "pi,longrope",
                "--finetune-steps", "2", "--finetune-warmup", "1", "--finetune-batch", "2", "--finetune-lrs", "1e-3,3e-3", "--finetune-widenings",
                "0", "--seeds", "1", "--search-population", "4", "--search-generations", "1", "--search-windows", "1",
@@ -144,10 +145,12 @@ def _check_copy(out, run, printed):
 def _check_one_seed_sweeps(out, run, printed):
     results = _json(out / "results.json")
     assert results["config"]["lr_sweep_seeds"] == 1 and results["config"]["seeds"] == 2
+    assert results["config"]["warmup"] == 3  # --steps 4 alone would keep smoke's share: round(4 × 5 / 20) = 1
 
 
 def _check_recall(out, run, printed):
-    assert _json(out / "results.json")["config"]["task"] == "recall"
+    config = _json(out / "results.json")["config"]
+    assert config["task"] == "recall" and config["warmup"] == 3
 
 
 def _check_extend(out, run, printed):

@@ -11,7 +11,8 @@ from posenc.experiments.tasks.config import TaskConfig
     ("num_heads", 1.5, r"^--heads must be an integer >= 1, got 1.5"),
     ("steps", True, r"^--steps must be an integer >= 1, got True"),
     ("seeds", 0, r"^--seeds must be an integer >= 1, got 0"),
-    ("warmup", -1, r"^warmup must be an integer >= 0, got -1"),
+    ("warmup", -1, r"^--warmup must be an integer >= 0, got -1"),
+    ("warmup", 10 ** 6, r"^--warmup \(1000000\) must be at most --steps \(\d+\)$"),
     ("lr", 0.0, r"^--lr must be"),
     ("lrs", (1e-3, 1e-3), r"^--lrs must not repeat a rate, got 0.001, 0.001"),
     ("lr_widenings", -1, r"^--lr-widenings must be an integer >= 0"),
@@ -31,3 +32,16 @@ def test_each_command_checks_its_own_counts():
         ExperimentConfig.from_preset("smoke", eval_windows=0)
     with pytest.raises(ValueError, match=r"^eval_sequences must be an integer >= 1, got 0"):
         TaskConfig.from_preset("copy", "smoke", eval_sequences=0)
+
+
+def test_steps_given_alone_keep_the_presets_share_of_warm_up():
+    """The default preset warms up for 50 of 600 steps: 10 steps given alone warm up for 1 (not 50, which would
+    leave the rate at a fifth of --lr when training ends), 1,200 for 100; a warm-up given is kept as given."""
+    assert ExperimentConfig.from_preset("default").warmup == 50
+    assert ExperimentConfig.from_preset("default", steps=10).warmup == 1
+    assert ExperimentConfig.from_preset("default", steps=1200).warmup == 100
+    assert ExperimentConfig.from_preset("default", steps=1200, warmup=7).warmup == 7
+    assert ExperimentConfig.from_preset("smoke", steps=8).warmup == 2  # smoke: 5 of 20
+    copy = TaskConfig.from_preset("copy", "default")
+    assert TaskConfig.from_preset("copy", "default", steps=copy.steps // 2).warmup == copy.warmup // 2
+    assert TaskConfig.from_preset("copy", "default", steps=10, warmup=10).warmup == 10

@@ -12,3 +12,14 @@ def preset_values(presets: dict[str, dict], preset: str, overrides: dict) -> dic
     """
     checks.choice("preset", preset, tuple(presets))
     return {**presets[preset], **{k: v for k, v in overrides.items() if v is not None}}
+
+
+def warmup_share(chosen: dict, overrides: dict, steps: str = "steps", warmup: str = "warmup") -> dict:
+    """{``warmup``: the preset's share of the steps given} when the steps were given without a warm-up (so fewer
+    steps than the preset's still reach the peak rate, and more keep its proportion), else {}. ``chosen``: the
+    preset's values over the config's field defaults."""
+    given = overrides.get(steps)
+    if given is None or overrides.get(warmup) is not None or isinstance(given, bool) or not isinstance(given, int) \
+            or given < 0:
+        return {}
+    return {warmup: round(given * chosen[warmup] / chosen[steps])}

@@ -15,6 +15,7 @@ DEVICES = ("auto", "cpu", "cuda")
 HELP = {
     "steps": "training steps",
     "lr": "peak learning rate",
+    "warmup": "steps of linear warm-up to the peak rate (default: the preset's share of --steps)",
     "lrs": "peak learning rates to choose from, per row and seed, by the loss on dev data at the training length "
            "(default: --lr alone)",
     "lr_widenings": "with --lrs: rates a row may add, a grid step at a time, past the grid's edge while its best "
@@ -35,7 +36,9 @@ def check_training(config, counts: tuple[str, ...] = ()) -> None:
     among the seeds; evaluation factors integers >= 1; a known device."""
     for name in ("dim", "num_layers", "num_heads", "train_length", "batch_size", "steps", *counts, "seeds"):
         checks.positive_int(FLAGS.get(name, name), getattr(config, name))
-    checks.positive_int("warmup", config.warmup, minimum=0)
+    checks.positive_int("--warmup", config.warmup, minimum=0)
+    if config.warmup > config.steps:  # the rate would never reach --lr
+        raise ValueError(f"--warmup ({config.warmup}) must be at most --steps ({config.steps})")
     checks.positive_float("--lr", config.lr)
     if config.lrs:
         check_grid("--lrs", config.lrs)

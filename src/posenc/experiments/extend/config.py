@@ -16,7 +16,7 @@ from ... import checks
 from ...extension.methods import having, parse_methods
 from .. import extrapolate
 from ..rate_grid import check_grid
-from ..presets import preset_values
+from ..presets import preset_values, warmup_share
 
 EXTEND_METHODS = having(lambda m: not m.for_long_originals)  # the tiny LMs' contexts are tens of tokens
 
@@ -60,10 +60,8 @@ class ExtendConfig:
     @classmethod
     def from_preset(cls, preset: str, **overrides) -> "ExtendConfig":
         values = preset_values(PRESETS, preset, overrides)
-        steps = overrides.get("finetune_steps")
-        if steps is not None and overrides.get("finetune_warmup") is None and isinstance(steps, int) and steps >= 0:
-            chosen = {**{f.name: f.default for f in dataclasses.fields(cls)}, **PRESETS[preset]}
-            values["finetune_warmup"] = round(steps * chosen["finetune_warmup"] / chosen["finetune_steps"])
+        chosen = {**{f.name: f.default for f in dataclasses.fields(cls)}, **PRESETS[preset]}
+        values.update(warmup_share(chosen, overrides, "finetune_steps", "finetune_warmup"))
         if isinstance(values.get("methods"), str):
             values["methods"] = parse_methods(values["methods"], EXTEND_METHODS)
         if "finetune_lrs" in values:

@@ -14,7 +14,7 @@ from ... import checks
 from ...lm.layouts import LAYOUTS
 from ...lm.model import ModelConfig
 from ..pinning import WHEN_ABSENT, as_current
-from ..presets import preset_values
+from ..presets import preset_values, warmup_share
 from ..rate_grid import sweeping_seeds
 from ..tiny_lm import check_training
 from ..verdicts import expand_family, parse_family
@@ -65,6 +65,8 @@ class ExperimentConfig:
     @classmethod
     def from_preset(cls, preset: str, **overrides) -> "ExperimentConfig":
         values = preset_values(PRESETS, preset, overrides)
+        values.update(warmup_share({**{f.name: f.default for f in dataclasses.fields(cls)}, **PRESETS[preset]},
+                                   overrides))
         if "lrs" in values:
             values["lrs"] = tuple(values["lrs"])
         return cls(preset=preset, **values)

@@ -16,7 +16,7 @@ from ...encodings.registry import name_of, one_axis
 from ...lm.layouts import LAYOUTS
 from ...lm.model import ModelConfig
 from ...lm.tasks import TASKS, CopyTask, RecallTask
-from ..presets import preset_values
+from ..presets import preset_values, warmup_share
 from ..rate_grid import sweeping_seeds
 from ..tiny_lm import check_training
 
@@ -75,6 +75,8 @@ class TaskConfig:
         checks.choice("preset", preset, tuple(PRESETS))
         presets = {preset: {**PRESETS[preset], **TASK_PRESETS.get((task, preset), {})}}
         values = preset_values(presets, preset, overrides)
+        values.update(warmup_share({**{f.name: f.default for f in dataclasses.fields(cls)}, **presets[preset]},
+                                   overrides))
         if "lrs" in values:
             values["lrs"] = tuple(values["lrs"])
         return cls(task=task, preset=preset, **values)
