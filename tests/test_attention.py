@@ -88,6 +88,20 @@ def test_default_positions_put_queries_at_the_end_of_the_keys(key):
     torch.testing.assert_close(implicit, explicit)
 
 
+@pytest.mark.parametrize("key", ["rope", "alibi", "t5"])
+def test_queries_default_to_the_last_of_the_key_positions_given(key):
+    """Keys given alone at 20..28: the queries sit at 26..28, not at 6..8, where every key came after them (each
+    row masked to zeros)."""
+    enc = make_encoding(key)
+    q, k, v = qkv(batch=2, q_len=3, k_len=9)
+    keys = torch.arange(20, 29).expand(2, -1)
+    with torch.no_grad():
+        implicit = posenc.attention(q, k, v, enc, k_positions=keys)
+        explicit = posenc.attention(q, k, v, enc, q_positions=keys[:, 6:], k_positions=keys)
+    torch.testing.assert_close(implicit, explicit, rtol=0, atol=0)
+    assert implicit.abs().amin(dim=-1).gt(0).all()
+
+
 @pytest.mark.parametrize("key", list(ATTENTION_ENCODINGS))
 def test_packed_documents_equal_separate_runs(key):
     enc = make_encoding(key)

@@ -72,7 +72,7 @@ def attention(
             before attention (``embed``) and are ignored here. Or ``encoding.at(q_pos, k_pos)``, the encoding at
             fixed positions, which a model builds once per forward so that all its layers share RoPE's cos/sin and
             score biases (then leave q_positions and k_positions None).
-        q_positions: (Tq,) or (B, Tq) int64; default: the last Tq key positions.
+        q_positions: (Tq,) or (B, Tq) int64; default: the last Tq key positions (of k_positions when given).
         k_positions: (Tk,) or (B, Tk) int64; default: 0..Tk-1.
         causal: mask keys whose position is after the query's (k_pos <= q_pos is kept), so it is right for
             KV-cache decoding where Tq < Tk.
@@ -260,8 +260,11 @@ def _resolve_positions(q, k, q_positions, k_positions, mask) -> tuple[Tensor, Te
     batch, _, q_len, _ = q.shape
     k_len = k.shape[2]
     defaults = default_positions(q_len, k_len, q.device) if q_positions is None or k_positions is None else None
-    q_pos = defaults[0] if q_positions is None else checks.positions("q_positions", q_positions, q_len, batch)
     k_pos = defaults[1] if k_positions is None else checks.positions("k_positions", k_positions, k_len, batch)
+    if q_positions is None:  # the last Tq key positions: the given keys' when they are given
+        q_pos = k_pos[:, k_len - q_len:]
+    else:
+        q_pos = checks.positions("q_positions", q_positions, q_len, batch)
     if mask is not None:
         checks.attention_mask(mask, q.shape[:2] + (q_len, k_len))
     return q_pos.to(q.device), k_pos.to(q.device)

@@ -74,6 +74,40 @@ def positions(name: str, value: Tensor, length: int, batch: int) -> Tensor:
     return value.long()
 
 
+def integer_positions(name: str, value: Tensor, length: int, batch: int, against: str = "the tensors") -> Tensor:
+    """Positions of shape (T,) or (B or 1, T) matching ``length`` and ``batch``, integer, as (B or 1, T); their
+    values are not read (compiled graphs and GPUs pay for that)."""
+    if not isinstance(value, Tensor) or value.dtype.is_floating_point or value.dtype == torch.bool \
+            or value.is_complex():
+        raise ValueError(f"{name} must be an integer tensor, got {getattr(value, 'dtype', type(value).__name__)}")
+    if value.dim() not in (1, 2) or value.shape[-1] != length or (value.dim() == 2 and value.shape[0] not in (1, batch)):
+        raise ValueError(f"{name} must have shape ({length},) or ({batch}, {length}) to match {against}, "
+                         f"got {tuple(value.shape)}")
+    return value if value.dim() == 2 else value.unsqueeze(0)
+
+
+def rotated_tensors(q: Tensor, k: Tensor, head_dim: int) -> None:
+    """q (B, H, Tq, Dh) and k (B, Hkv, Tk, Dh) of a rotation: 4-D floating tensors of one batch, Dh ``head_dim``."""
+    for name, tensor in (("q", q), ("k", k)):
+        if not isinstance(tensor, Tensor) or tensor.dim() != 4 or not tensor.dtype.is_floating_point:
+            raise ValueError(f"{name} must be a 4-D floating-point tensor (B, H, T, Dh), got "
+                             f"{getattr(tensor, 'dtype', type(tensor).__name__)} {tuple(getattr(tensor, 'shape', ()))}")
+        if tensor.shape[3] != head_dim:
+            raise ValueError(f"the encoding was built for head_dim={head_dim} but {name} has Dh={tensor.shape[3]}")
+    if q.shape[0] != k.shape[0]:
+        raise ValueError(f"q and k must share the batch B, got {q.shape[0]} and {k.shape[0]}")
+
+
+def embedded_tensor(x: Tensor, positions: Tensor, dim: int) -> Tensor:
+    """x (B, T, D) of an input-door encoding of width ``dim`` and its positions, returned as (B or 1, T)."""
+    if not isinstance(x, Tensor) or x.dim() != 3 or not x.dtype.is_floating_point:
+        raise ValueError(f"x must be a 3-D floating-point tensor (B, T, D), got "
+                         f"{getattr(x, 'dtype', type(x).__name__)} {tuple(getattr(x, 'shape', ()))}")
+    if x.shape[2] != dim:
+        raise ValueError(f"the encoding was built for dim={dim} but x has D={x.shape[2]}")
+    return integer_positions("positions", positions, x.shape[1], x.shape[0], "x")
+
+
 def attention_tensors(q: Tensor, k: Tensor, v: Tensor, encoding) -> None:
     """q, k, v of ``attention()``: 4-D, of one dtype, shapes that agree with each other and with the encoding."""
     for name, tensor in (("q", q), ("k", k), ("v", v)):

@@ -2,6 +2,8 @@
 ``rotate``, ``score_bias``, ``embed``) accepts (T,) and (B or 1, T) alike, as ``attention()`` does, and refuses
 any other shape in one line naming the shapes it wants."""
 
+import re
+
 import pytest
 import torch
 
@@ -54,3 +56,47 @@ def test_other_shapes_are_refused_in_one_line(name):
     cube = torch.zeros(1, 1, LENGTH, dtype=torch.int64)
     with pytest.raises(ValueError, match=r"q_pos must have shape \(T,\) or \(B or 1, T\), got \(1, 1, 6\)"):
         encoding.score_bias(cube, cube) if encoding.has_bias else encoding.at(cube, cube)
+
+
+def refused(message: str):
+    return pytest.raises(ValueError, match="^" + re.escape(message) + "$")
+
+
+def test_rotate_refuses_what_attention_refuses_instead_of_a_wrong_rotation():
+    """Each of these once returned an answer: a 3-D q rotated against the wrong axis, a wider Dh rotated in its
+    first channels only, integer q truncated, float positions turned."""
+    rope = posenc.build("rope", head_dim=HEAD_DIM)
+    q, k = qk()
+    pos = torch.arange(LENGTH)
+    with refused("q must be a 4-D floating-point tensor (B, H, T, Dh), got torch.float64 (2, 6, 8)"):
+        rope.rotate(q[0], k, pos, pos)
+    with refused("the encoding was built for head_dim=8 but k has Dh=16"):
+        rope.rotate(q, torch.cat((k, k), dim=-1), pos, pos)
+    with refused("q must be a 4-D floating-point tensor (B, H, T, Dh), got torch.int64 (1, 2, 6, 8)"):
+        rope.rotate(q.long(), k, pos, pos)
+    with refused("q and k must share the batch B, got 1 and 2"):
+        rope.rotate(q, torch.cat((k, k)), pos, pos)
+    with refused("q_pos must be an integer tensor, got torch.float32"):
+        rope.rotate(q, k, pos.float(), pos)
+    with refused("k_pos must have shape (5,) or (1, 5) to match k, got (6,)"):
+        rope.rotate(q, k[:, :, :5], pos, pos)
+    with refused("the encoding was built for head_dim=8 but q has Dh=4"):
+        posenc.build("mrope", head_dim=HEAD_DIM).rotate(q[..., :4], k, pos[None, None], pos[None, None])
+    back, ahead = rope.rotate(q, k, pos - 3, pos - 3), rope.rotate(q, k, pos + 7, pos + 7)
+    torch.testing.assert_close(back[0] @ back[1].mT, ahead[0] @ ahead[1].mT)  # negative positions turn back
+
+
+@pytest.mark.parametrize("name", ["sinusoidal", "learned"])
+def test_embed_refuses_a_mismatched_input_by_name(name):
+    encoding = build_for_model(name, sizes=SIZES)
+    x, pos = torch.zeros(2, LENGTH, HEAD_DIM), torch.arange(LENGTH)
+    with refused("the encoding was built for dim=8 but x has D=4"):
+        encoding.embed(x[..., :4], pos)
+    with refused("positions must have shape (5,) or (2, 5) to match x, got (6,)"):
+        encoding.embed(x[:, :5], pos)
+    with refused("positions must have shape (6,) or (2, 6) to match x, got (3, 6)"):
+        encoding.embed(x, pos.expand(3, -1))
+    with refused("x must be a 3-D floating-point tensor (B, T, D), got torch.float32 (6, 8)"):
+        encoding.embed(x[0], pos)
+    with refused("positions must be >= 0, got minimum -1"):  # the learned table read row -1 from its end
+        encoding.embed(x, pos - 1)

@@ -55,8 +55,8 @@ class Sinusoidal(PositionalEncoding):
         self.scale = checks.positive_float("scale", scale)
 
     def embed(self, x: Tensor, positions: Tensor, seq_len: int | None = None) -> Tensor:
-        """x: (B, T, D); positions: (B or 1, T). Returns x + scale·PE(positions), (B, T, D)."""
-        table = sinusoidal_table(positions, self.dim, self.base)  # (B or 1, T, D)
+        """x: (B, T, D); positions: (T,) or (B or 1, T). Returns x + scale·PE(positions), (B, T, D)."""
+        table = sinusoidal_table(checks.embedded_tensor(x, positions, self.dim), self.dim, self.base)  # (B or 1, T, D)
         return x + (self.scale * table).to(x.dtype)
 
     def extra_repr(self) -> str:
@@ -88,8 +88,13 @@ class Learned(PositionalEncoding):
         """positions: any integer shape (...,); seq_len: their maximum + 1 if known. Returns (..., D) rows."""
         if seq_len is not None:
             needed = seq_len
+        elif not positions.numel():
+            needed = 0
         else:
-            needed = int(positions.max()) + 1 if positions.numel() else 0
+            low, high = torch.stack(torch.aminmax(positions)).tolist()  # one read back
+            if low < 0:  # an index from the table's end otherwise
+                raise ValueError(f"positions must be >= 0, got minimum {low}")
+            needed = high + 1
         table = self.table
         if needed > table.shape[0]:
             if self.beyond == "error":
@@ -110,8 +115,8 @@ class Learned(PositionalEncoding):
         self.table = nn.Parameter(grown)
 
     def embed(self, x: Tensor, positions: Tensor, seq_len: int | None = None) -> Tensor:
-        """x: (B, T, D); positions: (B or 1, T). Returns x + table[positions], (B, T, D)."""
-        return x + self.rows(positions, seq_len).to(x.dtype)
+        """x: (B, T, D); positions: (T,) or (B or 1, T). Returns x + table[positions], (B, T, D)."""
+        return x + self.rows(checks.embedded_tensor(x, positions, self.dim), seq_len).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"max_positions={self.max_positions}, dim={self.dim}, beyond={self.beyond!r}"

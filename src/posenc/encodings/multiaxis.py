@@ -80,6 +80,7 @@ class MultiAxisRoPE(PositionalEncoding):
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         """q (B, H, Tq, Dh), k (B, Hkv, Tk, Dh); positions (A, B or 1, T) or (B or 1, T)."""
+        checks.rotated_tensors(q, k, self.head_dim)
         return self._turn(q, q_pos), self._turn(k, k_pos)
 
     def rotate_positioned(self, at: PositionedEncoding, q: Tensor, k: Tensor, in_place: bool = False

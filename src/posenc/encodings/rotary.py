@@ -108,6 +108,9 @@ class RoPE(PositionalEncoding):
         return rope_frequencies(self.head_dim, self.scaling, seq_len=seq_len)
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        checks.rotated_tensors(q, k, self.head_dim)
+        q_pos = checks.integer_positions("q_pos", q_pos, q.shape[2], q.shape[0], "q")
+        k_pos = checks.integer_positions("k_pos", k_pos, k.shape[2], k.shape[0], "k")
         return self.rotate_positioned(self.at(q_pos, k_pos), q, k)
 
     def rotate_positioned(self, at: PositionedEncoding, q: Tensor, k: Tensor, in_place: bool = False
