@@ -80,7 +80,8 @@ def integer_positions(name: str, value: Tensor, length: int, batch: int, against
     if not isinstance(value, Tensor) or value.dtype.is_floating_point or value.dtype == torch.bool \
             or value.is_complex():
         raise ValueError(f"{name} must be an integer tensor, got {getattr(value, 'dtype', type(value).__name__)}")
-    if value.dim() not in (1, 2) or value.shape[-1] != length or (value.dim() == 2 and value.shape[0] not in (1, batch)):
+    if value.dim() not in (1, 2) or value.shape[-1] != length \
+            or (value.dim() == 2 and value.shape[0] not in (1, batch)):
         raise ValueError(f"{name} must have shape ({length},) or ({batch}, {length}) to match {against}, "
                          f"got {tuple(value.shape)}")
     return value if value.dim() == 2 else value.unsqueeze(0)
