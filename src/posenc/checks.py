@@ -116,6 +116,13 @@ def attention_tensors(q: Tensor, k: Tensor, v: Tensor, encoding) -> None:
             shape = tuple(tensor.shape) if isinstance(tensor, Tensor) else type(tensor).__name__
             raise ValueError(f"{name} must be a 4-D tensor (B, H, T, D), got {shape}")
     one_dtype(q, k, v)
+    if not hasattr(encoding, "num_heads"):
+        hint = f": build it first, posenc.build({encoding!r}, ...)" if isinstance(encoding, str) else ""
+        raise ValueError(f"encoding must be a module from posenc.build, one at positions (encoding.at) or None, got "
+                         f"{type(encoding).__name__}{hint}")
+    if q.shape[1] == 0 or k.shape[1] == 0:
+        raise ValueError(f"q and k must have at least one head each (H, Hkv >= 1), got H={q.shape[1]} and "
+                         f"Hkv={k.shape[1]}")
     if not q.dtype.is_floating_point:
         raise ValueError(f"q, k and v must be floating-point tensors (float16, bfloat16, float32 or float64), "
                          f"got {q.dtype}")

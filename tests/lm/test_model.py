@@ -270,6 +270,12 @@ def test_tokens_and_caches_the_model_cannot_read_are_named():
         with pytest.raises(ValueError, match=rf"^the cache holds {layers} layers but the model has "
                                              rf"{model.config.num_layers}: make it with KVCache"):
             model(torch.tensor([[1, 2]]), cache=KVCache(layers))
+    cache = KVCache(model.config.num_layers)
+    model(torch.tensor([[1, 2]]), cache=cache)
+    with pytest.raises(ValueError, match=r"^the cache holds a batch of 1 sequences but tokens has B=3: a cache "
+                                         r"continues the sequences it was filled with"):
+        model(torch.tensor([[3], [4], [5]]), cache=cache)
+    assert model(torch.tensor([[3]]), cache=cache).shape == (1, 1, 256) and cache.length == 3
 
 
 def test_bad_layers_positions_and_caches_are_named():

@@ -309,4 +309,8 @@ class LanguageModel(nn.Module):
         if cache is not None and len(cache.keys) != self.config.num_layers:
             raise ValueError(f"the cache holds {len(cache.keys)} layers but the model has {self.config.num_layers}: "
                              f"make it with KVCache(model.config.num_layers)")
+        held = None if cache is None or cache.keys[0] is None else cache.keys[0].shape[0]
+        if held is not None and held != tokens.shape[0]:
+            raise ValueError(f"the cache holds a batch of {held} sequences but tokens has B={tokens.shape[0]}: a cache "
+                             f"continues the sequences it was filled with (start a new KVCache for others)")
         return tokens.shape
