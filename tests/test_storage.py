@@ -6,6 +6,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -155,3 +156,32 @@ def test_a_folder_the_user_may_not_make_is_refused_naming_the_flag_and_why(tmp_p
     with pytest.raises(ValueError) as refusal:
         storage.writable("--json", tmp_path / "new" / "rows.json")
     assert str(refusal.value) == f"--json: cannot write {tmp_path / 'new' / 'rows.json'} (Permission denied)"
+
+
+def test_a_folder_that_refuses_new_files_is_refused_before_the_work_naming_the_flag(tmp_path, monkeypatch):
+    """A folder that exists but takes no file (no permission, a read-only or special file system) was found only
+    by the first write, after the work: ``verify --json`` ran every check, then lost them."""
+    made = []
+
+    def refused(dir, prefix):
+        made.append(Path(dir))
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refused)  # as a user without write access to tmp_path sees it
+    with pytest.raises(ValueError) as refusal:
+        storage.check_folder("--out", tmp_path / "run" / "deeper")
+    assert str(refusal.value) == (f"--out: cannot write {tmp_path / 'run' / 'deeper'}: {tmp_path} refuses new files "
+                                  f"(Permission denied)")
+    assert made == [tmp_path] and not (tmp_path / "run").exists()  # probed where the run would be made, made nothing
+    monkeypatch.undo()
+    assert storage.check_folder("--out", tmp_path / "run") == tmp_path / "run"
+    assert list(tmp_path.iterdir()) == []  # the probe leaves no file behind
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, which takes no new file")
+def test_verify_refuses_a_json_path_it_could_not_write_before_running_a_check(capsys, monkeypatch):
+    from posenc import verify
+    from posenc.cli import main
+    monkeypatch.setattr(verify, "run_checks", lambda *args: pytest.fail("the checks ran"))
+    assert main(["verify", "--device", "cpu", "--json", "/proc/posenc/verify.json"]) == 2
+    assert "--json: cannot write /proc/posenc/verify.json: /proc refuses new files" in capsys.readouterr().err

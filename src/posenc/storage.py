@@ -68,6 +68,14 @@ def check_folder(flag: str, folder: str | os.PathLike, wanted: str | os.PathLike
     blocker = next((p for p in (folder, *folder.parents) if (p.exists() or p.is_symlink()) and not p.is_dir()), None)
     if blocker is not None:
         raise ValueError(f"{flag}: cannot write {wanted or folder}: {blocker} is not a folder")
+    existing = next(p for p in (folder, *folder.parents, Path.cwd()) if p.is_dir())
+    try:  # a file made and removed where the first write will go: permissions, a read-only or special file system
+        handle, probe = tempfile.mkstemp(dir=existing, prefix=".posenc-probe-")
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as error:
+        raise ValueError(f"{flag}: cannot write {wanted or folder}: {existing} refuses new files "
+                         f"({error.strerror or error})") from None
     return folder
 
 
