@@ -3,6 +3,7 @@ hand the old way, without a field that came later. The field reads as what the o
 ahead when the new config does the same, and is refused, with the field named, when it does not."""
 
 import dataclasses
+import re
 
 import pytest
 
@@ -14,7 +15,7 @@ from posenc.experiments.extrapolate.checkpoints import trained_models
 from posenc.experiments.extrapolate.config import TRAINING_FIELDS
 from posenc.experiments.extrapolate.rows import parse_rows
 from posenc.experiments.extrapolate.stages import prepare_run_dir
-from posenc.experiments.pinning import WHEN_ABSENT, open_pin
+from posenc.experiments.pinning import WHEN_ABSENT, open_pin, pin_kind, read_run
 from posenc.experiments.pretrained.config import PretrainedConfig, plan_rows
 from posenc.experiments.pretrained.pins import declared_family, pin
 from posenc.experiments.tasks import TaskConfig
@@ -121,19 +122,36 @@ def test_pretrained_reads_a_pin_from_before_corpora_commits_and_families(tmp_pat
         pin(tmp_path, config, resume=True, corpus={"source": "python3.12.3 stdlib", "sha256": "01234567"})
 
 
-@pytest.mark.parametrize("run, start, message", [
-    ("posenc extend run", "posenc extend --out X", "holds no posenc extend run (no config.json there); start one "
-                                                   "with: posenc extend --out X"),
-    ("task run", None, "holds no task run (no config.json there)"),
+@pytest.mark.parametrize("kind, start, message", [
+    ("extend", "posenc extend --out X", "holds no posenc extend run (no config.json there); start one "
+                                        "with: posenc extend --out X"),
+    ("task", None, "holds no posenc task run (no config.json there)"),
 ])
-def test_a_pin_needs_resume_and_a_resume_needs_a_pin(tmp_path, run, start, message):
-    assert open_pin(tmp_path, False, run=run, start=start) is None
-    with pytest.raises(ValueError, match=r"^--resume: .* " + message.replace("(", r"\(").replace(")", r"\)") + "$"):
-        open_pin(tmp_path, True, run=run, start=start)
-    storage.write_json(tmp_path / "config.json", {"a": 1})
-    assert open_pin(tmp_path, True, run=run, start=start) == {"a": 1}
+def test_a_pin_needs_resume_and_a_resume_needs_a_pin(tmp_path, kind, start, message):
+    assert open_pin(tmp_path, False, kind=kind, start=start) is None
+    with pytest.raises(ValueError, match=r"^--resume: .* " + re.escape(message) + "$"):
+        open_pin(tmp_path, True, kind=kind, start=start)
+    pin = {"extend": {"factor": 2}, "base": {}} if kind == "extend" else {"task": "copy"}
+    storage.write_json(tmp_path / "config.json", pin)
+    assert open_pin(tmp_path, True, kind=kind, start=start) == pin
     with pytest.raises(ValueError, match=r"^--out .* already holds a run; pass --resume to continue it or choose "):
-        open_pin(tmp_path, False, run=run, start=start)
+        open_pin(tmp_path, False, kind=kind, start=start)
+
+
+@pytest.mark.parametrize("pin, kind", [({"steps": 3}, "extrapolate"), ({"task": "copy", "steps": 3}, "task"),
+                                       ({"extend": {}, "base": {}}, "extend"), ({"hf": {}, "corpus": None},
+                                                                                "pretrained")])
+def test_a_run_of_another_command_is_named_not_read_as_this_ones(tmp_path, pin, kind):
+    """extend --run and plot --ckpt on a task run failed on an unexpected keyword 'task', a resume of an extend run
+    as extrapolate named fields that differ: each now names the run it found."""
+    storage.write_json(tmp_path / "config.json", pin)
+    assert pin_kind(pin) == kind and read_run(tmp_path, kind, "--run") == pin
+    for other in {"extrapolate", "task", "extend", "pretrained"} - {kind}:
+        with pytest.raises(ValueError, match=rf"^--run {re.escape(str(tmp_path))}: a posenc {kind} run, not a "
+                                             rf"posenc {other} run$"):
+            read_run(tmp_path, other, "--run")
+        with pytest.raises(ValueError, match=rf"^--resume --out .*: a posenc {kind} run, not a posenc {other} run$"):
+            open_pin(tmp_path, True, kind=other)
 
 
 def test_a_run_pinned_before_compare_existed_declared_no_comparisons(tmp_path):

@@ -48,17 +48,36 @@ WHEN_ABSENT: dict[str, dict[str, Any]] = {
 }
 
 
-def open_pin(out: Path, resume: bool, *, run: str, start: str | None = None) -> dict | None:
-    """The pin ``out`` holds, as written, on --resume; None on a first invocation. Refuses a pin without ``resume``
-    and ``resume`` without a pin. ``run`` names what such a folder holds ("posenc extrapolate run"), and ``start``
-    is the command line that starts one."""
+def pin_kind(held: Mapping) -> str:
+    """The command whose pin ``held`` is, by the section or field only its pin has: "extend" (its "extend"
+    section), "pretrained" ("hf"), "task" ("task") or else "extrapolate"."""
+    return next((kind for key, kind in (("extend", "extend"), ("hf", "pretrained"), ("task", "task")) if key in held),
+                "extrapolate")
+
+
+def read_run(folder: Path, kind: str, flag: str) -> dict:
+    """The pin of the run ``flag`` names, as written: a ValueError naming the flag where ``folder`` holds no run or
+    another command's."""
+    pinned = folder / PIN
+    if not pinned.is_file():
+        raise ValueError(f"{flag} {folder}: not a posenc {kind} run (no config.json there)")
+    held = storage.read_json(pinned)
+    if pin_kind(held) != kind:
+        raise ValueError(f"{flag} {folder}: a posenc {pin_kind(held)} run, not a posenc {kind} run")
+    return held
+
+
+def open_pin(out: Path, resume: bool, *, kind: str, start: str | None = None) -> dict | None:
+    """The pin ``out`` holds, as written, on --resume; None on a first invocation. Refuses a pin without ``resume``,
+    ``resume`` without a pin, and the pin of another command than ``kind`` ("extrapolate"); ``start`` is the command
+    line that starts one."""
     pinned = out / PIN
     if pinned.exists() and not resume:
         raise ValueError(f"--out {out} already holds a run; pass --resume to continue it or choose another --out")
     if resume and not pinned.exists():
         how = f"; start one with: {start}" if start else ""
-        raise ValueError(f"--resume: {out} holds no {run} (no config.json there){how}")
-    return storage.read_json(pinned) if resume else None
+        raise ValueError(f"--resume: {out} holds no posenc {kind} run (no config.json there){how}")
+    return read_run(out, kind, "--resume --out") if resume else None
 
 
 def write_pin(out: Path, pin: dict) -> None:

@@ -106,7 +106,7 @@ def test_the_export_takes_the_seed_best_without_n_hat(tmp_path):
 
 def test_the_run_read_names_what_it_lacks_and_takes_only_its_own_seeds(tmp_path):
     config = ExtendConfig.from_preset("smoke", seeds=2)
-    with pytest.raises(ValueError, match=rf"^--run {tmp_path} is not a posenc extrapolate run \(no config.json "
+    with pytest.raises(ValueError, match=rf"^--run {tmp_path}: not a posenc extrapolate run \(no config.json "
                                          rf"there\)$"):
         _read_run(tmp_path, config, None)
     base = extrapolate.ExperimentConfig.from_preset("smoke", seed=2, device="auto")

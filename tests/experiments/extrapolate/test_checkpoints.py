@@ -38,8 +38,8 @@ def test_only_the_run_seeds_finished_models_are_read_with_their_weights(tmp_path
 
 def test_a_folder_that_is_not_a_run_or_has_no_finished_model_of_its_seed_is_one_line(tmp_path):
     folder = re.escape(str(tmp_path))
-    with pytest.raises(ValueError, match=f"^--ckpt {folder}: not a posenc extrapolate run directory "
-                                         r"\(no config\.json\)$"):
+    with pytest.raises(ValueError, match=f"^--ckpt {folder}: not a posenc extrapolate run "
+                                         r"\(no config\.json there\)$"):
         trained_models(tmp_path)
     config = ExperimentConfig.from_preset("smoke", seed=0)
     storage.write_json(tmp_path / "config.json", config.to_dict())

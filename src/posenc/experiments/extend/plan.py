@@ -12,7 +12,6 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from ... import storage
 from ...lm.data import Corpus, Windows, load_corpus, sample_windows
 from ...lm.model import LanguageModel, ModelConfig
 from .. import pinning
@@ -102,10 +101,8 @@ def plan(config: ExtendConfig, out: Path, *, run: Path | None = None, text: str 
 
 
 def _read_run(run: Path, config: ExtendConfig, device: str | None) -> tuple[ExperimentConfig, bool]:
-    pinned = run / "config.json"
-    if not pinned.exists():
-        raise ValueError(f"--run {run} is not a posenc extrapolate run (no config.json there)")
-    base = ExperimentConfig.from_dict({**storage.read_json(pinned), **({"device": device} if device else {})})
+    held = pinning.read_run(run, "extrapolate", "--run")
+    base = ExperimentConfig.from_dict({**held, **({"device": device} if device else {})})
     folder = run / "checkpoints"
     have = sorted(p.name for p in folder.iterdir() if (p / "model.safetensors").exists()) if folder.exists() else []
     seeds = range(base.seed, base.seed + config.seeds)
@@ -120,7 +117,7 @@ def _read_run(run: Path, config: ExtendConfig, device: str | None) -> tuple[Expe
 def pin_config(out: Path, config: ExtendConfig, base: ExperimentConfig, run: Path | None, resume: bool) -> None:
     """Write config.json, or on --resume refuse a config that would change a finished result."""
     current = {"extend": config.to_dict(), "base": base.training_dict(), "run": str(run) if run else None}
-    held = pinning.open_pin(out, resume, run="posenc extend run", start=f"posenc extend --out {out}")
+    held = pinning.open_pin(out, resume, kind="extend", start=f"posenc extend --out {out}")
     if held is None:
         pinning.write_pin(out, current)
         return

@@ -12,15 +12,14 @@ import torch
 from ... import storage
 from ...lm.data import stdlib_corpus, text_corpus
 from ...lm.model import LanguageModel
+from ..pinning import read_run
 from .config import ExperimentConfig
 from .rows import all_rows
 
 
 def trained_models(run_dir: Path) -> dict[str, LanguageModel]:
     """Every finished checkpoint of the run (first seed), by encoding name, in eval mode."""
-    if not (run_dir / "config.json").is_file():
-        raise ValueError(f"--ckpt {run_dir}: not a posenc extrapolate run directory (no config.json)")
-    config = ExperimentConfig.from_dict(storage.read_json(run_dir / "config.json"))
+    config = ExperimentConfig.from_dict(read_run(run_dir, "extrapolate", "--ckpt"))
     models, rows = {}, all_rows()
     for folder in sorted((run_dir / "checkpoints").glob("*-seed*")):
         weights = folder / "model.safetensors"
@@ -37,6 +36,6 @@ def trained_models(run_dir: Path) -> dict[str, LanguageModel]:
 
 def attention_window(run_dir: Path) -> torch.Tensor:
     """The first training-length window of the run's test text: (1, T) int64."""
-    config = ExperimentConfig.from_dict(storage.read_json(run_dir / "config.json"))
+    config = ExperimentConfig.from_dict(read_run(run_dir, "extrapolate", "--ckpt"))
     corpus = text_corpus(config.text) if config.text else stdlib_corpus()
     return corpus.test.data[: config.train_length].long().unsqueeze(0)

@@ -44,7 +44,7 @@ def prepare_run_dir(out: Path, config: ExperimentConfig, resume: bool) -> None:
     ``config.json`` keeps the first invocation's full config (``posenc plot --ckpt``
     reads it); only TRAINING_FIELDS must match on --resume.
     """
-    held = pinning.open_pin(out, resume, run="posenc extrapolate run", start=f"posenc extrapolate --out {out}")
+    held = pinning.open_pin(out, resume, kind="extrapolate", start=f"posenc extrapolate --out {out}")
     if held is None:
         pinning.write_pin(out, config.to_dict())
         return

@@ -20,7 +20,7 @@ def pin(out: Path, config: PretrainedConfig, resume: bool, corpus: dict | None =
     order (this one last). ``first_rows``, the rows the first invocation planned, dates the run's family
     (``declared_family``). What an older pin meant by a field it lacks is ``pinning.WHEN_ABSENT``'s to say."""
     current = {"hf": config.to_dict(), "corpus": corpus, "commits": [commit], "first_rows": list(plan_rows(config))}
-    held = pinning.open_pin(out, resume, run="posenc pretrained run",
+    held = pinning.open_pin(out, resume, kind="pretrained",
                             start=f"posenc pretrained {config.model} --out {out}")
     if held is not None:
         held = pinning.as_current(held, "pretrained")

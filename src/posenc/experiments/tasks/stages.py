@@ -69,7 +69,7 @@ def run(config: TaskConfig, out: Path, *, resume: bool = False, log=print) -> di
 
 
 def _prepare(out: Path, config: TaskConfig, resume: bool) -> None:
-    held = pinning.open_pin(out, resume, run="task run")
+    held = pinning.open_pin(out, resume, kind="task")
     if held is None:
         pinning.write_pin(out, config.to_dict())
         return
