@@ -119,3 +119,16 @@ def test_skipwise_positions_default_to_two_chunks_of_at_least_one_token_and_foll
     assert int(jumps.max()) <= 1 and int(jumps.sum()) > 0  # two chunks: at most one jump per row
     assert torch.equal(window, P.skipwise_positions(50, 6, 20, generator=torch.Generator().manual_seed(1)))
     assert P.skipwise_positions(2, 5, 5, chunks=3).tolist() == [[0, 1, 2, 3, 4]] * 2  # target = window: the control
+
+
+def test_document_positions_refuse_ids_document_mask_would_read_otherwise():
+    """[0, 1, 0, 1] numbered every token 0 while document_mask joined tokens 0 and 2 as one document; float ids
+    were read as ids."""
+    assert P.document_positions(torch.tensor([[7, 7, 3], [3, 4, 4]])).tolist() == [[0, 1, 0], [0, 0, 1]]
+    assert P.document_positions(torch.zeros(2, 0, dtype=torch.long)).shape == (2, 0)
+    with pytest.raises(ValueError, match=r"^document_ids must keep each document's tokens together \(equal ids "
+                                         r"contiguous\): an id returns after another document$"):
+        P.document_positions(torch.tensor([[0, 0, 1], [0, 1, 0]]))  # the second row alone
+    with pytest.raises(ValueError, match=r"^document_ids must be an integer tensor of shape \(\.\.\., T\), got "
+                                         r"torch.float32 \(3,\)$"):
+        P.document_positions(torch.tensor([0.7, 0.2, 0.9]))

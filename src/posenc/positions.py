@@ -34,14 +34,23 @@ def document_positions(document_ids: Tensor) -> Tensor:
     """Positions that restart at 0 at every document boundary of a packed row.
 
     Args:
-        document_ids: (..., T) integer id of each token's document, equal ids contiguous.
+        document_ids: (..., T) integer id of each token's document, equal ids contiguous (a ValueError otherwise:
+            ``document_mask`` would join a document's two parts that these positions number apart).
     Returns:
         (..., T) int64 positions.
     """
     document_ids = torch.as_tensor(document_ids)
+    if document_ids.dtype.is_floating_point or document_ids.is_complex() or document_ids.dim() == 0:
+        raise ValueError(f"document_ids must be an integer tensor of shape (..., T), got {document_ids.dtype} "
+                         f"{tuple(document_ids.shape)}")
     index = torch.arange(document_ids.shape[-1], device=document_ids.device).expand_as(document_ids)
     starts = torch.ones_like(document_ids, dtype=torch.bool)
     starts[..., 1:] = document_ids[..., 1:] != document_ids[..., :-1]
+    ordered = document_ids.sort(dim=-1).values
+    distinct = 1 + (ordered[..., 1:] != ordered[..., :-1]).sum(dim=-1)
+    if document_ids.numel() and not torch.equal(starts.sum(dim=-1), distinct):
+        raise ValueError("document_ids must keep each document's tokens together (equal ids contiguous): an id "
+                         "returns after another document")
     start_index = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=-1).values
     return index - start_index
 
