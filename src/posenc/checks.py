@@ -39,6 +39,16 @@ def positive_float(name: str, value: object, *, minimum: float = 0.0, inclusive:
     return number
 
 
+def each_once(flag: str, names) -> None:
+    """A ValueError naming ``flag`` and the first value it gives twice: a repeat would be one row run twice, or
+    dropped without a word."""
+    seen = set()
+    for name in names:
+        if name in seen:
+            raise ValueError(f"{flag} names {name!r} twice; give each once")
+        seen.add(name)
+
+
 def choice(name: str, value: object, options: tuple[str, ...] | list[str]) -> str:
     if not isinstance(value, str) or value not in options:
         raise ValueError(f"{name} must be one of {sorted(options)}, got {value!r}")

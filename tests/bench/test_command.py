@@ -94,6 +94,9 @@ def test_the_long_json_keeps_rows_of_other_shapes_and_replaces_this_runs(tables,
     (["--tables", "rope", "--rope-shape", "1,2,8"], "--rope-shape must be B,H,T,Dh with an even Dh, got (1, 2, 8)"),
     (["--tables", "rope", "--rope-shape", "1,2,8,5"], "--rope-shape must be B,H,T,Dh with an even Dh, got (1, 2, 8, 5)"),
     (["--tables", "memory", "--long-json", "x.json"], "--long-json writes the long table: add long to --tables"),
+    (["--tables", ","], "--tables names no table: pass a comma list of "),  # it once ran nothing and exited 0
+    (["--tables", "rope,memory,rope"], "--tables names 'rope' twice; give each once"),
+    (["--tables", "memory", "--encodings", "alibi,none,alibi"], "--encodings names 'alibi' twice; give each once"),
 ])
 def test_bad_flags_are_refused_before_any_table(tables, args, message, capsys):
     assert main(["bench", *args]) == 2

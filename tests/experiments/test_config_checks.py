@@ -26,6 +26,14 @@ assert FOUR * 4 == len(LABELS)
 # (command, the last overrides taken, the first refused, the refusal's whole message: or its start, ending in …)
 EDGES = [
     ("extend", dict(factor=1), dict(factor=0.999), "--factor must be a finite number >= 1, got 0.999"),
+    # a list that names a value twice: once silently dropped (and the rows reordered), or one row run twice
+    ("extrapolate", dict(encodings="rope,alibi"), dict(encodings="rope,alibi,rope"),
+     "--encodings names 'rope' twice; give each once"),
+    ("extrapolate", dict(eval_factors=(1, 2)), dict(eval_factors=(1, 2, 2)), "--eval-factors names 2 twice; give each once"),
+    ("task", dict(encodings="rope,rope+randomized"), dict(encodings="rope,alibi,rope"),
+     "--encodings names 'rope' twice; give each once"),
+    ("extend", dict(methods="pi,ntk"), dict(methods="pi,ntk,pi"), "--methods names 'pi' twice; give each once"),
+    ("pretrained", dict(methods="none,yarn"), dict(methods="yarn,yarn"), "--methods names 'yarn' twice; give each once"),
     ("extend", dict(factor=1e300), dict(factor=float("inf")), "--factor must be a finite number >= 1, got inf"),
     ("extend", dict(factor=2), dict(factor=True), "--factor must be a finite number >= 1, got True"),
     ("extend", dict(factor=2.0), dict(factor="8"), "--factor must be a finite number >= 1, got '8'"),

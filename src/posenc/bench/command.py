@@ -10,7 +10,7 @@ import torch
 
 from .. import storage
 from ..attention import BACKENDS
-from ..checks import choice, positive_int
+from ..checks import choice, each_once, positive_int
 from ..encodings.registry import baseline, one_axis
 from . import attention, long_context
 from .attention import bench_attention
@@ -106,7 +106,9 @@ def chosen_encodings(text: str) -> tuple[str, ...]:
     every = every_encoding()
     if text == "all":
         return every
-    names = {choice("--encodings", name.strip(), list(every)) for name in text.split(",") if name.strip()}
+    given = [choice("--encodings", name.strip(), list(every)) for name in text.split(",") if name.strip()]
+    each_once("--encodings", given)
+    names = set(given)
     if not names:
         raise ValueError(f"--encodings names no encoding: pass 'all' or a comma list of {', '.join(every)}")
     return tuple(name for name in every if name in names | {baseline()})
@@ -114,6 +116,9 @@ def chosen_encodings(text: str) -> tuple[str, ...]:
 
 def run(args) -> int:
     tables = [choice("--tables", name.strip(), list(TABLES)) for name in args.tables.split(",") if name.strip()]
+    if not tables:
+        raise ValueError(f"--tables names no table: pass a comma list of {', '.join(TABLES)}")
+    each_once("--tables", tables)
     positive_int("--rounds", args.rounds, minimum=2)
     if len(args.rope_shape) != 4 or args.rope_shape[-1] % 2:
         raise ValueError(f"--rope-shape must be B,H,T,Dh with an even Dh, got {args.rope_shape}")

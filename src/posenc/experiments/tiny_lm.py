@@ -46,4 +46,5 @@ def check_training(config, counts: tuple[str, ...] = ()) -> None:
     sweeping_seeds(config.seed, config.seeds, config.lr_sweep_seeds, config.lrs)
     if not config.eval_factors or any(not isinstance(f, int) or f < 1 for f in config.eval_factors):
         raise ValueError(f"--eval-factors must be integers >= 1, got {','.join(map(str, config.eval_factors))}")
+    checks.each_once("--eval-factors", config.eval_factors)
     checks.choice("--device", config.device, DEVICES)

@@ -72,4 +72,5 @@ def parse_methods(spec: str | tuple[str, ...] | list[str], valid: tuple[str, ...
     unknown = [n for n in names if n not in valid]
     if unknown or not names:
         raise ValueError(f"--methods: unknown methods {unknown}; valid: {', '.join(valid)}")
-    return tuple(dict.fromkeys(names))
+    checks.each_once("--methods", names)
+    return tuple(names)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ... import checks
 from ...encodings.registry import ENTRIES, one_axis
 from ...extension.methods import method_scaling
 from ...lm.layouts import LAYOUTS
@@ -102,4 +103,5 @@ def parse_rows(spec: str) -> list[Row]:
     unknown = [name for name in names if name not in rows]
     if unknown or not names:
         raise ValueError(f"--encodings: unknown rows {unknown}; valid: all, default, {', '.join(rows)}")
+    checks.each_once("--encodings", names)
     return [rows[name] for name in rows if name in names]

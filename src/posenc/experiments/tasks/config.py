@@ -117,6 +117,7 @@ class TaskConfig:
                 raise ValueError(f"--encodings: unknown row {name!r}; valid: encodings {', '.join(one_axis())} and "
                                  f"layouts {', '.join(LAYOUTS)}, each optionally with {RANDOMIZED}")
             rows.append((name, encoding, name.endswith(RANDOMIZED)))
+        checks.each_once("--encodings", [name for name, _, _ in rows])
         if not rows:
             raise ValueError("--encodings names no row")
         return rows
