@@ -128,7 +128,7 @@ def test_a_mask_is_bool_and_broadcasts_to_the_scores():
     with refused("mask must be a bool tensor (True = may attend), got <class 'list'>"):
         checks.attention_mask([True], shape)
     for bad in ((5, 7), (3, 4, 5, 7), (1, 1, 5, 6), (1, 1, 1, 1, 1)):
-        with refused(f"mask must be broadcastable to (B, H, Tq, Tk) = {shape}, got {bad}"):
+        with refused(f"mask must be 4-D, each dim 1 or that of (B, H, Tq, Tk) = {shape}, got {bad}"):
             checks.attention_mask(torch.ones(bad, dtype=torch.bool), shape)
 
 

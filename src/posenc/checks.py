@@ -175,7 +175,8 @@ def attention_mask(mask: Tensor, shape: tuple[int, int, int, int]) -> None:
     if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
         raise ValueError(f"mask must be a bool tensor (True = may attend), got {getattr(mask, 'dtype', type(mask))}")
     if mask.dim() != 4 or any(m not in (1, s) for m, s in zip(mask.shape, shape)):
-        raise ValueError(f"mask must be broadcastable to (B, H, Tq, Tk) = {shape}, got {tuple(mask.shape)}")
+        raise ValueError(f"mask must be 4-D, each dim 1 or that of (B, H, Tq, Tk) = {tuple(shape)}, got "
+                         f"{tuple(mask.shape)}")
 
 
 def sink_logits(sink, heads: int) -> None:

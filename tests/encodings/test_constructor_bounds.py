@@ -41,6 +41,7 @@ CASES = [  # (constructor, arguments at the edge, the argument moved past it, it
     (Sinusoidal, dict(dim=2, scale=1e-9), ("scale", 0.0), "> 0.0"),
     (Learned, dict(max_positions=1, dim=1), ("max_positions", 0), ">= 1"),
     (Learned, dict(max_positions=1, dim=1), ("dim", 0), ">= 1"),
+    (Learned, dict(max_positions=1, dim=1, init_std=0.0), ("init_std", -0.01), ">= 0.0"),
 ]
 
 

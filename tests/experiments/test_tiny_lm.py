@@ -13,6 +13,8 @@ from posenc.experiments.tasks.config import TaskConfig
     ("seeds", 0, r"^--seeds must be an integer >= 1, got 0"),
     ("warmup", -1, r"^--warmup must be an integer >= 0, got -1"),
     ("warmup", 10 ** 6, r"^--warmup \(1000000\) must be at most --steps \(\d+\)$"),
+    ("seed", -1, r"^--seed must be an integer >= 0, got -1$"),
+    ("seed", 2 ** 63, r"^--seed must be at most 2\^63 - --seeds = 9223372036854775807, got 9223372036854775808$"),
     ("lr", 0.0, r"^--lr must be"),
     ("lrs", (1e-3, 1e-3), r"^--lrs must not repeat a rate, got 0.001, 0.001"),
     ("lr_widenings", -1, r"^--lr-widenings must be an integer >= 0"),

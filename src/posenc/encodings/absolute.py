@@ -81,7 +81,7 @@ class Learned(PositionalEncoding):
         self.max_positions = checks.positive_int("max_positions", max_positions)
         self.dim = checks.positive_int("dim", dim)
         self.beyond = checks.choice("beyond", beyond, ("error", "interpolate", "extend"))
-        self.init_std = init_std
+        self.init_std = checks.positive_float("init_std", init_std, inclusive=True)
         self.table = nn.Parameter(torch.randn(max_positions, dim) * init_std)  # (P, D)
 
     def rows(self, positions: Tensor, seq_len: int | None = None) -> Tensor:

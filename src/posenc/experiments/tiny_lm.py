@@ -37,6 +37,8 @@ def check_training(config, counts: tuple[str, ...] = ()) -> None:
     for name in ("dim", "num_layers", "num_heads", "train_length", "batch_size", "steps", *counts, "seeds"):
         checks.positive_int(FLAGS.get(name, name), getattr(config, name))
     checks.positive_int("--warmup", config.warmup, minimum=0)
+    if checks.positive_int("--seed", config.seed, minimum=0) + config.seeds > 2 ** 63:  # torch.manual_seed's range
+        raise ValueError(f"--seed must be at most 2^63 - --seeds = {2 ** 63 - config.seeds}, got {config.seed}")
     if config.warmup > config.steps:  # the rate would never reach --lr
         raise ValueError(f"--warmup ({config.warmup}) must be at most --steps ({config.steps})")
     checks.positive_float("--lr", config.lr)
