@@ -26,8 +26,10 @@ def test_longrope_needs_its_searched_factors_and_an_unknown_method_is_named():
         method_scaling("rerope", 8, 64)
 
 
-def test_a_methods_list_keeps_its_order_once_and_refuses_what_it_cannot_run():
-    assert parse_methods("yarn, pi,,yarn") == ("yarn", "pi")
+def test_a_methods_list_keeps_its_order_and_refuses_what_it_cannot_run():
+    assert parse_methods("yarn, pi,,") == ("yarn", "pi")
+    with pytest.raises(ValueError, match=r"^--methods names 'yarn' twice; give each once$"):
+        parse_methods("yarn, pi,,yarn")
     assert parse_methods(["ntk", "pi"]) == ("ntk", "pi")
     assert METHODS == ("pi", "ntk", "dynamic", "yarn", "llama3", "longrope")
     with pytest.raises(ValueError, match=r"unknown methods \['llama3'\]; valid: pi, yarn"):

@@ -70,7 +70,8 @@ def test_parse_rows_keeps_table_order_and_refuses_what_it_does_not_know():
     assert [row.name for row in parse_rows("default")] == [n for n in ROWS if n in DEFAULT_ROWS]
     assert len(parse_rows("default")) == len(DEFAULT_ROWS) == 11
     assert [row.name for row in parse_rows("all")] == list(ROWS)
-    assert [row.name for row in parse_rows("rope,rope")] == ["rope"]
+    with pytest.raises(ValueError, match=r"^--encodings names 'rope' twice; give each once$"):
+        parse_rows("rope,none,rope")
     for spec, unknown in (("rope,nope", "['nope']"), ("", "[]"), (" , ", "[]"), ("All", "['All']")):
         with pytest.raises(ValueError, match=r"^--encodings: unknown rows " + re.escape(unknown)):
             parse_rows(spec)
