@@ -60,8 +60,7 @@ class ExtendConfig:
     @classmethod
     def from_preset(cls, preset: str, **overrides) -> "ExtendConfig":
         values = preset_values(PRESETS, preset, overrides)
-        chosen = {**{f.name: f.default for f in dataclasses.fields(cls)}, **PRESETS[preset]}
-        values.update(warmup_share(chosen, overrides, "finetune_steps", "finetune_warmup"))
+        values.update(warmup_share(cls, PRESETS[preset], overrides, "finetune_steps", "finetune_warmup"))
         if isinstance(values.get("methods"), str):
             values["methods"] = parse_methods(values["methods"], EXTEND_METHODS)
         if "finetune_lrs" in values:

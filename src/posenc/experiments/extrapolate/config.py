@@ -65,8 +65,7 @@ class ExperimentConfig:
     @classmethod
     def from_preset(cls, preset: str, **overrides) -> "ExperimentConfig":
         values = preset_values(PRESETS, preset, overrides)
-        values.update(warmup_share({**{f.name: f.default for f in dataclasses.fields(cls)}, **PRESETS[preset]},
-                                   overrides))
+        values.update(warmup_share(cls, PRESETS[preset], overrides))
         if "lrs" in values:
             values["lrs"] = tuple(values["lrs"])
         return cls(preset=preset, **values)

@@ -75,8 +75,7 @@ class TaskConfig:
         checks.choice("preset", preset, tuple(PRESETS))
         presets = {preset: {**PRESETS[preset], **TASK_PRESETS.get((task, preset), {})}}
         values = preset_values(presets, preset, overrides)
-        values.update(warmup_share({**{f.name: f.default for f in dataclasses.fields(cls)}, **presets[preset]},
-                                   overrides))
+        values.update(warmup_share(cls, presets[preset], overrides))
         if "lrs" in values:
             values["lrs"] = tuple(values["lrs"])
         return cls(task=task, preset=preset, **values)
