@@ -50,16 +50,16 @@ def test_a_window_keeps_the_callers_mask(backend):
 @pytest.mark.parametrize("given", ["q", "k"])
 @pytest.mark.parametrize("backend", ["sdpa", "eager", "sdpa, table form forced"])
 def test_one_sides_positions_with_the_others_default(given, backend):
-    """ALiBi with query positions 2, 6, 7 over keys 0..7 (or keys at 0, 2, .., 14 under the last queries): neither
-    is the contiguous layout, so no fast path may assume it; forcing the offset-table form (which assumes it) must
-    leave the call to a form that serves."""
+    """ALiBi with query positions 2, 6, 7 over keys 0..7 (or keys at 0, 2, .., 14, the queries at the last three of
+    them, 10, 12, 14): neither is the contiguous layout, so no fast path may assume it; forcing the offset-table form
+    (which assumes it) must leave the call to a form that serves."""
     alibi = posenc.build("alibi", num_heads=HEADS).double()
     slopes = torch.tensor(alibi.slope_values, dtype=torch.float64).view(1, -1, 1, 1)
     if given == "q":
         q_pos, k_pos = torch.tensor([2, 6, 7]), torch.arange(8)
         kwargs = {"q_positions": q_pos}
     else:
-        q_pos, k_pos = torch.arange(5, 8), torch.arange(0, 16, 2)
+        q_pos, k_pos = torch.arange(10, 16, 2), torch.arange(0, 16, 2)
         kwargs = {"k_positions": k_pos}
     q, k, v = randn(1, HEADS, 3, WIDTH, seed=0), randn(1, HEADS, 8, WIDTH, seed=1), randn(1, HEADS, 8, WIDTH, seed=2)
     offset = q_pos[:, None] - k_pos[None, :]
