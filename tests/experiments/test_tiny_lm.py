@@ -11,6 +11,7 @@ from posenc.experiments.tasks.config import TaskConfig
     ("num_heads", 1.5, r"^--heads must be an integer >= 1, got 1.5"),
     ("steps", True, r"^--steps must be an integer >= 1, got True"),
     ("seeds", 0, r"^--seeds must be an integer >= 1, got 0"),
+    ("dim", 34, r"^--dim \(34\) must be --heads \(2\) times an even head width, got 17 per head$"),
     ("warmup", -1, r"^--warmup must be an integer >= 0, got -1"),
     ("warmup", 10 ** 6, r"^--warmup \(1000000\) must be at most --steps \(\d+\)$"),
     ("seed", -1, r"^--seed must be an integer >= 0, got -1$"),

@@ -36,6 +36,9 @@ def check_training(config, counts: tuple[str, ...] = ()) -> None:
     among the seeds; evaluation factors integers >= 1; a known device."""
     for name in ("dim", "num_layers", "num_heads", "train_length", "batch_size", "steps", *counts, "seeds"):
         checks.positive_int(FLAGS.get(name, name), getattr(config, name))
+    if config.dim % config.num_heads or (config.dim // config.num_heads) % 2:  # RoPE turns channel pairs
+        raise ValueError(f"--dim ({config.dim}) must be --heads ({config.num_heads}) times an even head width, got "
+                         f"{config.dim / config.num_heads:g} per head")
     checks.positive_int("--warmup", config.warmup, minimum=0)
     if checks.positive_int("--seed", config.seed, minimum=0) + config.seeds > 2 ** 63:  # torch.manual_seed's range
         raise ValueError(f"--seed must be at most 2^63 - --seeds = {2 ** 63 - config.seeds}, got {config.seed}")

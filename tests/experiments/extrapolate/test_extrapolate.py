@@ -196,8 +196,8 @@ def test_too_small_corpus_fails_before_training(tmp_path, capsys):
     ("--lr", "inf", "lr must be a finite number > 0.0, got inf"),
     ("--eval-factors", "1,0", "--eval-factors must be integers >= 1"),
     ("--eval-stride", "0", "--eval-stride must be an integer >= 1"),
-    ("--dim", "31", "dim (31) must be divisible by num_heads (2)"),
-    ("--dim", "6", "head_dim must be an even integer >= 2, got 3"),
+    ("--dim", "31", "--dim (31) must be --heads (2) times an even head width, got 15.5 per head"),
+    ("--dim", "6", "--dim (6) must be --heads (2) times an even head width, got 3 per head"),
     ("--compare", "none:alibi", "--compare pairs rows over seeds: it needs --seeds >= 2"),
     ("--compare", "none-alibi", "each comparison is ROW:ROW or ROW:ROW@FACTOR"),
 ])
