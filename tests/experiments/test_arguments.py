@@ -93,7 +93,12 @@ def test_a_new_run_gets_a_dated_folder_named_by_its_arguments_and_resume_needs_o
     p.add_argument("task")
     add_run_folder(p, "{task}-%Y%m%d", "<task>-<date>")
     monkeypatch.setattr("time.localtime", lambda *_: (2026, 11, 28, 1, 2, 3, 5, 332, 0))
+    monkeypatch.chdir(tmp_path)
     assert str(run_folder(p.parse_args(["copy"]))) == "runs/copy-20261128"
+    (tmp_path / "runs" / "copy-20261128").mkdir(parents=True)  # a run started in the same second (or day, here)
+    assert str(run_folder(p.parse_args(["copy"]))) == "runs/copy-20261128-2"  # not "--out ... already holds a run"
+    (tmp_path / "runs" / "copy-20261128-2").mkdir()
+    assert str(run_folder(p.parse_args(["copy"]))) == "runs/copy-20261128-3"
     assert run_folder(p.parse_args(["copy", "--out", str(tmp_path), "--resume"])) == tmp_path
     with pytest.raises(ValueError) as refusal:
         run_folder(p.parse_args(["copy", "--resume"]))

@@ -68,12 +68,16 @@ def add_run_folder(p: argparse.ArgumentParser, name: str, shown: str) -> None:
 
 
 def run_folder(args: argparse.Namespace) -> Path:
-    """--out, or runs/<the command's name for a new run>; --resume needs --out."""
+    """--out, or runs/<the command's name for a new run> (with -2, -3, … when a run started in the same second
+    holds that name); --resume needs --out."""
     if args.resume and args.out is None:
         raise ValueError("--resume needs --out: the run directory to continue")
     if args.out is not None:
-        storage.check_folder("--out", args.out)
-    return args.out or Path("runs") / time.strftime(args.run_folder.format_map(vars(args)), time.localtime())
+        return storage.check_folder("--out", args.out)
+    named = Path("runs") / time.strftime(args.run_folder.format_map(vars(args)), time.localtime())
+    folder = next(p for p in (named, *(named.with_name(f"{named.name}-{n}") for n in range(2, 10 ** 6)))
+                  if not p.exists())
+    return storage.check_folder("--out", folder)
 
 
 def check_widenings(args: argparse.Namespace) -> None:
