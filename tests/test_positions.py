@@ -132,3 +132,6 @@ def test_document_positions_refuse_ids_document_mask_would_read_otherwise():
     with pytest.raises(ValueError, match=r"^document_ids must be an integer tensor of shape \(\.\.\., T\), got "
                                          r"torch.float32 \(3,\)$"):
         P.document_positions(torch.tensor([0.7, 0.2, 0.9]))
+    with pytest.raises(ValueError, match=r"^document_ids must be an integer tensor of shape \(\.\.\., T\), got "
+                                         r"torch.int64 \(\)$"):
+        P.document_positions(torch.tensor(3))

@@ -84,9 +84,9 @@ def positions(name: str, value: Tensor, length: int, batch: int) -> Tensor:
     return value.long()
 
 
-def integer_positions(name: str, value: Tensor, length: int, batch: int, against: str = "the tensors") -> Tensor:
-    """Positions of shape (T,) or (B or 1, T) matching ``length`` and ``batch``, integer, as (B or 1, T); their
-    values are not read (compiled graphs and GPUs pay for that)."""
+def integer_positions(name: str, value: Tensor, length: int, batch: int, against: str) -> Tensor:
+    """``value``, integer positions of shape (T,) or (B or 1, T) matching ``length`` and ``batch`` (of the tensor
+    ``against`` names); their values are not read (compiled graphs and GPUs pay for that)."""
     if not isinstance(value, Tensor) or value.dtype.is_floating_point or value.dtype == torch.bool \
             or value.is_complex():
         raise ValueError(f"{name} must be an integer tensor, got {getattr(value, 'dtype', type(value).__name__)}")
@@ -94,7 +94,7 @@ def integer_positions(name: str, value: Tensor, length: int, batch: int, against
             or (value.dim() == 2 and value.shape[0] not in (1, batch)):
         raise ValueError(f"{name} must have shape ({length},) or ({batch}, {length}) to match {against}, "
                          f"got {tuple(value.shape)}")
-    return value if value.dim() == 2 else value.unsqueeze(0)
+    return value
 
 
 def rotated_tensors(q: Tensor, k: Tensor, head_dim: int) -> None:
@@ -110,7 +110,7 @@ def rotated_tensors(q: Tensor, k: Tensor, head_dim: int) -> None:
 
 
 def embedded_tensor(x: Tensor, positions: Tensor, dim: int) -> Tensor:
-    """x (B, T, D) of an input-door encoding of width ``dim`` and its positions, returned as (B or 1, T)."""
+    """x (B, T, D) of an input-door encoding of width ``dim`` and its positions, (T,) or (B or 1, T), returned."""
     if not isinstance(x, Tensor) or x.dim() != 3 or not x.dtype.is_floating_point:
         raise ValueError(f"x must be a 3-D floating-point tensor (B, T, D), got "
                          f"{getattr(x, 'dtype', type(x).__name__)} {tuple(getattr(x, 'shape', ()))}")

@@ -74,8 +74,14 @@ def test_rotate_refuses_what_attention_refuses_instead_of_a_wrong_rotation():
         rope.rotate(q, torch.cat((k, k), dim=-1), pos, pos)
     with refused("q must be a 4-D floating-point tensor (B, H, T, Dh), got torch.int64 (1, 2, 6, 8)"):
         rope.rotate(q.long(), k, pos, pos)
-    with refused("q and k must share the batch B, got 1 and 2"):
-        rope.rotate(q, torch.cat((k, k)), pos, pos)
+    with refused("q and k must share the batch B, got 1 and 3"):
+        rope.rotate(q, torch.cat((k, k, k)), pos, pos)
+    with refused("k must be a 4-D floating-point tensor (B, H, T, Dh), got list ()"):
+        rope.rotate(q, k.tolist(), pos, pos)
+    with refused("k_pos must be an integer tensor, got torch.bool"):
+        rope.rotate(q, k, pos, pos > 2)
+    with refused("q_pos must be an integer tensor, got list"):
+        rope.rotate(q, k, pos.tolist(), pos)
     with refused("q_pos must be an integer tensor, got torch.float32"):
         rope.rotate(q, k, pos.float(), pos)
     with refused("k_pos must have shape (5,) or (1, 5) to match k, got (6,)"):
@@ -98,5 +104,7 @@ def test_embed_refuses_a_mismatched_input_by_name(name):
         encoding.embed(x, pos.expand(3, -1))
     with refused("x must be a 3-D floating-point tensor (B, T, D), got torch.float32 (6, 8)"):
         encoding.embed(x[0], pos)
+    with refused("x must be a 3-D floating-point tensor (B, T, D), got list ()"):
+        encoding.embed(x.tolist(), pos)
     with refused("positions must be >= 0, got minimum -1"):  # the learned table read row -1 from its end
         encoding.embed(x, pos - 1)

@@ -10,6 +10,7 @@ from posenc.experiments.tasks.config import TaskConfig
     ("num_layers", 0, r"^--layers must be an integer >= 1, got 0"),
     ("num_heads", 1.5, r"^--heads must be an integer >= 1, got 1.5"),
     ("steps", True, r"^--steps must be an integer >= 1, got True"),
+    ("steps", "10", r"^--steps must be an integer >= 1, got '10'"),  # not a TypeError from the warm-up's share
     ("seeds", 0, r"^--seeds must be an integer >= 1, got 0"),
     ("dim", 34, r"^--dim \(34\) must be --heads \(2\) times an even head width, got 17 per head$"),
     ("warmup", -1, r"^--warmup must be an integer >= 0, got -1"),
