@@ -234,6 +234,8 @@ def test_refusals_name_a_backend_that_can():
         (lambda q, k, v: posenc.attention(q, k, v, scale=float("nan")), r"scale must be None .* got nan"),
         (lambda q, k, v: posenc.attention(q[:, :0], k[:, :0], v[:, :0]),
          r"^q and k must have at least one head each \(H, Hkv >= 1\), got H=0 and Hkv=0$"),
+        (lambda q, k, v: posenc.attention(q, k[:, :0], v[:, :0]),
+         r"^q and k must have at least one head each \(H, Hkv >= 1\), got H=2 and Hkv=0$"),
         (lambda q, k, v: posenc.attention(q, k, v, "rope"), r"^encoding must be a module from posenc.build, one at "
          r"positions \(encoding.at\) or None, got str: build it first, posenc.build\('rope', ...\)$"),
         (lambda q, k, v: posenc.attention_weights(q, k, scale=-1.0), r"scale must be None .* > 0, got -1.0"),
