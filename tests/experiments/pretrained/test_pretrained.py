@@ -415,6 +415,21 @@ def test_export_refuses_a_folder_it_did_not_write_before_any_work(tmp_path, caps
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("earlier", [True, False], ids=["earlier-export", "new-folder"])
+def test_a_run_folder_inside_the_export_is_refused_before_any_work(tmp_path, capsys, earlier):
+    """The export replaces its folder whole: a run inside an earlier export was deleted with it (its results, the
+    'wrote' line a lie); inside a new one the run finished, then the export refused the folder the run had made."""
+    export = tmp_path / "exported"
+    if earlier:
+        export.mkdir()
+        (export / "posenc.json").write_text("{}")
+    out = export / "run"
+    assert main(["pretrained", "tiny", "--preset", "smoke", "--out", str(out), "--export", str(export)]) == 2
+    assert capsys.readouterr().err == (f"posenc pretrained: error: --out {out} is inside --export {export}, which "
+                                       f"the export replaces whole; name a run directory outside it\n")
+    assert not out.exists() and export.exists() == earlier
+
+
 def test_sigkill_then_resume_equals_the_uninterrupted_run(smoke, tmp_path):
     _, reference = smoke
     out = tmp_path / "killed"

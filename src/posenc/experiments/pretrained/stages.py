@@ -53,6 +53,9 @@ def run(config: PretrainedConfig, out: Path, *, resume: bool = False, export: Pa
     if export is not None:
         if Path(export).resolve() == out.resolve():
             raise ValueError(f"--export {export} is the run directory; name another folder")
+        if Path(export).resolve() in out.resolve().parents:  # the export replaces its folder whole: the run too
+            raise ValueError(f"--out {out} is inside --export {export}, which the export replaces whole; name a run "
+                             f"directory outside it")
         hf.check_export_folder(Path(export), "--export")
     began = time.perf_counter()
     model, tokens = load_model(config)
