@@ -89,6 +89,8 @@ EDGES = [
     ("pretrained", dict(draw="seeded"), dict(draw="random"),
      "--draw must be one of ['longest', 'seeded'], got 'random'"),
     ("pretrained", dict(dev_documents=1), dict(dev_documents=0), "--dev-documents must be an integer >= 1, got 0"),
+    # refused only after the model loaded and the run folder was pinned, which then no resume could change
+    ("pretrained", dict(finetune_window=2), dict(finetune_window=1), "--finetune-window must be an integer >= 2, got 1"),
     ("pretrained", dict(bands=FOUR, keys_per_band=4), dict(bands=FOUR + 1, keys_per_band=4),
      f"--keys-per-band (4) x {FOUR + 1} bands is over the {len(LABELS)} labels a document can hold"),
     ("pretrained", dict(retrieval_format="made-up"), dict(retrieval_format="riddle"),

@@ -122,9 +122,9 @@ class PretrainedConfig:
             raise ValueError(f"the keys ({self.bands} bands x --keys-per-band {self.keys_per_band}) and the tasks' "
                              f"questions need {needed} labels, over the {len(LABELS)} a document can hold")
         for name in ("bands", "keys_per_band", "control_stride", "bins", "chunk", "first_tokens",
-                     "finetune_window", "finetune_steps", "finetune_batch", "pose_chunks", "curve_points",
-                     "self_extend_window"):
+                     "finetune_steps", "finetune_batch", "pose_chunks", "curve_points", "self_extend_window"):
             checks.positive_int("--" + name.replace("_", "-"), getattr(self, name))
+        checks.positive_int("--finetune-window", self.finetune_window, minimum=2)  # a token and the next it predicts
         checks.positive_float("--finetune-lr", self.finetune_lr)
         if self.lora != 0:
             check_lora_rank(self.lora)
