@@ -11,6 +11,7 @@ import importlib.metadata
 import importlib.util
 import json
 import math
+import copy
 import re
 import os
 import stat
@@ -152,6 +153,18 @@ def test_a_longrope_dict_of_the_wrong_length_names_the_expected_length():
     bad = {"rope_type": "longrope", "factor": 2.0, "short_factor": [1.0] * 4, "long_factor": [1.0] * 4}
     with pytest.raises(ValueError, match=r"longrope short_factor must have head_dim/2 = 8 entries for this model, got 4"):
         hf.apply_scaling(tiny(), bad)
+
+
+def test_apply_scaling_refuses_a_dict_it_would_read_as_no_scaling_and_leaves_the_model_as_it_was():
+    """{"factor": 4.0} without a rope_type ran the model unscaled, logits equal to the original's, without a word;
+    None failed on 'NoneType' has no attribute 'get'."""
+    model = tiny()
+    before = copy.deepcopy(model.config.rope_parameters)
+    with pytest.raises(ValueError, match=r"^the scaling dict gives \['factor'\] but no rope_type to read them"):
+        hf.apply_scaling(model, {"factor": 4.0})
+    with pytest.raises(ValueError, match=r"^rope_parameters must be a dict .*, got NoneType$"):
+        hf.apply_scaling(model, None)
+    assert model.config.rope_parameters == before
 
 
 def fake_gemma3_parts(monkeypatch, tmp_path, contents: list[bytes]) -> None:

@@ -200,6 +200,13 @@ def test_relations_between_scalings():
             assert factor == 1.0
 
 
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 16}
+LONGROPE = {"rope_type": "longrope", "short_factor": [1.0] * 32, "long_factor": [2.0] * 32, "factor": 2.0,
+            "original_max_position_embeddings": 16}
+
+
 @pytest.mark.parametrize(
     "scaling, message",
     [
@@ -211,7 +218,21 @@ def test_relations_between_scalings():
         ({"rope_type": "default", "partial_rotary_factor": 1.5}, r"partial_rotary_factor must be in \(0, 1\]"),
         ({"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0], "original_max_position_embeddings": 8,
           "factor": 2.0}, "short_factor must have dim/2 = 32 entries"),
+        # each of these once ran: no scaling at all, NaN logits, a ZeroDivisionError or a TypeError deep inside
+        ({"factor": 4.0}, r"^the scaling dict gives \['factor'\] but no rope_type to read them; name one of "
+                          r"\['dynamic', 'linear', 'llama3', 'longrope', 'ntk', 'proportional', 'yarn'\]$"),
+        ({**YARN, "attention_factor": math.nan}, r"^attention_factor must be a finite number > 0.0, got nan$"),
+        ({**YARN, "attention_factor": 0}, r"^attention_factor must be a finite number > 0.0, got 0$"),
+        ({**YARN, "mscale": -1}, r"^mscale must be a finite number >= 0.0, got -1$"),
+        ({**YARN, "beta_fast": "32"}, r"^beta_fast must be a finite number > 0.0, got '32'$"),
+        ({**LLAMA3, "low_freq_factor": 0.0}, r"^low_freq_factor must be a finite number > 0.0, got 0.0$"),
+        ({**LONGROPE, "short_factor": [1.0] * 31 + [0.0]}, r"^short_factor must be a list of finite numbers > 0 "),
+        ({**LONGROPE, "long_factor": [math.nan] * 32}, r"^long_factor must be a list of finite numbers > 0 "),
+        ({**LONGROPE, "short_factor": 1.0}, r"^short_factor must be a list of finite numbers > 0 .*got 1.0$"),
+        ({**LONGROPE, "short_factor": ["1"] * 32}, r"^short_factor must be a list of finite numbers > 0 "),
+        ({**LONGROPE, "short_factor": torch.ones(32)}, r"^short_factor must be a list of finite numbers > 0 "),
     ],
+    ids=lambda value: re.sub(r"[^A-Za-z0-9]+", "_", value)[:60].strip("_") if isinstance(value, str) else None,
 )
 def test_bad_scaling_dicts_raise_clear_errors(scaling, message):
     with pytest.raises(ValueError, match=message):

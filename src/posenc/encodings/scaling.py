@@ -207,6 +207,11 @@ def normalize_scaling(scaling: dict | None, base: float = 10000.0) -> dict:
     params = dict(scaling or {})
     if "type" in params:
         params.setdefault("rope_type", params.pop("type"))
+    read_by_a_type = sorted((set(params) - set(COMMON_KEYS)) & set().union(*(s.required + s.optional
+                                                                             for s in SCALINGS.values())))
+    if "rope_type" not in params and read_by_a_type:  # plain RoPE would ignore them: no scaling, silently
+        raise ValueError(f"the scaling dict gives {read_by_a_type} but no rope_type to read them; name one of "
+                         f"{sorted(set(SCALINGS) - {'default'})}")
     params.setdefault("rope_type", "default")
     params.setdefault("rope_theta", base)
     params.setdefault("partial_rotary_factor", 1.0)
@@ -228,6 +233,7 @@ def normalize_scaling(scaling: dict | None, base: float = 10000.0) -> dict:
         checks.positive_float("factor", params["factor"], minimum=1.0, inclusive=True)
     if "original_max_position_embeddings" in params:
         checks.positive_int("original_max_position_embeddings", params["original_max_position_embeddings"])
+    _check_numbers(params)
     if rope_type == "longrope" and params.get("factor") is None and "max_position_embeddings" not in params:
         raise ValueError("rope_type='longrope' needs 'factor' or 'max_position_embeddings' in the scaling dict")
     if rope_type == "llama3" and not params["high_freq_factor"] > params["low_freq_factor"]:
@@ -237,6 +243,27 @@ def normalize_scaling(scaling: dict | None, base: float = 10000.0) -> dict:
                          f"beta_slow; transformers only warns), got beta_fast={params.get('beta_fast')} and "
                          f"beta_slow={params.get('beta_slow')} (None: 32 and 1)")
     return params
+
+
+#: the numeric keys a scaling type reads -> (smallest value, whether it is allowed): each finite where given
+_NUMBERS = {"attention_factor": (0.0, False), "beta_fast": (0.0, False), "beta_slow": (0.0, False),
+            "mscale": (0.0, True), "mscale_all_dim": (0.0, True), "low_freq_factor": (0.0, False),
+            "high_freq_factor": (0.0, False)}
+
+
+def _check_numbers(params: dict) -> None:
+    """The scaling's numeric keys, where given (not None): each a finite number in its range; LongRoPE's factor
+    lists lists of finite numbers > 0 (their length is checked against the head width where it is known)."""
+    for key, (minimum, inclusive) in _NUMBERS.items():
+        if params.get(key) is not None:
+            checks.positive_float(key, params[key], minimum=minimum, inclusive=inclusive)
+    for key in ("short_factor", "long_factor"):
+        factors = params.get(key)
+        if factors is not None and (not isinstance(factors, (list, tuple)) or not all(
+                isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f < math.inf for f in factors)):
+            raise ValueError(f"{key} must be a list of finite numbers > 0 (one per rotated pair), got {factors!r}")
+    if params.get("max_position_embeddings") is not None:
+        checks.positive_int("max_position_embeddings", params["max_position_embeddings"])
 
 
 def rotary_dim(head_dim: int, partial_rotary_factor: float = 1.0, rope_type: str = "default") -> int:

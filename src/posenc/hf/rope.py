@@ -63,6 +63,9 @@ def full_rope_parameters(model, rope_parameters: dict, layer_type: str | None = 
     context filled in where a type needs it; posenc's ``ntk`` written as transformers can read it (a
     ``default`` dict with rope_theta raised by s^(d/(d-2)), the same frequencies bit for bit).
     Raises ValueError for a dict posenc or the model cannot use."""
+    if not isinstance(rope_parameters, dict):
+        raise ValueError(f"rope_parameters must be a dict (a transformers rope_parameters), e.g. {{'rope_type': "
+                         f"'yarn', 'factor': 4.0}}, got {type(rope_parameters).__name__}")
     own = model_rope_parameters(model, layer_type)
     model_type = model.config.model_type
     allowed = FAMILY_ROPE_TYPES.get(model_type)
