@@ -6,12 +6,12 @@ SmolLM3's sliding-window switch, loading a folder (dtype, tokenizer), and the ex
 its refusals. Tiny random models built offline (tests/test_hf_families.py).
 """
 
+import copy
 import hashlib
 import importlib.metadata
 import importlib.util
 import json
 import math
-import copy
 import re
 import os
 import stat
