@@ -36,8 +36,20 @@ def test_a_value_error_exits_2_with_one_line_naming_the_command(monkeypatch, rec
 def test_an_interrupt_exits_130_and_says_how_to_continue(monkeypatch, recorded, capsys):
     monkeypatch.setattr(cli, "_run_plot", _raising(KeyboardInterrupt()))
     assert cli.main(["plot"]) == 130
-    assert capsys.readouterr().err == ("\nposenc plot: interrupted; finished work is saved, continue with --resume "
-                                       "--out DIR\n")
+    assert capsys.readouterr().err == "\nposenc plot: interrupted; finished work is saved\n"  # no run folder
+
+
+def test_an_interrupted_run_names_its_folder_and_how_to_continue(monkeypatch, tmp_path, capsys):
+    from posenc.experiments.arguments import run_folder
+
+    def interrupted(args):
+        run_folder(args)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_run_task", interrupted)
+    assert cli.main(["task", "copy", "--preset", "smoke", "--out", str(tmp_path / "r")]) == 130
+    assert capsys.readouterr().err == (f"\nposenc task: interrupted; finished work is saved in {tmp_path / 'r'}: "
+                                       f"continue with the same command and --resume --out {tmp_path / 'r'}\n")
 
 
 def test_other_errors_are_not_swallowed(monkeypatch, recorded):

@@ -271,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"posenc {args.command}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"\nposenc {args.command}: interrupted; finished work is saved, continue with --resume --out DIR",
-              file=sys.stderr)
+        folder = getattr(args, "folder", None)  # a run folder's commands set it (arguments.run_folder)
+        how = f" in {folder}: continue with the same command and --resume --out {folder}" if folder else ""
+        print(f"\nposenc {args.command}: interrupted; finished work is saved{how}", file=sys.stderr)
         return 130

@@ -69,15 +69,17 @@ def add_run_folder(p: argparse.ArgumentParser, name: str, shown: str) -> None:
 
 def run_folder(args: argparse.Namespace) -> Path:
     """--out, or runs/<the command's name for a new run> (with -2, -3, … when a run started in the same second
-    holds that name); --resume needs --out."""
+    holds that name), kept as ``args.folder`` (an interrupted run names it); --resume needs --out."""
     if args.resume and args.out is None:
         raise ValueError("--resume needs --out: the run directory to continue")
     if args.out is not None:
-        return storage.check_folder("--out", args.out)
+        args.folder = storage.check_folder("--out", args.out)
+        return args.folder
     named = Path("runs") / time.strftime(args.run_folder.format_map(vars(args)), time.localtime())
     folder = next(p for p in (named, *(named.with_name(f"{named.name}-{n}") for n in range(2, 10 ** 6)))
                   if not p.exists())
-    return storage.check_folder("--out", folder)
+    args.folder = storage.check_folder("--out", folder)
+    return args.folder
 
 
 def check_widenings(args: argparse.Namespace) -> None:
