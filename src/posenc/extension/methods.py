@@ -70,7 +70,9 @@ def parse_methods(spec: str | tuple[str, ...] | list[str], valid: tuple[str, ...
     names = [n.strip() for n in spec.split(",")] if isinstance(spec, str) else list(spec)
     names = [n for n in names if n]
     unknown = [n for n in names if n not in valid]
-    if unknown or not names:
+    if not names:
+        raise ValueError(f"--methods names no method: give a comma list of {', '.join(valid)}")
+    if unknown:
         raise ValueError(f"--methods: unknown methods {unknown}; valid: {', '.join(valid)}")
     checks.each_once("--methods", names)
     return tuple(names)
