@@ -237,7 +237,11 @@ def test_corpus_size_checks_sit_exactly_at_what_is_needed():
     with pytest.raises(ValueError, match="the train split has 67 bytes, training windows of 16 need at least 68"):
         check_corpus_size(_corpus(4 * 17 - 1, 3 * 33), train_length=16, window=32, windows=3)
     with pytest.raises(ValueError, match="the test split has 98 bytes, 3 evaluation windows of 32 bytes "
-                                         r"\(plus one\) need 99; use more text, fewer --eval-windows or shorter"):
+                                         r"\(plus one\) need 99; use more text or fewer --eval-windows or shorter "
+                                         r"--eval-factors$"):
         check_corpus_size(_corpus(4 * 17, 3 * 33 - 1), train_length=16, window=32, windows=3)
+    with pytest.raises(ValueError, match=r"need 99; use more text or a smaller --factor$"):  # extend's way out
+        check_corpus_size(_corpus(4 * 17, 3 * 33 - 1), train_length=16, window=32, windows=3,
+                          shorter="a smaller --factor")
     check_corpus_size(_corpus(4 * 17, 33), train_length=16, window=32)  # one window by default
 

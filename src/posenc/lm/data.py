@@ -179,14 +179,21 @@ def text_corpus(path: str | os.PathLike) -> Corpus:
     return corpus
 
 
-def load_corpus(text: str | os.PathLike | None, *, train_length: int, window: int, windows: int = 1) -> Corpus:
-    """``text`` (a file or folder) or, when None, the embedded stdlib corpus; checked for the windows it must supply."""
+#: what a run can change when the test split is too small for its evaluation windows (extrapolate's flags)
+SHORTER_WINDOWS = "fewer --eval-windows or shorter --eval-factors"
+
+
+def load_corpus(text: str | os.PathLike | None, *, train_length: int, window: int, windows: int = 1,
+                shorter: str = SHORTER_WINDOWS) -> Corpus:
+    """``text`` (a file or folder) or, when None, the embedded stdlib corpus; checked for the windows it must supply
+    (``shorter``: the command's way to need fewer or shorter ones, named where they do not fit)."""
     corpus = text_corpus(text) if text else stdlib_corpus()
-    check_corpus_size(corpus, train_length=train_length, window=window, windows=windows)
+    check_corpus_size(corpus, train_length=train_length, window=window, windows=windows, shorter=shorter)
     return corpus
 
 
-def check_corpus_size(corpus: Corpus, *, train_length: int, window: int, windows: int = 1) -> None:
+def check_corpus_size(corpus: Corpus, *, train_length: int, window: int, windows: int = 1,
+                      shorter: str = SHORTER_WINDOWS) -> None:
     """Raise before training when the corpus cannot supply training windows and ``windows`` test windows."""
     need_train = 4 * (train_length + 1)
     if len(corpus.train) < need_train:
@@ -197,8 +204,7 @@ def check_corpus_size(corpus: Corpus, *, train_length: int, window: int, windows
     if len(corpus.test) // (window + 1) < windows:
         raise ValueError(
             f"corpus too small: the test split has {len(corpus.test):,} bytes, {windows} evaluation windows of "
-            f"{window} bytes (plus one) need {windows * (window + 1):,}; use more text, fewer --eval-windows or "
-            "shorter --eval-factors"
+            f"{window} bytes (plus one) need {windows * (window + 1):,}; use more text or {shorter}"
         )
 
 

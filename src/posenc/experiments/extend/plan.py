@@ -87,7 +87,7 @@ def plan(config: ExtendConfig, out: Path, *, run: Path | None = None, text: str 
                          f"common multiple is {math.lcm(*lengths)}); choose a --factor whose target length is a "
                          "multiple or a divisor of the others")
     corpus = load_corpus(base.text, train_length=base.train_length, window=math.lcm(*lengths),
-                         windows=base.eval_windows)
+                         windows=base.eval_windows, shorter="a smaller --factor")  # the windows are the base run's
     for split, need, what in ((corpus.dev, target + 1, "the LongRoPE search and the rate sweep"),
                               (corpus.train, 4 * (target + 1), "fine-tuning")):
         if len(split) < need:
