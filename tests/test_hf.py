@@ -164,6 +164,10 @@ def test_apply_scaling_refuses_a_dict_it_would_read_as_no_scaling_and_leaves_the
         hf.apply_scaling(model, {"factor": 4.0})
     with pytest.raises(ValueError, match=r"^rope_parameters must be a dict .*, got NoneType$"):
         hf.apply_scaling(model, None)
+    most = model.config.max_position_embeddings
+    with pytest.raises(ValueError, match=rf"^original_max_position_embeddings \({8 * most}\) is past this model's "
+                                         rf"max_position_embeddings \({most}\)"):
+        hf.apply_scaling(model, {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 8 * most})
     assert model.config.rope_parameters == before
 
 

@@ -79,6 +79,10 @@ def full_rope_parameters(model, rope_parameters: dict, layer_type: str | None = 
     if params.get("rope_type", params.get("type")) in NEEDS_ORIGINAL:
         params.setdefault("original_max_position_embeddings", original_context(model))
     params = normalize_scaling(params)
+    original, most = params.get("original_max_position_embeddings"), model.config.max_position_embeddings
+    if original is not None and most is not None and original > most:  # transformers only warns
+        raise ValueError(f"original_max_position_embeddings ({original}) is past this model's "
+                         f"max_position_embeddings ({most}): give the context it was pretrained for")
     dim = rotary_dim(head_dim(model.config), params["partial_rotary_factor"], params["rope_type"])
     if params["rope_type"] == "longrope":
         for key in ("short_factor", "long_factor"):
