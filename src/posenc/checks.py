@@ -72,11 +72,9 @@ def positions(name: str, value: Tensor, length: int, batch: int) -> Tensor:
         value = torch.as_tensor(value)
     if value.dtype.is_floating_point or value.dtype == torch.bool or value.is_complex():
         raise ValueError(f"{name} must be an integer tensor, got dtype {value.dtype}")
-    given = tuple(value.shape)
+    value = integer_positions(name, value, length, batch, "the tensors")
     if value.dim() == 1:
         value = value.unsqueeze(0)
-    if value.dim() != 2 or value.shape[-1] != length or value.shape[0] not in (1, batch):
-        raise ValueError(f"{name} must have shape ({length},) or ({batch}, {length}) to match the tensors, got {given}")
     if not torch.compiler.is_compiling() and value.numel() and int(value.min()) < 0:
         # Reading values would break a torch.compile graph: eager calls check them, compiled
         # ones (where positions are almost always the model's own arange) only their shape.
